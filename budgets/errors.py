@@ -1,0 +1,29 @@
+from config.errors import CapgateError
+
+
+class BudgetExceeded(CapgateError):
+    """A blocking ceiling has no room for the request's worst case. 402, never retried."""
+
+    status = 402
+    type = "budget_exceeded"
+
+    def __init__(self, *, code: str, budget_id: int, window_id: int, limit_nano: int,
+                 remaining_nano: int, worst_nano: int):
+        super().__init__(
+            f"Refused by {code.replace('_', ' ')}: the request's worst case ${worst_nano / 1e9:.6f} "
+            f"exceeds the ${max(remaining_nano, 0) / 1e9:.6f} remaining of ${limit_nano / 1e9:.6f}.",
+            code=code,
+        )
+        self.budget_id = budget_id
+        self.window_id = window_id
+        self.limit_nano = limit_nano
+        self.remaining_nano = remaining_nano
+        self.worst_nano = worst_nano
+
+
+class BudgetUnavailable(CapgateError):
+    """The database could not be reached at admission: fail closed."""
+
+    status = 503
+    code = "budget_unavailable"
+    type = "budget_unavailable"

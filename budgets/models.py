@@ -1,0 +1,165 @@
+"""Budgets, their per-period counter rows (windows) and the reservations held against them.
+
+A blocking budget's current window is a *ceiling*. Admission reserves a request's worst case
+on every ceiling it falls under (budgets/admission.py); the drain (usage/drain.py) moves each
+hold into `spent` once the request's actual cost is known.
+"""
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+from tenants.models import ApiKey, EndCustomer, Member, Organization, Project
+
+
+def default_thresholds() -> list[int]:
+    return [50, 80, 100]
+
+
+class Budget(models.Model):
+    class Scope(models.TextChoices):
+        ORGANIZATION = "organization"
+        PROJECT = "project"
+        MEMBER = "member"
+        KEY = "key"
+        END_CUSTOMER = "end_customer"
+        RUN = "run"
+
+    class Period(models.TextChoices):
+        DAY = "day"
+        WEEK = "week"
+        MONTH = "month"
+        LIFETIME = "lifetime"
+
+    class Mode(models.TextChoices):
+        ALERT = "alert"  # notifies, never refuses
+        BLOCK = "block"  # refuses before the provider call
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="budgets")
+    name = models.CharField(max_length=200, blank=True)
+    scope = models.CharField(max_length=20, choices=Scope.choices)
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, null=True, blank=True, related_name="budgets")
+    member = models.ForeignKey(Member, on_delete=models.CASCADE, null=True, blank=True, related_name="budgets")
+    api_key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, null=True, blank=True, related_name="budgets")
+    end_customer = models.ForeignKey(
+        EndCustomer, on_delete=models.CASCADE, null=True, blank=True, related_name="budgets"
+    )
+    run_id = models.CharField(max_length=200, null=True, blank=True)
+    period = models.CharField(max_length=10, choices=Period.choices, default=Period.MONTH)
+    timezone = models.CharField(max_length=64, default="UTC")
+    mode = models.CharField(max_length=10, choices=Mode.choices, default=Mode.BLOCK)
+    amount_nano = models.BigIntegerField()
+    thresholds = models.JSONField(default=default_thresholds, blank=True)  # percent of amount
+    recipients = models.JSONField(default=list, blank=True)  # empty: the organization's owners
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(amount_nano__gte=0), name="budget_amount_nonnegative"),
+            # Each scope names exactly its own subject.
+            models.CheckConstraint(
+                condition=(
+                    Q(scope="organization")
+                    | Q(scope="project", project__isnull=False)
+                    | Q(scope="member", member__isnull=False)
+                    | Q(scope="key", api_key__isnull=False)
+                    | Q(scope="end_customer", end_customer__isnull=False)
+                    | Q(scope="run", run_id__isnull=False)
+                ),
+                name="budget_scope_names_its_subject",
+            ),
+            # A run's budget is created by its first call; a second one would be a second cap.
+            models.UniqueConstraint(
+                fields=["organization", "run_id"], condition=Q(scope="run"), name="budget_one_per_run"
+            ),
+        ]
+        indexes = [models.Index(fields=["organization", "scope"])]
+
+    def __str__(self) -> str:
+        return self.name or f"{self.scope} {self.period} {self.mode}"
+
+    @property
+    def error_code(self) -> str:
+        """The refusal code a user reads when this ceiling refuses."""
+        return "customer_budget" if self.scope == self.Scope.END_CUSTOMER else f"{self.scope}_budget"
+
+
+class Window(models.Model):
+    """One budget's counters for one period. `spent_nano` is settled cost, `reserved_nano` the
+    sum of live holds (worst cases of requests admitted and not yet settled)."""
+
+    budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="windows")
+    period_start = models.DateTimeField()
+    period_end = models.DateTimeField(null=True, blank=True)  # null: lifetime
+    spent_nano = models.BigIntegerField(default=0)
+    reserved_nano = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["budget", "period_start"], name="window_unique_per_period"),
+            models.CheckConstraint(condition=Q(spent_nano__gte=0), name="window_spent_nonnegative"),
+            models.CheckConstraint(condition=Q(reserved_nano__gte=0), name="window_reserved_nonnegative"),
+            # Deliberately no `spent <= amount`: a provider may bill above the worst case and that
+            # excess must be recorded, not rejected.
+        ]
+
+
+class GatewayInstance(models.Model):
+    """A running gateway process. It heartbeats; beat renews the leases of the reservations it
+    owns while it does, and expires them (charged at worst case) once it stops."""
+
+    name = models.CharField(max_length=200)
+    started_at = models.DateTimeField(auto_now_add=True)
+    heartbeat_at = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Reservation(models.Model):
+    """A request's worst case, held on its windows until its usage record is applied."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    request_id = models.CharField(max_length=100, unique=True)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="reservations")
+    project = models.ForeignKey(Project, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    member = models.ForeignKey(Member, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    end_customer = models.ForeignKey(
+        EndCustomer, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    run_id = models.CharField(max_length=200, null=True, blank=True)
+    model = models.CharField(max_length=200, blank=True)
+    amount_nano = models.BigIntegerField()
+    owner = models.ForeignKey(
+        GatewayInstance, on_delete=models.SET_NULL, null=True, blank=True, related_name="reservations"
+    )
+    created_at = models.DateTimeField()  # the admission time: usage belongs to this period
+    expires_at = models.DateTimeField()  # lease: renewed while the owner heartbeats
+    deadline_at = models.DateTimeField()  # hard maximum lifetime: never renewed past it
+    # Room for provider-side jobs (DESIGN §12): a job's reservation is metered by its job id.
+    job_id = models.CharField(max_length=200, null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(amount_nano__gte=0), name="reservation_amount_nonnegative"),
+        ]
+        indexes = [models.Index(fields=["expires_at"]), models.Index(fields=["owner"])]
+
+
+class Hold(models.Model):
+    """A reservation's share of one window. Blocking windows hold the worst case; alert windows
+    hold 0 — they are linked only so the drain charges the same admitting-period window."""
+
+    reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="holds")
+    window = models.ForeignKey(Window, on_delete=models.CASCADE, related_name="holds")
+    amount_nano = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["reservation", "window"], name="hold_unique_per_window"),
+            models.CheckConstraint(condition=Q(amount_nano__gte=0), name="hold_amount_nonnegative"),
+        ]

@@ -1,0 +1,117 @@
+"""The price catalog and each organization's upstream connections and routes.
+
+Prices are Decimal USD per 1M tokens; converting them to nano-USD happens only in
+catalog/pricing.py.
+"""
+
+from django.db import models
+from django.db.models import Q
+
+from tenants.models import Organization
+
+PRICE = {"max_digits": 14, "decimal_places": 6, "null": True, "blank": True}
+
+
+class Provider(models.Model):
+    slug = models.SlugField(max_length=50, unique=True)
+    name = models.CharField(max_length=100)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Model(models.Model):
+    provider = models.ForeignKey(Provider, on_delete=models.CASCADE, related_name="models")
+    name = models.CharField(max_length=200)
+    input_usd_per_mtok = models.DecimalField(**PRICE)
+    output_usd_per_mtok = models.DecimalField(**PRICE)
+    cache_read_usd_per_mtok = models.DecimalField(**PRICE)
+    cache_write_usd_per_mtok = models.DecimalField(**PRICE)
+    per_request_usd = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+    max_output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    context_window = models.PositiveIntegerField(null=True, blank=True)
+    # Upper bound on the tokens one image part can cost (the provider's tile formula at the
+    # largest accepted size). Null: images cannot be bounded, so they are refused under a cap.
+    max_image_tokens = models.PositiveIntegerField(null=True, blank=True)
+    prices_as_of = models.DateField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["provider", "name"], name="model_unique_per_provider"),
+        ]
+        for field in ("input", "output", "cache_read", "cache_write"):
+            constraints.append(
+                models.CheckConstraint(
+                    condition=Q(**{f"{field}_usd_per_mtok__isnull": True})
+                    | Q(**{f"{field}_usd_per_mtok__gte": 0}),
+                    name=f"model_{field}_price_nonnegative",
+                )
+            )
+        del field
+
+    def __str__(self) -> str:
+        return f"{self.provider.slug}/{self.name}"
+
+    @property
+    def is_priced(self) -> bool:
+        return self.input_usd_per_mtok is not None and self.output_usd_per_mtok is not None
+
+
+class Connection(models.Model):
+    """An organization's upstream: where requests go, with which secret, at which rates."""
+
+    class Kind(models.TextChoices):
+        OPENAI = "openai"
+        ANTHROPIC = "anthropic"
+        ECHO = "echo"
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="connections")
+    name = models.CharField(max_length=100)
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    base_url = models.URLField(blank=True)
+    secret = models.TextField(blank=True)
+    # Negotiated rates override the catalog's list price for this organization.
+    input_usd_per_mtok = models.DecimalField(**PRICE)
+    output_usd_per_mtok = models.DecimalField(**PRICE)
+    cache_read_usd_per_mtok = models.DecimalField(**PRICE)
+    cache_write_usd_per_mtok = models.DecimalField(**PRICE)
+    # echo: {"delay_ms", "chunks", "prompt_tokens", "completion_tokens", "text"}
+    options = models.JSONField(default=dict, blank=True)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "name"], name="connection_name_unique_per_org"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+
+class Route(models.Model):
+    """A model name an organization calls, mapped to ordered (connection, model) targets."""
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="routes")
+    name = models.CharField(max_length=200)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "name"], name="route_name_unique_per_org"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class RouteTarget(models.Model):
+    route = models.ForeignKey(Route, on_delete=models.CASCADE, related_name="targets")
+    connection = models.ForeignKey(Connection, on_delete=models.CASCADE, related_name="route_targets")
+    model = models.ForeignKey(Model, on_delete=models.PROTECT, related_name="route_targets")
+    position = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        ordering = ["position", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["route", "position"], name="route_target_position_unique"),
+        ]

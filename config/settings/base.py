@@ -1,0 +1,127 @@
+from datetime import timedelta
+
+from config.env import BASE_DIR, env
+
+SECRET_KEY = env("DJANGO_SECRET_KEY", default="dev-insecure-change-me")
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "rest_framework",
+    "drf_spectacular",
+    "tenants",
+    "catalog",
+    "budgets",
+    "usage",
+    "gateway",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# Postgres is the source of truth for every cap. psycopg 3's pool (with CONN_MAX_AGE=0, as
+# Django requires for the pool) keeps hundreds of concurrent requests from opening hundreds of
+# server connections.
+DATABASES = {
+    "default": {
+        **env.db("DATABASE_URL", default="postgres://capgate:capgate@127.0.0.1:15432/capgate"),
+        "CONN_MAX_AGE": 0,
+        "OPTIONS": {
+            "pool": {
+                "min_size": env.int("CAPGATE_DB_POOL_MIN", default=2),
+                "max_size": env.int("CAPGATE_DB_POOL_MAX", default=20),
+                "timeout": env.float("CAPGATE_DB_POOL_TIMEOUT", default=10.0),
+            },
+        },
+    }
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+LOGIN_URL = "login"
+
+REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:16379/0")
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TIMEZONE = "UTC"
+
+EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = env("EMAIL_HOST", default="127.0.0.1")
+EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+EMAIL_HOST_USER = env("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
+DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="capgate <alerts@capgate.localhost>")
+
+REST_FRAMEWORK = {
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {"TITLE": "capgate management API", "VERSION": "0.1.0"}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env("CAPGATE_LOG_LEVEL", default="INFO")},
+}
+
+# --- capgate ---------------------------------------------------------------------------------
+CAPGATE = {
+    # Where the spool (usage records written while the database is down) lives.
+    "DATA_DIR": env.path("CAPGATE_DATA_DIR", default=str(BASE_DIR / "var")),
+    # A reservation's lease: renewed by beat while its gateway process heartbeats.
+    "LEASE": timedelta(seconds=env.int("CAPGATE_LEASE_SECONDS", default=120)),
+    # A request's hard maximum lifetime; its reservation's deadline.
+    "MAX_REQUEST_LIFETIME": timedelta(seconds=env.int("CAPGATE_MAX_REQUEST_SECONDS", default=7200)),
+    # Output ceiling used when neither the request nor the catalog gives one.
+    "DEFAULT_MAX_OUTPUT_TOKENS": 32_768,
+    # Per-message framing tokens added to the byte bound of the input.
+    "PER_MESSAGE_OVERHEAD_TOKENS": 8,
+    "PER_REQUEST_OVERHEAD_TOKENS": 16,
+}

@@ -1,0 +1,10 @@
+from .base import *  # noqa: F403
+from .base import DATABASES
+
+# Tests open one connection per racing thread (up to a few hundred). Django's pool is per
+# thread-alias anyway; without a pool each thread owns exactly one server connection, which is
+# what the concurrency tests want: every racer has its own connection.
+DATABASES["default"]["OPTIONS"] = {}
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+CELERY_TASK_ALWAYS_EAGER = False

@@ -1,0 +1,125 @@
+"""Who owns what: organizations, their projects, members, gateway keys and end customers."""
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+KEY_PREFIX = "cg_"
+
+
+def hash_key(raw: str) -> str:
+    # Keys are 32 random bytes: a fast hash is enough (no dictionary to guard against).
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class Organization(models.Model):
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=100, unique=True)
+    # When true, models with no price may be called even under a blocking budget; blocking
+    # budgets then do not govern that traffic (the dashboard says so).
+    allow_unpriced = models.BooleanField(default=False)
+    # A run id sent without X-Capgate-Run-Budget-Usd gets this lifetime cap, when set.
+    default_run_budget_nano = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(default_run_budget_nano__isnull=True) | Q(default_run_budget_nano__gte=0),
+                name="org_default_run_budget_nonnegative",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Project(models.Model):
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="projects")
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=100)
+    # Default cap for every end customer of this project that has no budget of its own.
+    default_customer_budget_nano = models.BigIntegerField(null=True, blank=True)
+    default_customer_budget_period = models.CharField(max_length=10, default="month")
+    default_customer_budget_mode = models.CharField(max_length=10, default="block")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "slug"], name="project_slug_unique_per_org"),
+            models.CheckConstraint(
+                condition=Q(default_customer_budget_nano__isnull=True)
+                | Q(default_customer_budget_nano__gte=0),
+                name="project_default_customer_budget_nonnegative",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Member(models.Model):
+    class Role(models.TextChoices):
+        OWNER = "owner"
+        ADMIN = "admin"
+        MEMBER = "member"
+        VIEWER = "viewer"
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="members")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=10, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "user"], name="member_unique_per_org"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} ({self.role})"
+
+
+class ApiKey(models.Model):
+    """A gateway key. Only its SHA-256 is stored; `prefix` is what the dashboard shows."""
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="api_keys")
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="api_keys")
+    member = models.ForeignKey(
+        Member, on_delete=models.SET_NULL, null=True, blank=True, related_name="api_keys"
+    )
+    name = models.CharField(max_length=200)
+    prefix = models.CharField(max_length=16)
+    key_hash = models.CharField(max_length=64, unique=True)
+    allowed_models = models.JSONField(default=list, blank=True)  # empty: every routed model
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @staticmethod
+    def generate() -> tuple[str, str, str]:
+        """Return (raw key, visible prefix, hash). The raw key is shown once, never stored."""
+        raw = KEY_PREFIX + secrets.token_urlsafe(32)
+        return raw, raw[:12], hash_key(raw)
+
+    def allows_model(self, model: str) -> bool:
+        return not self.allowed_models or model in self.allowed_models
+
+
+class EndCustomer(models.Model):
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="end_customers")
+    external_id = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["project", "external_id"], name="end_customer_unique_per_project"),
+        ]
+
+    def __str__(self) -> str:
+        return self.external_id

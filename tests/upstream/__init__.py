@@ -1,0 +1,1 @@
+"""A fake OpenAI / Anthropic provider used by tests and benchmarks (see ``server``)."""

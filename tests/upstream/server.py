@@ -1,0 +1,517 @@
+"""Fake LLM provider speaking the OpenAI and Anthropic wire formats, for tests and benchmarks.
+
+A plain ASGI app served by uvicorn. Behaviour is driven by "knobs" (see ``DEFAULTS``) that can be
+set globally with ``POST /_control`` or per request with ``X-Upstream-<knob>`` headers
+(``X-Upstream-Delay-Ms`` and ``X-Upstream-delay_ms`` are equivalent; the header wins).
+
+Run standalone:  ``python -m tests.upstream.server --port 18001 [--host 127.0.0.1]``
+In-process:      ``handle = run_in_thread()`` ... ``handle.stop()``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hashlib
+import json
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs
+
+import httpx
+import uvicorn
+
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+DEFAULTS: dict[str, Any] = {
+    "delay_ms": 0,
+    "chunk_delay_ms": 0,
+    "chunks": 4,
+    "prompt_tokens": 10,
+    "completion_tokens": 5,  # int, or "max" to echo the request's max_tokens
+    "fail": "",
+    "fail_every": 0,
+    "overbill": 1,
+    "ignore_max_tokens": False,
+}
+FAIL_MODES = {"", "500", "503", "429", "400", "close", "stall", "drop_mid_stream", "no_usage"}
+STALL_CAP_S = 300.0
+HEADER_PREFIX = "x-upstream-"
+WORDS = "The quick brown fox jumps over the lazy dog".split()
+
+# (type, code) for OpenAI errors and type for Anthropic errors, by status.
+OPENAI_ERRORS = {
+    400: ("invalid_request_error", "invalid_value"),
+    404: ("invalid_request_error", "unknown_url"),
+    429: ("requests", "rate_limit_exceeded"),
+    500: ("server_error", None),
+    503: ("server_error", "service_unavailable"),
+}
+ANTHROPIC_ERRORS = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+
+
+def _coerce(knob: str, value: Any) -> Any:
+    """Convert a knob value from JSON or a header string; raises ValueError when invalid."""
+    if knob not in DEFAULTS:
+        raise ValueError(f"unknown knob {knob!r}")
+    if knob == "fail":
+        if str(value) not in FAIL_MODES:
+            raise ValueError(f"fail must be one of {sorted(FAIL_MODES)}")
+        return str(value)
+    if knob == "completion_tokens" and str(value) == "max":
+        return "max"
+    if knob == "overbill":
+        return float(value)
+    if knob == "ignore_max_tokens":
+        return value if isinstance(value, bool) else str(value).strip().lower() in {"1", "true", "yes", "on"}
+    if isinstance(value, bool):
+        raise ValueError(f"{knob} must be an integer")
+    return int(value)
+
+
+def _completion_tokens(knobs: dict[str, Any], body: dict[str, Any]) -> int:
+    tokens = knobs["completion_tokens"]
+    if tokens == "max":
+        requested = body.get("max_completion_tokens") or body.get("max_tokens")
+        tokens = requested if isinstance(requested, int) else 16
+        if knobs["ignore_max_tokens"]:
+            tokens *= 4
+    return int(tokens * knobs["overbill"])
+
+
+def _pieces(n: int) -> list[str]:
+    """The streamed content chunks; the non-stream text is their concatenation."""
+    return [WORDS[i % len(WORDS)] + " " for i in range(max(n, 0))]
+
+
+def _error_body(dialect: str, status: int, message: str) -> dict[str, Any]:
+    if dialect == "anthropic":
+        return {"type": "error", "error": {"type": ANTHROPIC_ERRORS.get(status, "api_error"), "message": message}}
+    kind, code = OPENAI_ERRORS.get(status, ("server_error", None))
+    return {"error": {"message": message, "type": kind, "code": code, "param": None}}
+
+
+class _Exchange:
+    """One request/response: send helpers plus a watcher noticing when the client goes away."""
+
+    def __init__(self, receive: Receive, send: Send) -> None:
+        self._receive, self._send = receive, send
+        self.body: dict[str, Any] = {}
+        self.knobs: dict[str, Any] = dict(DEFAULTS)
+        self.fail = ""  # the failure mode applying to this request ("" when normal)
+        self._watcher: asyncio.Future[None] | None = None
+        self.completed = False  # the whole response was sent
+        self.aborted = False  # we dropped the connection on purpose
+
+    def watch(self) -> None:
+        self._watcher = asyncio.ensure_future(self._wait_disconnect())
+
+    async def _wait_disconnect(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+
+    def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+
+    @property
+    def client_gone(self) -> bool:
+        # uvicorn's receive() also reports http.disconnect once the response is complete,
+        # so only an unfinished, non-aborted exchange counts as the client leaving.
+        done = self._watcher is not None and self._watcher.done() and not self._watcher.cancelled()
+        return done and not self.completed and not self.aborted
+
+    async def wait(self, seconds: float) -> bool:
+        """Sleep, waking early if the client disconnects. True if the client is still there."""
+        if self._watcher is None:
+            await asyncio.sleep(seconds)
+            return True
+        if seconds > 0:
+            await asyncio.wait({self._watcher}, timeout=seconds)
+        return not self._watcher.done()
+
+    async def start(self, status: int, content_type: str, *extra: tuple[bytes, bytes]) -> None:
+        headers = [(b"content-type", content_type.encode()), *extra]
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body_chunk(self, data: bytes, more: bool = False) -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": more})
+        self.completed = not more
+
+    async def json(self, status: int, obj: Any) -> None:
+        await self.start(status, "application/json")
+        await self.body_chunk(json.dumps(obj).encode())
+
+    async def abort(self) -> None:
+        """Drop the TCP connection without finishing (or starting) the response.
+
+        ASGI has no "abort" message and uvicorn answers an exception raised before the response
+        starts with a 500, so reach for the transport behind uvicorn's bound ``send``.
+        """
+        self.aborted = True
+        transport = getattr(getattr(self._send, "__self__", None), "transport", None)
+        if transport is None:  # not uvicorn: an exception is the closest we can get
+            raise ConnectionAbortedError("fake upstream: connection dropped on purpose")
+        transport.close()
+        # Let uvicorn process connection_lost, so it neither logs nor tries to send a 500.
+        if self._watcher is not None:
+            await asyncio.wait({self._watcher}, timeout=1.0)
+
+    async def respond(self, obj: dict[str, Any]) -> None:
+        """Send a non-stream 200, applying the failure modes that make sense without a stream."""
+        if self.fail == "no_usage":
+            obj.pop("usage", None)
+        data = json.dumps(obj).encode()
+        if self.fail == "drop_mid_stream":  # the non-stream analogue: half a body, then hang up
+            await self.start(200, "application/json", (b"content-length", b"%d" % len(data)))
+            await self.body_chunk(data[: len(data) // 2], more=True)
+            await self.abort()
+        else:
+            await self.json(200, obj)
+
+    async def stream(self, frames: list[str], drop_at: int) -> None:
+        """Send SSE frames, pausing chunk_delay_ms between them.
+
+        With fail=drop_mid_stream the connection is dropped just before frame ``drop_at``.
+        """
+        if self.fail != "drop_mid_stream":
+            drop_at = -1
+        await self.start(200, "text/event-stream", (b"cache-control", b"no-cache"))
+        for i, frame in enumerate(frames):
+            if i == drop_at:
+                await self.abort()
+                return
+            if i and not await self.wait(self.knobs["chunk_delay_ms"] / 1000):
+                return  # client went away
+            await self.body_chunk(frame.encode(), more=True)
+        await self.body_chunk(b"")
+
+
+class UpstreamApp:
+    """The ASGI application. Each instance has its own settings, counters and last requests."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.settings: dict[str, Any] = dict(DEFAULTS)
+        self.requests = self.in_flight = self.completed = self.disconnected = 0
+        self.by_path: dict[str, int] = {}
+        self.last: dict[str, dict[str, Any]] = {}
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "by_path": dict(self.by_path),
+            "in_flight": self.in_flight,
+            "completed": self.completed,
+            "disconnected": self.disconnected,
+        }
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":  # only used when served with lifespan on
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        raw = b"".join(chunks)
+        path, method = scope["path"], scope["method"]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        ex = _Exchange(receive, send)
+        if path.startswith("/v1/"):
+            await self._v1(ex, method, path, headers, raw)
+        else:
+            await self._control(ex, method, path, scope.get("query_string", b""), raw)
+
+    # -- control plane -------------------------------------------------------------------
+
+    async def _control(self, ex: _Exchange, method: str, path: str, query: bytes, raw: bytes) -> None:
+        if (method, path) == ("POST", "/_control"):
+            try:
+                updates = json.loads(raw or b"{}")
+                if not isinstance(updates, dict):
+                    raise ValueError("body must be a JSON object")
+                coerced = {k: _coerce(k, v) for k, v in updates.items()}
+            except ValueError as exc:  # JSONDecodeError is a ValueError
+                await ex.json(400, {"error": str(exc)})
+                return
+            self.settings.update(coerced)
+            await ex.json(200, {"settings": self.settings})
+        elif (method, path) == ("GET", "/_control"):
+            await ex.json(200, {"settings": self.settings})
+        elif (method, path) == ("POST", "/_reset"):
+            self.reset()
+            await ex.json(200, {"settings": self.settings})
+        elif (method, path) == ("GET", "/_stats"):
+            await ex.json(200, self.stats())
+        elif (method, path) == ("GET", "/_last"):
+            wanted = parse_qs(query.decode("latin-1")).get("path", [""])[0]
+            if wanted in self.last:
+                await ex.json(200, self.last[wanted])
+            else:
+                await ex.json(404, {"error": f"no request recorded for path {wanted!r}"})
+        else:
+            await ex.json(404, {"error": f"unknown path {method} {path}"})
+
+    # -- provider endpoints --------------------------------------------------------------
+
+    async def _v1(self, ex: _Exchange, method: str, path: str, headers: dict[str, str], raw: bytes) -> None:
+        self.requests += 1
+        number = self.requests  # fail_every is keyed on this global, 1-based counter
+        self.by_path[path] = self.by_path.get(path, 0) + 1
+        self.in_flight += 1
+        dialect = "anthropic" if path == "/v1/messages" else "openai"
+        ex.watch()
+        try:
+            try:
+                body: Any = json.loads(raw) if raw else {}
+            except ValueError:
+                body = raw.decode("utf-8", "replace")
+            self.last[path] = {"method": method, "body": body, "headers": headers}
+            try:
+                knobs = dict(self.settings)
+                for name, value in headers.items():
+                    if name.startswith(HEADER_PREFIX):
+                        knob = name[len(HEADER_PREFIX) :].replace("-", "_")
+                        knobs[knob] = _coerce(knob, value)
+            except ValueError as exc:
+                await ex.json(400, _error_body(dialect, 400, f"bad X-Upstream header: {exc}"))
+                return
+            handler = self._routes.get((method, path))
+            if handler is None:
+                await ex.json(404, _error_body(dialect, 404, f"unknown endpoint {method} {path}"))
+                return
+            if not isinstance(body, dict):
+                await ex.json(400, _error_body(dialect, 400, "request body must be a JSON object"))
+                return
+
+            every = knobs["fail_every"]
+            fail = knobs["fail"] if every <= 0 or number % every == 0 else ""
+            if fail in {"400", "429", "500", "503"}:
+                status = int(fail)
+                await ex.json(status, _error_body(dialect, status, f"fake upstream failure {status}"))
+            elif fail == "close":
+                await ex.abort()
+            elif fail == "stall":
+                if await ex.wait(STALL_CAP_S):
+                    await ex.abort()
+            elif await ex.wait(knobs["delay_ms"] / 1000):
+                await handler(self, ex, body, knobs, fail)
+        finally:
+            self.in_flight -= 1
+            self.completed += ex.completed
+            self.disconnected += ex.client_gone
+            ex.close()
+
+    async def _chat(self, ex: _Exchange, body: dict[str, Any], knobs: dict[str, Any], fail: str) -> None:
+        model = body.get("model", "fake-model")
+        n = max(1, int(body.get("n") or 1))
+        pieces = _pieces(knobs["chunks"])
+        prompt, completion = knobs["prompt_tokens"], _completion_tokens(knobs, body)
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        if not body.get("stream"):
+            choices = [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": "".join(pieces), "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                }
+                for i in range(n)
+            ]
+            obj = {"id": cid, "object": "chat.completion", "created": created, "model": model,
+                   "choices": choices, "usage": usage, "system_fingerprint": None}  # fmt: skip
+            await self._respond(ex, obj, fail)
+            return
+
+        include_usage = (body.get("stream_options") or {}).get("include_usage") is True
+        include_usage = include_usage and fail != "no_usage"
+
+        def chunk(choices: list[dict[str, Any]], chunk_usage: dict[str, Any] | None = None) -> str:
+            obj: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created,
+                                   "model": model, "system_fingerprint": None, "choices": choices}  # fmt: skip
+            if include_usage:  # like OpenAI: "usage": null on every chunk but the last
+                obj["usage"] = chunk_usage
+            return f"data: {json.dumps(obj)}\n\n"
+
+        def choice(i: int, delta: dict[str, Any], finish: str | None = None) -> list[dict[str, Any]]:
+            return [{"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}]
+
+        frames = [chunk(choice(i, {"role": "assistant", "content": ""})) for i in range(n)]
+        frames += [chunk(choice(i, {"content": p})) for p in pieces for i in range(n)]
+        frames += [chunk(choice(i, {}, "stop")) for i in range(n)]
+        if include_usage:
+            frames.append(chunk([], usage))
+        frames.append("data: [DONE]\n\n")
+        await self._stream(ex, frames, knobs, n + 2 * n if fail == "drop_mid_stream" else None)
+
+    async def _messages(self, ex: _Exchange, body: dict[str, Any], knobs: dict[str, Any], fail: str) -> None:
+        pieces = _pieces(knobs["chunks"])
+        output = _completion_tokens(knobs, body)
+        usage = {"input_tokens": knobs["prompt_tokens"], "cache_creation_input_tokens": 0,
+                 "cache_read_input_tokens": 0, "output_tokens": output}  # fmt: skip
+        message: dict[str, Any] = {
+            "id": f"msg_{uuid.uuid4().hex[:24]}",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model", "claude-fake"),
+            "content": [{"type": "text", "text": "".join(pieces)}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": usage,
+        }
+        if not body.get("stream"):
+            await self._respond(ex, message, fail)
+            return
+
+        start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+        stop_delta: dict[str, Any] = {"type": "message_delta",
+                                      "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                                      "usage": {"output_tokens": output}}  # fmt: skip
+        if fail == "no_usage":
+            del start["usage"], stop_delta["usage"]
+        events: list[dict[str, Any]] = [
+            {"type": "message_start", "message": start},
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+            {"type": "ping"},  # the real API sends one here; clients must tolerate it
+            *({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}} for p in pieces),
+            {"type": "content_block_stop", "index": 0},
+            stop_delta,
+            {"type": "message_stop"},
+        ]
+        frames = [f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events]
+        await self._stream(ex, frames, knobs, 5 if fail == "drop_mid_stream" else None)
+
+    async def _embeddings(self, ex: _Exchange, body: dict[str, Any], knobs: dict[str, Any], fail: str) -> None:
+        raw = body.get("input")
+        if isinstance(raw, str) or (isinstance(raw, list) and raw and all(isinstance(t, int) for t in raw)):
+            items: list[Any] = [raw]  # one string, or one pre-tokenised input
+        elif isinstance(raw, list) and raw:
+            items = raw
+        else:
+            await ex.json(400, _error_body("openai", 400, "'input' must be a string or a non-empty list"))
+            return
+        data = []
+        for i, item in enumerate(items):
+            digest = hashlib.sha256(json.dumps(item).encode()).digest()
+            vector = [round(b / 255, 4) for b in digest[:8]]  # deterministic per input
+            if body.get("encoding_format") == "base64":  # the openai SDK asks for this by default
+                embedding: Any = base64.b64encode(struct.pack("<8f", *vector)).decode()
+            else:
+                embedding = vector
+            data.append({"object": "embedding", "index": i, "embedding": embedding})
+        prompt = knobs["prompt_tokens"]
+        obj = {"object": "list", "data": data, "model": body.get("model", "fake-embedding"),
+               "usage": {"prompt_tokens": prompt, "total_tokens": prompt}}  # fmt: skip
+        await self._respond(ex, obj, fail)
+
+    async def _models(self, ex: _Exchange, body: dict[str, Any], knobs: dict[str, Any], fail: str) -> None:
+        ids = ["gpt-4o-mini", "gpt-4o", "text-embedding-3-small"]
+        data = [{"id": m, "object": "model", "created": 1700000000, "owned_by": "fake-upstream"} for m in ids]
+        await self._respond(ex, {"object": "list", "data": data}, fail)
+
+    _routes: dict[tuple[str, str], Callable[..., Awaitable[None]]] = {
+        ("POST", "/v1/chat/completions"): _chat,
+        ("POST", "/v1/messages"): _messages,
+        ("POST", "/v1/embeddings"): _embeddings,
+        ("GET", "/v1/models"): _models,
+    }
+
+
+app = UpstreamApp()  # for ``uvicorn tests.upstream.server:app``
+
+
+@dataclass
+class UpstreamHandle:
+    """A fake upstream served from a daemon thread. Also usable as a context manager."""
+
+    app: UpstreamApp
+    server: uvicorn.Server
+    thread: threading.Thread
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self, timeout: float = 5.0) -> None:
+        # force_exit skips uvicorn's wait for open connections (e.g. a stalled request).
+        self.server.should_exit = self.server.force_exit = True
+        self.thread.join(timeout)
+
+    def control(self, **knobs: Any) -> dict[str, Any]:
+        return httpx.post(f"{self.url}/_control", json=knobs).raise_for_status().json()
+
+    def reset(self) -> None:
+        httpx.post(f"{self.url}/_reset").raise_for_status()
+
+    def stats(self) -> dict[str, Any]:
+        return httpx.get(f"{self.url}/_stats").raise_for_status().json()
+
+    def last(self, path: str) -> dict[str, Any]:
+        return httpx.get(f"{self.url}/_last", params={"path": path}).raise_for_status().json()
+
+    def __enter__(self) -> UpstreamHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def run_in_thread(port: int = 0, host: str = "127.0.0.1", startup_timeout: float = 10.0) -> UpstreamHandle:
+    """Serve a fresh ``UpstreamApp`` in a daemon thread; port 0 picks a free port."""
+    upstream = UpstreamApp()
+    config = uvicorn.Config(upstream, host=host, port=port, lifespan="off", log_level="warning", interface="asgi3")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=f"fake-upstream-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout
+    while not server.started:  # set once the sockets are listening
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(f"fake upstream failed to start on {host}:{port}")
+        time.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    return UpstreamHandle(app=upstream, server=server, thread=thread, host=host, port=bound)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=18001)
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+    uvicorn.run(app, host=args.host, port=args.port, lifespan="off", log_level=args.log_level, interface="asgi3")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Recording outcomes: the request path's one cheap insert into the outbox.
+
+No locks here: the drain (usage/drain.py) applies records to windows in batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from budgets.admission import windows_for_update
+from budgets.models import Reservation, Window
+from catalog.pricing import Usage
+from django.db.models import F
+from usage.models import UsageRecord
+
+Status = UsageRecord.Status
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to an admitted request, as the gateway (or a caller) reports it."""
+
+    status: str
+    cost_nano: int = 0
+    usage: Usage = Usage()
+    connection_id: int | None = None
+    provider_model: str = ""
+    error: str = ""
+    latency_ms: int | None = None
+
+
+def build_record(*, reservation: Reservation, outcome: Outcome) -> UsageRecord:
+    if outcome.cost_nano < 0:
+        raise ValueError("cost must be >= 0")
+    return UsageRecord(
+        request_id=reservation.request_id,
+        organization_id=reservation.organization_id,
+        project_id=reservation.project_id,
+        member_id=reservation.member_id,
+        api_key_id=reservation.api_key_id,
+        end_customer_id=reservation.end_customer_id,
+        run_id=reservation.run_id,
+        reservation_id=reservation.id,
+        model=reservation.model,
+        connection_id=outcome.connection_id,
+        provider_model=outcome.provider_model,
+        status=outcome.status,
+        input_tokens=outcome.usage.input_tokens,
+        output_tokens=outcome.usage.output_tokens,
+        cache_read_tokens=outcome.usage.cache_read_tokens,
+        cache_write_tokens=outcome.usage.cache_write_tokens,
+        cost_nano=outcome.cost_nano,
+        reserved_nano=reservation.amount_nano,
+        excess_nano=max(0, outcome.cost_nano - reservation.amount_nano),
+        error=outcome.error,
+        latency_ms=outcome.latency_ms,
+        admitted_at=reservation.created_at,
+    )
+
+
+def record(*, reservation: Reservation, outcome: Outcome) -> UsageRecord:
+    """Insert the request's usage record (the outbox row). Idempotent by request id.
+
+    If a record already exists: an `estimated` one (expiry charged the worst case first) is
+    corrected by this true report; anything else is returned unchanged — settling twice
+    returns the first result.
+    """
+    row = build_record(reservation=reservation, outcome=outcome)
+    try:
+        with transaction.atomic():  # a savepoint when called inside a transaction
+            row.save(force_insert=True)
+        return row
+    except IntegrityError:
+        existing = UsageRecord.objects.filter(request_id=row.request_id).first()
+        if existing is None:
+            raise  # some other constraint: a bug, not a duplicate
+    return correct_estimate(record_id=existing.pk, outcome=outcome)
+
+
+def correct_estimate(*, record_id: int, outcome: Outcome) -> UsageRecord:
+    """Replace an `estimated` record's cost with a true report, once.
+
+    1. Lock the record (waits for a drain that holds it; after that it is applied or not).
+    2. If it is no longer estimated, someone corrected it already: return it.
+    3. If it was applied, add the difference to the same windows it was charged to, locked in
+       id order; then update the record in place (never a second record).
+    """
+    with transaction.atomic():
+        rec = UsageRecord.objects.select_for_update().get(pk=record_id)
+        if rec.status != Status.ESTIMATED or outcome.status == Status.ESTIMATED:
+            return rec
+        delta = outcome.cost_nano - rec.cost_nano
+        if rec.applied and delta and rec.window_ids:
+            list(windows_for_update(rec.window_ids).values_list("id", flat=True))
+            Window.objects.filter(id__in=rec.window_ids).update(spent_nano=F("spent_nano") + delta)
+        rec.status = outcome.status
+        rec.cost_nano = outcome.cost_nano
+        rec.excess_nano = max(0, outcome.cost_nano - rec.reserved_nano)
+        rec.input_tokens = outcome.usage.input_tokens
+        rec.output_tokens = outcome.usage.output_tokens
+        rec.cache_read_tokens = outcome.usage.cache_read_tokens
+        rec.cache_write_tokens = outcome.usage.cache_write_tokens
+        rec.connection_id = outcome.connection_id or rec.connection_id
+        rec.provider_model = outcome.provider_model or rec.provider_model
+        rec.error = outcome.error
+        rec.save()
+        return rec
+
+
+def release(*, reservation: Reservation, error: str = "") -> UsageRecord:
+    """Give a reservation's room back: a zero-cost `released` record, applied at once."""
+    from usage.drain import drain
+
+    rec = record(reservation=reservation, outcome=Outcome(status=Status.RELEASED, error=error))
+    drain(request_ids=[rec.request_id])
+    rec.refresh_from_db()
+    return rec
+
+
+def expire(*, now: datetime | None = None, limit: int = 1000) -> int:
+    """Charge reservations whose lease lapsed (owner stopped heartbeating) or whose hard
+    deadline passed at their worst case, as `estimated`: the call may have gone out, and
+    charging is the safe direction. A later true report corrects it.
+
+    A reservation whose usage record already exists (applied or not) is never touched: the
+    insert is ON CONFLICT DO NOTHING on the unique request id. Returns records created.
+    """
+    from django.db.models import Q
+
+    from usage.drain import drain
+
+    now = now or timezone.now()
+    lapsed = list(Reservation.objects.filter(Q(expires_at__lt=now) | Q(deadline_at__lt=now)).order_by("expires_at")[:limit])
+    if not lapsed:
+        return 0
+    have = set(
+        UsageRecord.objects.filter(request_id__in=[r.request_id for r in lapsed]).values_list("request_id", flat=True)
+    )
+    fresh = [
+        build_record(
+            reservation=r,
+            outcome=Outcome(status=Status.ESTIMATED, cost_nano=r.amount_nano, error="lease expired: charged at worst case"),
+        )
+        for r in lapsed
+        if r.request_id not in have
+    ]
+    UsageRecord.objects.bulk_create(fresh, ignore_conflicts=True)
+    drain(request_ids=[r.request_id for r in lapsed])
+    return len(fresh)
