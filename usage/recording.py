@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from budgets.admission import windows_for_update
 from budgets.models import Reservation, Window
 from catalog.pricing import Usage
-from django.db.models import F
 from usage.models import UsageRecord
 
 Status = UsageRecord.Status

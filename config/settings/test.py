@@ -1,5 +1,5 @@
 from .base import *  # noqa: F403
-from .base import DATABASES
+from .base import DATABASES, env
 
 # Tests open one connection per racing thread (up to a few hundred). Django's pool is per
 # thread-alias anyway; without a pool each thread owns exactly one server connection, which is
@@ -8,3 +8,6 @@ DATABASES["default"]["OPTIONS"] = {}
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 CELERY_TASK_ALWAYS_EAGER = False
+
+# Several suites may share one Postgres cluster (parallel checkouts): each names its own DB.
+DATABASES["default"]["TEST"] = {"NAME": env("CAPGATE_TEST_DB", default="test_capgate")}  # noqa: F405

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Run the whole test suite against a real PostgreSQL and Redis (started here if needed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+bash scripts/services.sh start
+export DJANGO_SETTINGS_MODULE=config.settings.test
+eval "$(bash scripts/services.sh env | sed 's/^/export /')"
+.venv/bin/ruff check .
+.venv/bin/python manage.py makemigrations --check --dry-run >/dev/null
+exec .venv/bin/python -m pytest "$@"
