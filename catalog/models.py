@@ -88,6 +88,11 @@ class Connection(models.Model):
     def __str__(self) -> str:
         return f"{self.name} ({self.kind})"
 
+    @property
+    def plain_secret(self) -> str:
+        """The upstream credential as sent to the provider (the gateway's only way to read it)."""
+        return self.secret
+
 
 class Route(models.Model):
     """A model name an organization calls, mapped to ordered (connection, model) targets."""

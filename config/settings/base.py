@@ -124,4 +124,6 @@ CAPGATE = {
     # Per-message framing tokens added to the byte bound of the input.
     "PER_MESSAGE_OVERHEAD_TOKENS": 8,
     "PER_REQUEST_OVERHEAD_TOKENS": 16,
+    # A gateway process that has not heartbeated for this long is presumed dead.
+    "HEARTBEAT_GRACE": timedelta(seconds=env.int("CAPGATE_HEARTBEAT_GRACE_SECONDS", default=30)),
 }

@@ -30,6 +30,7 @@ import uvicorn
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+Headers = dict[str, str]
 
 DEFAULTS: dict[str, Any] = {
     "delay_ms": 0,
@@ -77,7 +78,8 @@ def _coerce(knob: str, value: Any) -> Any:
     if knob == "overbill":
         return float(value)
     if knob == "ignore_max_tokens":
-        return value if isinstance(value, bool) else str(value).strip().lower() in {"1", "true", "yes", "on"}
+        truthy = {"1", "true", "yes", "on"}
+        return value if isinstance(value, bool) else str(value).strip().lower() in truthy
     if isinstance(value, bool):
         raise ValueError(f"{knob} must be an integer")
     return int(value)
@@ -100,7 +102,10 @@ def _pieces(n: int) -> list[str]:
 
 def _error_body(dialect: str, status: int, message: str) -> dict[str, Any]:
     if dialect == "anthropic":
-        return {"type": "error", "error": {"type": ANTHROPIC_ERRORS.get(status, "api_error"), "message": message}}
+        return {
+            "type": "error",
+            "error": {"type": ANTHROPIC_ERRORS.get(status, "api_error"), "message": message},
+        }
     kind, code = OPENAI_ERRORS.get(status, ("server_error", None))
     return {"error": {"message": message, "type": kind, "code": code, "param": None}}
 
@@ -201,6 +206,134 @@ class _Exchange:
         await self.body_chunk(b"")
 
 
+# -- provider endpoints (the parsed request, knobs and failure mode live on the exchange) ---
+
+
+async def _chat(ex: _Exchange) -> None:
+    body, knobs = ex.body, ex.knobs
+    model = body.get("model", "fake-model")
+    n = max(1, int(body.get("n") or 1))
+    pieces = _pieces(knobs["chunks"])
+    prompt, completion = knobs["prompt_tokens"], _completion_tokens(knobs, body)
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion}
+    usage["total_tokens"] = prompt + completion
+    cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+
+    def head(kind: str) -> dict[str, Any]:
+        return {"id": cid, "object": kind, "created": created, "model": model}
+
+    if not body.get("stream"):
+        message = {"role": "assistant", "content": "".join(pieces), "refusal": None}
+        choices = [
+            {"index": i, "message": message, "logprobs": None, "finish_reason": "stop"}
+            for i in range(n)
+        ]
+        await ex.respond({**head("chat.completion"), "choices": choices, "usage": usage})
+        return
+
+    include_usage = (body.get("stream_options") or {}).get("include_usage") is True
+    include_usage = include_usage and ex.fail != "no_usage"
+
+    def frame(choices: list[dict[str, Any]], chunk_usage: dict[str, Any] | None = None) -> str:
+        chunk = {**head("chat.completion.chunk"), "choices": choices}
+        if include_usage:  # like OpenAI: "usage": null on every chunk but the last
+            chunk["usage"] = chunk_usage
+        return f"data: {json.dumps(chunk)}\n\n"
+
+    def choice(i: int, delta: dict[str, Any], finish: str | None = None) -> list[dict[str, Any]]:
+        return [{"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}]
+
+    frames = [frame(choice(i, {"role": "assistant", "content": ""})) for i in range(n)]
+    frames += [frame(choice(i, {"content": p})) for p in pieces for i in range(n)]
+    frames += [frame(choice(i, {}, "stop")) for i in range(n)]
+    if include_usage:
+        frames.append(frame([], usage))
+    frames.append("data: [DONE]\n\n")
+    await ex.stream(frames, drop_at=3 * n)  # after the role chunks and two content chunks
+
+
+async def _messages(ex: _Exchange) -> None:
+    body, knobs = ex.body, ex.knobs
+    pieces = _pieces(knobs["chunks"])
+    output = _completion_tokens(knobs, body)
+    usage = {"input_tokens": knobs["prompt_tokens"], "cache_creation_input_tokens": 0}
+    usage |= {"cache_read_input_tokens": 0, "output_tokens": output}
+    message: dict[str, Any] = {
+        "id": f"msg_{uuid.uuid4().hex[:24]}",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model", "claude-fake"),
+        "content": [{"type": "text", "text": "".join(pieces)}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": usage,
+    }
+    if not body.get("stream"):
+        await ex.respond(message)
+        return
+
+    start = {**message, "content": [], "stop_reason": None, "usage": usage | {"output_tokens": 1}}
+    delta = {"stop_reason": "end_turn", "stop_sequence": None}
+    stop: dict[str, Any] = {"type": "message_delta", "delta": delta}
+    stop["usage"] = {"output_tokens": output}
+    if ex.fail == "no_usage":
+        del start["usage"], stop["usage"]
+    text_block = {"type": "text", "text": ""}
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": start},
+        {"type": "content_block_start", "index": 0, "content_block": text_block},
+        {"type": "ping"},  # the real API sends one here; clients must tolerate it
+        *(
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}}
+            for p in pieces
+        ),
+        {"type": "content_block_stop", "index": 0},
+        stop,
+        {"type": "message_stop"},
+    ]
+    frames = [f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events]
+    await ex.stream(frames, drop_at=5)  # after message_start, block start, ping and two deltas
+
+
+async def _embeddings(ex: _Exchange) -> None:
+    raw = ex.body.get("input")
+    is_list = isinstance(raw, list) and len(raw) > 0
+    if isinstance(raw, str) or (is_list and all(isinstance(t, int) for t in raw)):
+        items: list[Any] = [raw]  # one string, or one pre-tokenised input
+    elif is_list:
+        items = raw
+    else:
+        message = "'input' must be a string or a non-empty list"
+        await ex.json(400, _error_body("openai", 400, message))
+        return
+    data = []
+    for i, item in enumerate(items):
+        digest = hashlib.sha256(json.dumps(item).encode()).digest()
+        vector = [round(b / 255, 4) for b in digest[:8]]  # deterministic per input
+        embedding: Any = vector
+        if ex.body.get("encoding_format") == "base64":  # the openai SDK asks for this by default
+            embedding = base64.b64encode(struct.pack("<8f", *vector)).decode()
+        data.append({"object": "embedding", "index": i, "embedding": embedding})
+    prompt = ex.knobs["prompt_tokens"]
+    usage = {"prompt_tokens": prompt, "total_tokens": prompt}
+    model = ex.body.get("model", "fake-embedding")
+    await ex.respond({"object": "list", "data": data, "model": model, "usage": usage})
+
+
+async def _models(ex: _Exchange) -> None:
+    ids = ["gpt-4o-mini", "gpt-4o", "text-embedding-3-small"]
+    data = [{"id": m, "object": "model", "created": 1700000000, "owned_by": "fake"} for m in ids]
+    await ex.respond({"object": "list", "data": data})
+
+
+ROUTES: dict[tuple[str, str], Callable[[_Exchange], Awaitable[None]]] = {
+    ("POST", "/v1/chat/completions"): _chat,
+    ("POST", "/v1/messages"): _messages,
+    ("POST", "/v1/embeddings"): _embeddings,
+    ("GET", "/v1/models"): _models,
+}
+
+
 class UpstreamApp:
     """The ASGI application. Each instance has its own settings, counters and last requests."""
 
@@ -252,7 +385,7 @@ class UpstreamApp:
 
     # -- control plane -------------------------------------------------------------------
 
-    async def _control(self, ex: _Exchange, method: str, path: str, query: bytes, raw: bytes) -> None:
+    async def _control(self, ex: _Exchange, method: str, path: str, qs: bytes, raw: bytes) -> None:
         if (method, path) == ("POST", "/_control"):
             try:
                 updates = json.loads(raw or b"{}")
@@ -272,7 +405,7 @@ class UpstreamApp:
         elif (method, path) == ("GET", "/_stats"):
             await ex.json(200, self.stats())
         elif (method, path) == ("GET", "/_last"):
-            wanted = parse_qs(query.decode("latin-1")).get("path", [""])[0]
+            wanted = parse_qs(qs.decode("latin-1")).get("path", [""])[0]
             if wanted in self.last:
                 await ex.json(200, self.last[wanted])
             else:
@@ -280,9 +413,7 @@ class UpstreamApp:
         else:
             await ex.json(404, {"error": f"unknown path {method} {path}"})
 
-    # -- provider endpoints --------------------------------------------------------------
-
-    async def _v1(self, ex: _Exchange, method: str, path: str, headers: dict[str, str], raw: bytes) -> None:
+    async def _v1(self, ex: _Exchange, method: str, path: str, hdrs: Headers, raw: bytes) -> None:
         self.requests += 1
         number = self.requests  # fail_every is keyed on this global, 1-based counter
         self.by_path[path] = self.by_path.get(path, 0) + 1
@@ -294,156 +425,41 @@ class UpstreamApp:
                 body: Any = json.loads(raw) if raw else {}
             except ValueError:
                 body = raw.decode("utf-8", "replace")
-            self.last[path] = {"method": method, "body": body, "headers": headers}
+            self.last[path] = {"method": method, "body": body, "headers": hdrs}
+            handler = ROUTES.get((method, path))
             try:
-                knobs = dict(self.settings)
-                for name, value in headers.items():
+                ex.knobs = dict(self.settings)
+                for name, value in hdrs.items():
                     if name.startswith(HEADER_PREFIX):
                         knob = name[len(HEADER_PREFIX) :].replace("-", "_")
-                        knobs[knob] = _coerce(knob, value)
-            except ValueError as exc:
-                await ex.json(400, _error_body(dialect, 400, f"bad X-Upstream header: {exc}"))
+                        ex.knobs[knob] = _coerce(knob, value)
+                if handler is None:
+                    raise LookupError(f"unknown endpoint {method} {path}")
+                if not isinstance(body, dict):
+                    raise ValueError("request body must be a JSON object")
+            except (ValueError, LookupError) as exc:
+                status = 404 if isinstance(exc, LookupError) else 400
+                await ex.json(status, _error_body(dialect, status, str(exc)))
                 return
-            handler = self._routes.get((method, path))
-            if handler is None:
-                await ex.json(404, _error_body(dialect, 404, f"unknown endpoint {method} {path}"))
-                return
-            if not isinstance(body, dict):
-                await ex.json(400, _error_body(dialect, 400, "request body must be a JSON object"))
-                return
+            ex.body = body
+            every = ex.knobs["fail_every"]
+            ex.fail = ex.knobs["fail"] if every <= 0 or number % every == 0 else ""
 
-            every = knobs["fail_every"]
-            fail = knobs["fail"] if every <= 0 or number % every == 0 else ""
-            if fail in {"400", "429", "500", "503"}:
-                status = int(fail)
-                await ex.json(status, _error_body(dialect, status, f"fake upstream failure {status}"))
-            elif fail == "close":
+            if ex.fail in {"400", "429", "500", "503"}:
+                status = int(ex.fail)
+                await ex.json(status, _error_body(dialect, status, f"fake upstream {status}"))
+            elif ex.fail == "close":
                 await ex.abort()
-            elif fail == "stall":
+            elif ex.fail == "stall":
                 if await ex.wait(STALL_CAP_S):
                     await ex.abort()
-            elif await ex.wait(knobs["delay_ms"] / 1000):
-                await handler(self, ex, body, knobs, fail)
+            elif await ex.wait(ex.knobs["delay_ms"] / 1000):
+                await handler(ex)
         finally:
             self.in_flight -= 1
             self.completed += ex.completed
             self.disconnected += ex.client_gone
             ex.close()
-
-    async def _chat(self, ex: _Exchange, body: dict[str, Any], knobs: dict[str, Any], fail: str) -> None:
-        model = body.get("model", "fake-model")
-        n = max(1, int(body.get("n") or 1))
-        pieces = _pieces(knobs["chunks"])
-        prompt, completion = knobs["prompt_tokens"], _completion_tokens(knobs, body)
-        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-        cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-        if not body.get("stream"):
-            choices = [
-                {
-                    "index": i,
-                    "message": {"role": "assistant", "content": "".join(pieces), "refusal": None},
-                    "logprobs": None,
-                    "finish_reason": "stop",
-                }
-                for i in range(n)
-            ]
-            obj = {"id": cid, "object": "chat.completion", "created": created, "model": model,
-                   "choices": choices, "usage": usage, "system_fingerprint": None}  # fmt: skip
-            await self._respond(ex, obj, fail)
-            return
-
-        include_usage = (body.get("stream_options") or {}).get("include_usage") is True
-        include_usage = include_usage and fail != "no_usage"
-
-        def chunk(choices: list[dict[str, Any]], chunk_usage: dict[str, Any] | None = None) -> str:
-            obj: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created,
-                                   "model": model, "system_fingerprint": None, "choices": choices}  # fmt: skip
-            if include_usage:  # like OpenAI: "usage": null on every chunk but the last
-                obj["usage"] = chunk_usage
-            return f"data: {json.dumps(obj)}\n\n"
-
-        def choice(i: int, delta: dict[str, Any], finish: str | None = None) -> list[dict[str, Any]]:
-            return [{"index": i, "delta": delta, "logprobs": None, "finish_reason": finish}]
-
-        frames = [chunk(choice(i, {"role": "assistant", "content": ""})) for i in range(n)]
-        frames += [chunk(choice(i, {"content": p})) for p in pieces for i in range(n)]
-        frames += [chunk(choice(i, {}, "stop")) for i in range(n)]
-        if include_usage:
-            frames.append(chunk([], usage))
-        frames.append("data: [DONE]\n\n")
-        await self._stream(ex, frames, knobs, n + 2 * n if fail == "drop_mid_stream" else None)
-
-    async def _messages(self, ex: _Exchange, body: dict[str, Any], knobs: dict[str, Any], fail: str) -> None:
-        pieces = _pieces(knobs["chunks"])
-        output = _completion_tokens(knobs, body)
-        usage = {"input_tokens": knobs["prompt_tokens"], "cache_creation_input_tokens": 0,
-                 "cache_read_input_tokens": 0, "output_tokens": output}  # fmt: skip
-        message: dict[str, Any] = {
-            "id": f"msg_{uuid.uuid4().hex[:24]}",
-            "type": "message",
-            "role": "assistant",
-            "model": body.get("model", "claude-fake"),
-            "content": [{"type": "text", "text": "".join(pieces)}],
-            "stop_reason": "end_turn",
-            "stop_sequence": None,
-            "usage": usage,
-        }
-        if not body.get("stream"):
-            await self._respond(ex, message, fail)
-            return
-
-        start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
-        stop_delta: dict[str, Any] = {"type": "message_delta",
-                                      "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                                      "usage": {"output_tokens": output}}  # fmt: skip
-        if fail == "no_usage":
-            del start["usage"], stop_delta["usage"]
-        events: list[dict[str, Any]] = [
-            {"type": "message_start", "message": start},
-            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-            {"type": "ping"},  # the real API sends one here; clients must tolerate it
-            *({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}} for p in pieces),
-            {"type": "content_block_stop", "index": 0},
-            stop_delta,
-            {"type": "message_stop"},
-        ]
-        frames = [f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events]
-        await self._stream(ex, frames, knobs, 5 if fail == "drop_mid_stream" else None)
-
-    async def _embeddings(self, ex: _Exchange, body: dict[str, Any], knobs: dict[str, Any], fail: str) -> None:
-        raw = body.get("input")
-        if isinstance(raw, str) or (isinstance(raw, list) and raw and all(isinstance(t, int) for t in raw)):
-            items: list[Any] = [raw]  # one string, or one pre-tokenised input
-        elif isinstance(raw, list) and raw:
-            items = raw
-        else:
-            await ex.json(400, _error_body("openai", 400, "'input' must be a string or a non-empty list"))
-            return
-        data = []
-        for i, item in enumerate(items):
-            digest = hashlib.sha256(json.dumps(item).encode()).digest()
-            vector = [round(b / 255, 4) for b in digest[:8]]  # deterministic per input
-            if body.get("encoding_format") == "base64":  # the openai SDK asks for this by default
-                embedding: Any = base64.b64encode(struct.pack("<8f", *vector)).decode()
-            else:
-                embedding = vector
-            data.append({"object": "embedding", "index": i, "embedding": embedding})
-        prompt = knobs["prompt_tokens"]
-        obj = {"object": "list", "data": data, "model": body.get("model", "fake-embedding"),
-               "usage": {"prompt_tokens": prompt, "total_tokens": prompt}}  # fmt: skip
-        await self._respond(ex, obj, fail)
-
-    async def _models(self, ex: _Exchange, body: dict[str, Any], knobs: dict[str, Any], fail: str) -> None:
-        ids = ["gpt-4o-mini", "gpt-4o", "text-embedding-3-small"]
-        data = [{"id": m, "object": "model", "created": 1700000000, "owned_by": "fake-upstream"} for m in ids]
-        await self._respond(ex, {"object": "list", "data": data}, fail)
-
-    _routes: dict[tuple[str, str], Callable[..., Awaitable[None]]] = {
-        ("POST", "/v1/chat/completions"): _chat,
-        ("POST", "/v1/messages"): _messages,
-        ("POST", "/v1/embeddings"): _embeddings,
-        ("GET", "/v1/models"): _models,
-    }
 
 
 app = UpstreamApp()  # for ``uvicorn tests.upstream.server:app``
@@ -487,14 +503,15 @@ class UpstreamHandle:
         self.stop()
 
 
-def run_in_thread(port: int = 0, host: str = "127.0.0.1", startup_timeout: float = 10.0) -> UpstreamHandle:
+def run_in_thread(port: int = 0, host: str = "127.0.0.1", timeout: float = 10.0) -> UpstreamHandle:
     """Serve a fresh ``UpstreamApp`` in a daemon thread; port 0 picks a free port."""
     upstream = UpstreamApp()
-    config = uvicorn.Config(upstream, host=host, port=port, lifespan="off", log_level="warning", interface="asgi3")
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(
+        uvicorn.Config(upstream, host=host, port=port, lifespan="off", log_level="warning")
+    )
     thread = threading.Thread(target=server.run, name=f"fake-upstream-{port}", daemon=True)
     thread.start()
-    deadline = time.monotonic() + startup_timeout
+    deadline = time.monotonic() + timeout
     while not server.started:  # set once the sockets are listening
         if not thread.is_alive() or time.monotonic() > deadline:
             server.should_exit = True
@@ -510,7 +527,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=18001)
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
-    uvicorn.run(app, host=args.host, port=args.port, lifespan="off", log_level=args.log_level, interface="asgi3")
+    uvicorn.run(app, host=args.host, port=args.port, lifespan="off", log_level=args.log_level)
 
 
 if __name__ == "__main__":

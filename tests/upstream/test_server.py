@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -39,7 +43,12 @@ def chat_body(**extra: Any) -> dict[str, Any]:
 
 
 def anthropic_body(**extra: Any) -> dict[str, Any]:
-    return {"model": "claude-test", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}], **extra}
+    return {
+        "model": "claude-test",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "hi"}],
+        **extra,
+    }
 
 
 def sse_data(text: str) -> list[str]:
@@ -84,14 +93,18 @@ def test_chat_stream_without_include_usage(client: httpx.Client) -> None:
 def test_anthropic_non_stream(client: httpx.Client) -> None:
     client.post("/_control", json={"completion_tokens": "max", "overbill": 2})
     body = client.post(MESSAGES, json=anthropic_body()).json()
-    assert body["type"] == "message" and body["role"] == "assistant" and body["model"] == "claude-test"
+    assert (
+        body["type"] == "message" and body["role"] == "assistant" and body["model"] == "claude-test"
+    )
     assert body["content"][0]["type"] == "text" and body["stop_reason"] == "end_turn"
     assert body["usage"] == {"input_tokens": 10, "output_tokens": 128,
                              "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}  # fmt: skip
 
 
 def test_anthropic_stream_event_sequence(client: httpx.Client) -> None:
-    r = client.post(MESSAGES, json=anthropic_body(stream=True), headers={"X-Upstream-Completion-Tokens": "7"})
+    r = client.post(
+        MESSAGES, json=anthropic_body(stream=True), headers={"X-Upstream-Completion-Tokens": "7"}
+    )
     events = []
     for block in r.text.strip().split("\n\n"):
         name_line, data_line = block.split("\n")
@@ -130,7 +143,9 @@ def test_drop_mid_stream_has_no_done(client: httpx.Client) -> None:
     received: list[str] = []
     body = chat_body(stream=True, stream_options={"include_usage": True})
     with pytest.raises(httpx.RemoteProtocolError):
-        with client.stream("POST", CHAT, json=body, headers={"X-Upstream-Fail": "drop_mid_stream"}) as r:
+        with client.stream(
+            "POST", CHAT, json=body, headers={"X-Upstream-Fail": "drop_mid_stream"}
+        ) as r:
             assert r.status_code == 200
             for line in r.iter_lines():
                 received.append(line)
@@ -141,7 +156,9 @@ def test_drop_mid_stream_has_no_done(client: httpx.Client) -> None:
 
 def test_no_usage_stream_ends_normally(client: httpx.Client) -> None:
     client.post("/_control", json={"fail": "no_usage"})
-    data = sse_data(client.post(CHAT, json=chat_body(stream=True, stream_options={"include_usage": True})).text)
+    data = sse_data(
+        client.post(CHAT, json=chat_body(stream=True, stream_options={"include_usage": True})).text
+    )
     assert data[-1] == "[DONE]" and all(json.loads(d)["choices"] for d in data[:-1])
     text = client.post(MESSAGES, json=anthropic_body(stream=True)).text
     assert "message_stop" in text and "output_tokens" not in text
@@ -179,7 +196,9 @@ def test_stats_counts(client: httpx.Client) -> None:
 
 def test_header_overrides_global_knob(client: httpx.Client) -> None:
     client.post("/_control", json={"completion_tokens": 100, "fail": "500"})
-    r = client.post(CHAT, json=chat_body(), headers={"X-Upstream-Completion-Tokens": "3", "X-Upstream-Fail": ""})
+    r = client.post(
+        CHAT, json=chat_body(), headers={"X-Upstream-Completion-Tokens": "3", "X-Upstream-Fail": ""}
+    )
     assert r.status_code == 200
     assert r.json()["usage"]["completion_tokens"] == 3
     r = client.post(CHAT, json=chat_body(), headers={"X-Upstream-Fail": "nonsense"})
@@ -188,7 +207,9 @@ def test_header_overrides_global_knob(client: httpx.Client) -> None:
 
 def test_delay_and_max_tokens_knobs(client: httpx.Client) -> None:
     client.post("/_control", json={"completion_tokens": "max", "ignore_max_tokens": True})
-    r = client.post(CHAT, json=chat_body(max_completion_tokens=20), headers={"X-Upstream-Delay-Ms": "50"})
+    r = client.post(
+        CHAT, json=chat_body(max_completion_tokens=20), headers={"X-Upstream-Delay-Ms": "50"}
+    )
     assert r.json()["usage"]["completion_tokens"] == 80
     assert r.elapsed.total_seconds() >= 0.05
 
@@ -216,8 +237,12 @@ def test_embeddings(client: httpx.Client) -> None:
 def test_openai_sdk(upstream: UpstreamHandle) -> None:
     upstream.reset()
     sdk = openai.OpenAI(base_url=upstream.url + "/v1", api_key="x", max_retries=0)
-    done = sdk.chat.completions.create(model="gpt-test", messages=[{"role": "user", "content": "hi"}])
-    assert done.choices[0].message.content and done.usage is not None and done.usage.total_tokens == 15
+    done = sdk.chat.completions.create(
+        model="gpt-test", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert (
+        done.choices[0].message.content and done.usage is not None and done.usage.total_tokens == 15
+    )
     stream = sdk.chat.completions.create(
         model="gpt-test", messages=[{"role": "user", "content": "hi"}], stream=True,
         stream_options={"include_usage": True},
@@ -242,3 +267,40 @@ def test_anthropic_sdk(upstream: UpstreamHandle) -> None:
     assert final.usage.input_tokens == 10 and final.usage.output_tokens == 5
     assert final.stop_reason == "end_turn"
     assert upstream.last(MESSAGES)["body"]["stream"] is True
+
+
+def test_non_stream_drop_mid_stream_truncates_body(client: httpx.Client) -> None:
+    with pytest.raises(httpx.RemoteProtocolError):
+        client.post(MESSAGES, json=anthropic_body(), headers={"X-Upstream-Fail": "drop_mid_stream"})
+
+
+def test_sdk_sees_connection_error_on_close(upstream: UpstreamHandle) -> None:
+    upstream.reset()
+    upstream.control(fail="close")
+    sdk = openai.OpenAI(base_url=upstream.url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.APIConnectionError):
+        sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert upstream.stats()["requests"] == 1
+    upstream.reset()
+
+
+def test_runs_as_a_module() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "tests.upstream.server", "--port", str(port)]
+    proc = subprocess.Popen(cmd, cwd=root)
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+        assert r.json()["object"] == "list"
+    finally:
+        proc.terminate()
+        proc.wait(10)
