@@ -50,6 +50,7 @@ class AdmissionRequest:
     owner_id: int | None = None
     lease: timedelta | None = None
     now: datetime | None = None  # tests pin the clock (e.g. 23:59:59)
+    budgets: Sequence[Budget] | None = None  # matching budgets, when the caller already has them
 
 
 @dataclass
@@ -203,7 +204,7 @@ def admit(*, request: AdmissionRequest) -> Admitted:
     """
     now = request.now or timezone.now()
     subject = request.subject
-    budgets = matching_budgets(subject)
+    budgets = request.budgets if request.budgets is not None else matching_budgets(subject)
     window_of = ensure_windows(budgets=budgets, now=now)
     blocking = sorted(window_of[b.id] for b in budgets if b.mode == Budget.Mode.BLOCK)
     lease = request.lease or settings.CAPGATE["LEASE"]
@@ -254,14 +255,14 @@ def renew(*, owner_ids: Sequence[int], now: datetime | None = None, lease: timed
     )
 
 
-def headroom(*, subject: Subject, now: datetime | None = None) -> Ceiling | None:
+def headroom(*, budgets: Sequence[Budget], now: datetime | None = None) -> Ceiling | None:
     """The tightest blocking ceiling's current state, read without locks.
 
     Used to pick an output ceiling a budget can afford before admission; admission re-checks
     under the lock, so a stale read can only cause a refusal, never an overrun.
     """
     now = now or timezone.now()
-    budgets = [b for b in matching_budgets(subject) if b.mode == Budget.Mode.BLOCK]
+    budgets = [b for b in budgets if b.mode == Budget.Mode.BLOCK]
     if not budgets:
         return None
     window_of = ensure_windows(budgets=budgets, now=now)

@@ -101,8 +101,27 @@ DEFAULT_FROM_EMAIL = env("DEFAULT_FROM_EMAIL", default="capgate <alerts@capgate.
 
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Organization API tokens (Bearer cgt_…) for scripts; the dashboard's session for people
+    # (session writes are CSRF-checked by DRF).
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "tenants.api.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["tenants.api.OrgPermission"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 100,
+    "EXCEPTION_HANDLER": "tenants.api.api_exception_handler",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
-SPECTACULAR_SETTINGS = {"TITLE": "capgate management API", "VERSION": "0.1.0"}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "capgate management API",
+    "DESCRIPTION": "Budgets, keys, members, end customers, connections, prices, usage and alerts "
+    "of an organization. Authenticate with `Authorization: Bearer cgt_…` (an organization API token).",
+    "VERSION": "0.1.0",
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "COMPONENT_SPLIT_REQUEST": True,
+}
 
 LOGGING = {
     "version": 1,
@@ -124,6 +143,20 @@ CAPGATE = {
     # Per-message framing tokens added to the byte bound of the input.
     "PER_MESSAGE_OVERHEAD_TOKENS": 8,
     "PER_REQUEST_OVERHEAD_TOKENS": 16,
+    # Under a blocking budget with no max_tokens, refuse rather than send an output ceiling
+    # below this many tokens (a response that short is rarely what the caller wanted).
+    "MIN_OUTPUT_TOKENS": env.int("CAPGATE_MIN_OUTPUT_TOKENS", default=256),
+    # Each gateway process heartbeats this often; beat renews the leases of live processes.
+    "HEARTBEAT_INTERVAL": timedelta(seconds=env.int("CAPGATE_HEARTBEAT_SECONDS", default=10)),
+    # Each gateway process drains its own records this long after a response (one batch per
+    # interval, so a hot ceiling takes one lock per batch rather than one per request).
+    "DRAIN_INTERVAL": env.float("CAPGATE_DRAIN_INTERVAL", default=0.05),
+    # How long to wait for upstream bytes (a stream may pause this long between chunks).
+    "UPSTREAM_READ_TIMEOUT": env.float("CAPGATE_UPSTREAM_READ_TIMEOUT", default=600.0),
+    # A body larger than this is refused with 413 before it is parsed.
+    "MAX_BODY_BYTES": env.int("CAPGATE_MAX_BODY_BYTES", default=20 * 1024 * 1024),
     # A gateway process that has not heartbeated for this long is presumed dead.
     "HEARTBEAT_GRACE": timedelta(seconds=env.int("CAPGATE_HEARTBEAT_GRACE_SECONDS", default=30)),
+    # Alert emails link here (the dashboard's public base URL).
+    "DASHBOARD_URL": env("CAPGATE_DASHBOARD_URL", default="http://127.0.0.1:8000"),
 }

@@ -1,0 +1,348 @@
+"""Loading a price catalog (catalog/data/prices.json by default) into Provider and Model rows.
+
+The file, all prices being Decimal-exact strings of USD per 1M tokens:
+
+    {
+      "prices_as_of": "YYYY-MM-DD",
+      "source": "where the prices come from" | ["...", ...],        (optional)
+      "providers": [{"slug": "openai", "name": "OpenAI"}, ...],
+      "models": [
+        {"provider": "openai", "name": "gpt-4o",                     (required)
+         "input": "2.50", "output": "10.00",                         (required, not null)
+         "cache_read": "1.25", "cache_write": null,                  (optional; null: billed as input)
+         "per_request": "0",                                         (optional, default 0)
+         "max_output_tokens": 16384, "context_window": 128000,       (optional integers or null)
+         "max_image_tokens": 1445,                                   (optional; null: images unbounded)
+         "note": "free text, not stored"},                           (optional)
+        ...
+      ]
+    }
+
+load_catalog() validates the whole file before it touches the database and writes in one
+transaction, so a bad file changes nothing. Loading is an upsert keyed on (provider slug, model
+name): new models are created; an existing model is left exactly as it is unless overwrite=True,
+so prices an operator edited survive a reload. Models missing from the file are never deleted
+(route targets protect them).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils.text import slugify
+
+from catalog.models import Model, Provider
+from catalog.pricing import RATE_FIELDS
+
+DEFAULT_CATALOG_PATH = Path(__file__).resolve().parent / "data" / "prices.json"
+
+_TOP_KEYS = {"prices_as_of", "source", "providers", "models"}
+_PROVIDER_KEYS = {"slug", "name"}
+_REQUIRED_RATES = ("input", "output")
+_INT_FIELDS = ("max_output_tokens", "context_window", "max_image_tokens")
+_MODEL_KEYS = {"provider", "name", "per_request", "note", *RATE_FIELDS, *_INT_FIELDS}
+# Mirrors the DecimalField(max_digits=14, decimal_places=6) on Model and PositiveIntegerField.
+_MAX_DIGITS, _DECIMAL_PLACES = 14, 6
+_MAX_INT = 2_147_483_647
+_NAME_MAX = Model._meta.get_field("name").max_length
+# Serializes concurrent loads (any bigint unique to this purpose).
+_ADVISORY_LOCK_KEY = 0x6361_7067_7072_6963  # "capgpric"
+
+# Model attribute for each catalog key; also the order fields are reported in.
+FIELD_ATTRS: dict[str, str] = {
+    **{rate: f"{rate}_usd_per_mtok" for rate in RATE_FIELDS},
+    "per_request": "per_request_usd",
+    **{name: name for name in _INT_FIELDS},
+    "prices_as_of": "prices_as_of",
+}
+
+
+@dataclass(frozen=True)
+class Problem:
+    model: str | None  # "provider/name", or None for the file or a provider entry
+    field: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = " ".join(part for part in (self.model, self.field and f"field {self.field!r}") if part)
+        return f"{where}: {self.message}" if where else self.message
+
+
+class CatalogError(ValueError):
+    """The catalog is invalid; nothing was written. Lists every problem found."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        first = problems[0]
+        self.model, self.field = first.model, first.field
+        lines = [str(p) for p in problems]
+        super().__init__(lines[0] if len(lines) == 1 else f"{len(lines)} problems:\n  " + "\n  ".join(lines))
+
+
+@dataclass(frozen=True)
+class ModelChange:
+    """One model of the catalog and, field by field, (stored value, catalog value) where they differ."""
+
+    provider: str
+    name: str
+    changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.provider}/{self.name}"
+
+
+@dataclass
+class LoadResult:
+    created: list[ModelChange] = field(default_factory=list)
+    updated: list[ModelChange] = field(default_factory=list)
+    unchanged: list[ModelChange] = field(default_factory=list)
+    # Existing models that differ from the catalog but were left alone (overwrite=False).
+    kept: list[ModelChange] = field(default_factory=list)
+    providers_created: list[str] = field(default_factory=list)
+    prices_as_of: datetime.date | None = None
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class _Entry:
+    provider: str
+    name: str
+    values: dict[str, Any]  # catalog key -> validated value, for every key of FIELD_ATTRS
+
+
+def read_catalog(path: str | Path) -> dict:
+    """Parse a catalog file; a missing file or bad JSON is a CatalogError."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CatalogError([Problem(None, None, f"cannot read {path}: {exc.strerror or exc}")]) from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CatalogError([Problem(None, None, f"{path} is not valid JSON: {exc}")]) from exc
+
+
+def load_catalog(*, data: dict, overwrite: bool, dry_run: bool = False) -> LoadResult:
+    """Upsert the catalog's providers and models; all or nothing. Raises CatalogError."""
+    prices_as_of, providers, entries = _validate(data)
+    result = LoadResult(prices_as_of=prices_as_of, dry_run=dry_run)
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_ADVISORY_LOCK_KEY])
+        by_slug = _upsert_providers(providers, overwrite=overwrite, result=result)
+        existing = {
+            (m.provider.slug, m.name): m
+            for m in Model.objects.select_for_update().select_related("provider").filter(
+                provider__slug__in=list(providers)
+            )
+        }
+        for entry in entries:
+            model = existing.get((entry.provider, entry.name))
+            if model is None:
+                model = Model(provider=by_slug[entry.provider], name=entry.name)
+                _assign(model, entry.values)
+                model.save()
+                result.created.append(
+                    ModelChange(entry.provider, entry.name, {k: (None, v) for k, v in entry.values.items()})
+                )
+                continue
+            diff = _diff(model, entry.values)
+            change = ModelChange(entry.provider, entry.name, diff)
+            if not diff:
+                result.unchanged.append(change)
+            elif overwrite:
+                _assign(model, entry.values)
+                model.save(update_fields=[FIELD_ATTRS[key] for key in entry.values])
+                result.updated.append(change)
+            else:
+                result.kept.append(change)
+        if dry_run:
+            transaction.set_rollback(True)
+    return result
+
+
+def _assign(model: Model, values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        setattr(model, FIELD_ATTRS[key], value)
+
+
+def _diff(model: Model, values: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    diff = {}
+    for key, new in values.items():
+        old = getattr(model, FIELD_ATTRS[key])
+        if old != new:
+            diff[key] = (old, new)
+    return diff
+
+
+def _upsert_providers(providers: dict[str, str], *, overwrite: bool, result: LoadResult) -> dict[str, Provider]:
+    found = {p.slug: p for p in Provider.objects.select_for_update().filter(slug__in=list(providers))}
+    for slug, name in providers.items():
+        provider = found.get(slug)
+        if provider is None:
+            found[slug] = Provider.objects.create(slug=slug, name=name)
+            result.providers_created.append(slug)
+        elif overwrite and provider.name != name:
+            provider.name = name
+            provider.save(update_fields=["name"])
+    return found
+
+
+# --- validation -------------------------------------------------------------------------------
+
+
+def _validate(data: Any) -> tuple[datetime.date, dict[str, str], list[_Entry]]:
+    problems: list[Problem] = []
+
+    def problem(message: str, *, model: str | None = None, field: str | None = None) -> None:
+        problems.append(Problem(model, field, message))
+
+    if not isinstance(data, dict):
+        raise CatalogError([Problem(None, None, "the catalog must be a JSON object")])
+    for key in sorted(set(data) - _TOP_KEYS):
+        problem(f"unknown top-level key (expected {', '.join(sorted(_TOP_KEYS))})", field=key)
+
+    prices_as_of = None
+    raw_date = data.get("prices_as_of")
+    if raw_date is None:
+        problem("is required (the date the prices were taken, YYYY-MM-DD)", field="prices_as_of")
+    else:
+        try:
+            prices_as_of = datetime.date.fromisoformat(raw_date) if isinstance(raw_date, str) else None
+        except ValueError:
+            prices_as_of = None
+        if prices_as_of is None:
+            problem(f"must be a date as YYYY-MM-DD, not {raw_date!r}", field="prices_as_of")
+    source = data.get("source")
+    if source is not None and not (
+        isinstance(source, str) or (isinstance(source, list) and all(isinstance(s, str) for s in source))
+    ):
+        problem("must be a string or a list of strings", field="source")
+
+    providers: dict[str, str] = {}
+    raw_providers = data.get("providers")
+    if not isinstance(raw_providers, list):
+        problem("is required: a list of {slug, name}", field="providers")
+        raw_providers = []
+    for i, raw in enumerate(raw_providers):
+        where = f"providers[{i}]"
+        if not isinstance(raw, dict):
+            problem("must be an object with slug and name", model=where)
+            continue
+        for key in sorted(set(raw) - _PROVIDER_KEYS):
+            problem("unknown key (expected slug, name)", model=where, field=key)
+        slug, name = raw.get("slug"), raw.get("name")
+        if not isinstance(slug, str) or not slug or slugify(slug) != slug or len(slug) > 50:
+            problem(f"must be a lowercase slug of at most 50 characters, not {slug!r}", model=where, field="slug")
+            continue
+        where = f"provider {slug}"
+        if not isinstance(name, str) or not name.strip() or len(name) > 100:
+            problem("must be a non-empty string of at most 100 characters", model=where, field="name")
+        elif slug in providers:
+            problem("is listed twice", model=where, field="slug")
+        else:
+            providers[slug] = name
+
+    entries: list[_Entry] = []
+    seen: set[tuple[str, str]] = set()
+    raw_models = data.get("models")
+    if not isinstance(raw_models, list):
+        problem("is required: a list of model objects", field="models")
+        raw_models = []
+    for i, raw in enumerate(raw_models):
+        entry = _validate_model(i, raw, providers, prices_as_of, problem)
+        if entry is None:
+            continue
+        if (entry.provider, entry.name) in seen:
+            problem("is listed twice", model=f"{entry.provider}/{entry.name}", field="name")
+            continue
+        seen.add((entry.provider, entry.name))
+        entries.append(entry)
+
+    if problems:
+        raise CatalogError(problems)
+    assert prices_as_of is not None
+    return prices_as_of, providers, entries
+
+
+def _validate_model(i, raw, providers, prices_as_of, problem) -> _Entry | None:
+    if not isinstance(raw, dict):
+        problem("must be an object", model=f"models[{i}]")
+        return None
+    provider, name = raw.get("provider"), raw.get("name")
+    named = isinstance(name, str) and name.strip() != ""
+    where = f"{provider}/{name}" if named and isinstance(provider, str) else f"models[{i}]"
+    ok = True
+    if not named:
+        problem("is required: the API model id", model=where, field="name")
+        ok = False
+    elif name != name.strip() or len(name) > _NAME_MAX:
+        problem(f"must have no surrounding spaces and at most {_NAME_MAX} characters", model=where, field="name")
+        ok = False
+    if provider not in providers:
+        known = ", ".join(sorted(providers)) or "none"
+        problem(f"must be one of the catalog's providers ({known}), not {provider!r}", model=where, field="provider")
+        ok = False
+    for key in sorted(set(raw) - _MODEL_KEYS):
+        problem(f"unknown key (expected {', '.join(sorted(_MODEL_KEYS))})", model=where, field=key)
+        ok = False
+    note = raw.get("note")
+    if note is not None and not isinstance(note, str):
+        problem("must be a string", model=where, field="note")
+        ok = False
+
+    values: dict[str, Any] = {}
+    for rate in RATE_FIELDS:
+        required = rate in _REQUIRED_RATES
+        if rate not in raw and required:
+            problem("is required (USD per 1M tokens, as a string)", model=where, field=rate)
+            ok = False
+            continue
+        price, error = _price(raw.get(rate), nullable=not required)
+        if error:
+            problem(error, model=where, field=rate)
+            ok = False
+        values[rate] = price
+    per_request, error = _price(raw.get("per_request", "0"), nullable=False)
+    if error:
+        problem(error, model=where, field="per_request")
+        ok = False
+    values["per_request"] = per_request
+    for key in _INT_FIELDS:
+        value = raw.get(key)
+        if value is not None and (type(value) is not int or not 1 <= value <= _MAX_INT):
+            problem(f"must be a positive integer or null, not {value!r}", model=where, field=key)
+            ok = False
+        values[key] = value
+    values["prices_as_of"] = prices_as_of
+    return _Entry(provider, name, values) if ok else None
+
+
+def _price(value: Any, *, nullable: bool) -> tuple[Decimal | None, str | None]:
+    """A validated price, or an error message. Floats are refused: they are not exact."""
+    if value is None:
+        return None, None if nullable else "must be a price, not null"
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return None, f"must be a decimal string such as \"2.50\", not {value!r}"
+    try:
+        price = Decimal(value.strip() if isinstance(value, str) else value)
+    except InvalidOperation:
+        return None, f"is not a number: {value!r}"
+    if not price.is_finite():
+        return None, f"is not a finite number: {value!r}"
+    if price < 0:
+        return None, f"must not be negative: {value!r}"
+    exponent = price.normalize().as_tuple().exponent
+    assert isinstance(exponent, int)
+    if -exponent > _DECIMAL_PLACES:
+        return None, f"has more than {_DECIMAL_PLACES} decimal places: {value!r}"
+    if price >= Decimal(10) ** (_MAX_DIGITS - _DECIMAL_PLACES):
+        return None, f"is too large: {value!r}"
+    return price, None

@@ -1,0 +1,117 @@
+"""The /v1 gateway as a plain ASGI application in front of Django.
+
+Why not Django views: the gateway needs exact control of streaming and of client disconnects
+(an abandoned stream must be charged, not forgotten) and the lowest per-request overhead. It
+still uses Django's ORM and settings, on a database thread pool (gateway/runtime.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+from django.conf import settings
+from django.db import DatabaseError
+
+from budgets.errors import BudgetExceeded, BudgetUnavailable
+from config.errors import CapgateError
+from gateway import proxy, reservations, runtime
+from gateway.errors import GatewayError, render
+from gateway.estimate import parse_json
+from gateway.http import ClientGone, Request
+from gateway.service import authenticate, list_models
+
+log = logging.getLogger("capgate.gateway")
+_RESERVATION = re.compile(r"^/v1/reservations/([^/]+)/(settle|release)$")
+_PROXIED = {"/v1/chat/completions": "chat", "/v1/messages": "messages", "/v1/embeddings": "embeddings"}
+
+
+async def handle(req: Request) -> None:
+    path = req.path.rstrip("/")
+    kind = _PROXIED.get(path)
+    if kind is not None:
+        if req.method != "POST":
+            return await _error(req, GatewayError("Use POST.", code="method_not_allowed", status=405),
+                                "anthropic" if kind == "messages" else "openai")
+        return await proxy.handle(req, kind)
+    try:
+        if path == "/v1/models" and req.method == "GET":
+            key = await runtime.db(authenticate, req.api_key())
+            names = await runtime.db(list_models, key=key)
+            return await req.json(200, {"object": "list", "data": [
+                {"id": n, "object": "model", "created": 0, "owned_by": key.organization.slug} for n in names]})
+        if path == "/v1/reservations" and req.method == "POST":
+            body = parse_json(await req.body(settings.CAPGATE["MAX_BODY_BYTES"]))
+            bg = runtime.background
+            status, data = await runtime.db(reservations.create, raw_key=req.api_key(), body=body,
+                                            headers=req.headers, owner_id=bg.instance_id if bg else None)
+            return await req.json(status, data)
+        match = _RESERVATION.match(path)
+        if match and req.method == "POST":
+            raw = await req.body(settings.CAPGATE["MAX_BODY_BYTES"])
+            if match.group(2) == "settle":
+                status, data = await runtime.db(reservations.settle, raw_key=req.api_key(),
+                                                reservation_id=match.group(1), body=parse_json(raw or b"{}"))
+            else:
+                status, data = await runtime.db(reservations.release_reservation, raw_key=req.api_key(),
+                                                reservation_id=match.group(1))
+            if runtime.background is not None:
+                runtime.background.kick_drain()
+            return await req.json(status, data)
+        raise GatewayError(f"No route for {req.method} {req.path}.", code="not_found", status=404)
+    except ClientGone:
+        return
+    except BudgetExceeded as exc:
+        proxy._note_refusal(exc)
+        return await _error(req, exc, "openai")
+    except CapgateError as exc:
+        return await _error(req, exc, "openai")
+    except DatabaseError:
+        log.exception("gateway: database unavailable")
+        return await _error(req, BudgetUnavailable("The database is unavailable; nothing was reserved."), "openai")
+
+
+async def _error(req: Request, exc: CapgateError, flavor: str) -> None:
+    status, headers, body = render(exc, flavor=flavor)
+    await req.respond(status, body, headers)
+
+
+class CapgateASGI:
+    """Routes /v1/* to the gateway and everything else to Django; runs the gateway's
+    background loops for the lifetime of the server (Django's handler has no lifespan)."""
+
+    def __init__(self, django_app):
+        self.django_app = django_app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            return await self.lifespan(receive, send)
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            req = Request(scope, receive, send)
+            try:
+                return await handle(req)
+            except Exception:
+                log.exception("gateway: unhandled error on %s", scope["path"])
+                if not req.started:
+                    await req.respond(500, json.dumps({"error": {"message": "Internal error", "type": "api_error",
+                                                                 "code": "internal_error", "param": None}}).encode())
+                return
+        return await self.django_app(scope, receive, send)
+
+    async def lifespan(self, receive, send):
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                runtime.background = runtime.Background()
+                await runtime.background.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if runtime.background is not None:
+                    await runtime.background.stop()
+                await proxy.close_client()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+__all__ = ["CapgateASGI", "render"]

@@ -1,0 +1,376 @@
+"""One proxied request: admit, call the provider (with failover), relay, record.
+
+Every admitted request ends in exactly one usage record (DESIGN §1, property 2-3):
+- served: the provider reported usage; charged at its actual cost;
+- failed_upstream: known not billed (connect refused, 5xx, 4xx validation); zero cost;
+- estimated: the outcome is unknown (client left, timeout after sending, stream without
+  usage); charged at the reserved worst case — the safe direction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+import httpx
+from django.conf import settings
+from django.db import DatabaseError
+
+from budgets.errors import BudgetExceeded, BudgetUnavailable
+from catalog.pricing import Usage, cost_nano, rates_for
+from config.errors import CapgateError
+from gateway import runtime
+from gateway.errors import GatewayError, render
+from gateway.estimate import SHAPERS, parse_json
+from gateway.http import ClientGone, Request
+from gateway.providers import (
+    StreamUsage,
+    echo_response,
+    echo_stream,
+    sse_events,
+    upstream_headers,
+    upstream_url,
+    usage_from_body,
+)
+from gateway.service import Prepared, Target, admit_call
+from usage.recording import Outcome
+
+log = logging.getLogger("capgate.gateway")
+NOT_BILLED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+
+_client: httpx.AsyncClient | None = None
+
+
+def client() -> httpx.AsyncClient:
+    """One pooled client per process: upstream connections are reused across requests."""
+    global _client
+    if _client is None:
+        _client = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=5.0, read=settings.CAPGATE["UPSTREAM_READ_TIMEOUT"], write=30.0, pool=10.0),
+            limits=httpx.Limits(max_connections=2000, max_keepalive_connections=200),
+            follow_redirects=False,
+        )
+    return _client
+
+
+def new_request_id() -> str:
+    return "req_" + uuid.uuid4().hex
+
+
+@dataclass
+class Attempt:
+    """The result of trying one target."""
+
+    kind: str  # ok | failover | not_billed | unknown
+    status: int = 0
+    body: bytes = b""
+    error: str = ""
+
+
+async def handle(req: Request, kind: str) -> None:
+    call = ProxyCall(req, kind)
+    await call.run()
+
+
+class ProxyCall:
+    def __init__(self, req: Request, kind: str):
+        self.req = req
+        self.kind = kind
+        self.flavor = "anthropic" if kind == "messages" else "openai"
+        self.request_id = new_request_id()
+        self.started = time.monotonic()
+        self.prepared: Prepared | None = None
+        self.text_tokens = 0  # the input bound; echo reports a quarter of it as prompt tokens
+        self.client_stream_options: dict = {}
+
+    def _headers(self) -> list[tuple[bytes, bytes]]:
+        return [(b"x-capgate-request-id", self.request_id.encode())]
+
+    async def fail(self, exc: CapgateError) -> None:
+        status, headers, body = render(exc, flavor=self.flavor)
+        await self.req.respond(status, body, headers + self._headers())
+
+    async def run(self) -> None:
+        try:
+            raw = await self.req.body(settings.CAPGATE["MAX_BODY_BYTES"])
+        except GatewayError as exc:
+            return await self.fail(exc)
+        except ClientGone:
+            return
+        body: dict = {}
+        shape = shape_error = None
+        try:
+            body = parse_json(raw)
+            shape = SHAPERS[self.kind](body)
+        except CapgateError as exc:
+            shape_error = exc
+        bg = runtime.background
+        try:
+            _key, self.prepared = await runtime.db(
+                admit_call, raw_key=self.req.api_key(), shape=shape, shape_error=shape_error, kind=self.kind,
+                request_id=self.request_id, customer_id=self.req.headers.get("x-capgate-customer"),
+                run_id=self.req.headers.get("x-capgate-run"),
+                run_budget_usd=self.req.headers.get("x-capgate-run-budget-usd"),
+                owner_id=bg.instance_id if bg else None, healthy=runtime.health.ok,
+            )
+        except BudgetExceeded as exc:
+            _note_refusal(exc)
+            return await self.fail(exc)
+        except CapgateError as exc:
+            return await self.fail(exc)
+        except DatabaseError:
+            log.exception("admission failed: database unavailable")
+            return await self.fail(BudgetUnavailable(
+                "Budgets cannot be checked right now (database unavailable); the request was not sent."))
+        assert shape is not None
+        self.text_tokens = shape.text_tokens
+        options = body.get("stream_options")
+        self.client_stream_options = options if isinstance(options, dict) else {}
+        await self.forward(body, shape.stream)
+
+    # --- after admission: exactly one record per request from here on -------------------
+
+    def upstream_body(self, body: dict, target: Target) -> dict:
+        out = dict(body)
+        p = self.prepared
+        assert p is not None
+        if p.inject_max_output is not None:
+            if self.kind == "messages":
+                out["max_tokens"] = p.inject_max_output
+            else:
+                param = target.connection.options.get("max_tokens_param", "max_completion_tokens")
+                out.pop("max_tokens", None)
+                out.pop("max_completion_tokens", None)
+                out[param] = p.inject_max_output
+        if self.kind == "chat" and body.get("stream"):
+            out["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        return out
+
+    async def forward(self, body: dict, stream: bool) -> None:
+        p = self.prepared
+        assert p is not None
+        last = Attempt(kind="not_billed", status=502, error="no connection was tried")
+        for target in p.targets:
+            if not runtime.health.ok(target.connection.id):
+                continue
+            up_body = self.upstream_body(body, target)
+            try:
+                if stream:
+                    attempt = await self.stream_attempt(target, up_body)
+                else:
+                    attempt = await self.call_attempt(target, up_body)
+            except ClientGone:
+                await self.record(Outcome(status="estimated", cost_nano=p.worst_nano, connection_id=target.connection.id,
+                                          error="client disconnected before the response"), target)
+                return
+            if attempt.kind == "failover":
+                runtime.health.failed(target.connection.id)
+                last = attempt
+                continue
+            if attempt.kind == "done":
+                return
+            last = attempt
+            break
+        # No target billed (or the outcome is unknown): record it and tell the client.
+        if last.kind == "unknown":
+            await self.record(Outcome(status="estimated", cost_nano=p.worst_nano, error=last.error))
+            return await self.fail(GatewayError(f"Upstream outcome unknown: {last.error}", code="upstream_timeout",
+                                                status=504))
+        await self.record(Outcome(status="failed_upstream", error=last.error or f"upstream status {last.status}"))
+        if last.body and 400 <= last.status < 500 and last.status not in (401, 403):
+            return await self.req.respond(last.status, last.body, self._headers())
+        if last.body and last.status in (429, 500, 502, 503, 529):
+            return await self.req.respond(last.status, last.body, self._headers())
+        await self.fail(GatewayError(f"Upstream failed: {last.error or last.status}", code="upstream_error", status=502))
+
+    async def _echo_fault(self, target: Target) -> Attempt | None:
+        # Fault injection for capcheck and tests: honoured only on echo connections that opt in.
+        fault = self.req.headers.get("x-capgate-echo-fail")
+        if not fault or not target.connection.options.get("allow_fault_headers"):
+            return None
+        return Attempt(kind="failover", status=int(fault) if fault.isdigit() else 500, error=f"echo fault {fault}")
+
+    async def _race_client(self, coro):
+        """Run coro; if the client disconnects first, cancel it and raise ClientGone."""
+        work = asyncio.ensure_future(coro)
+        gone = asyncio.ensure_future(_wait_disconnect(self.req))
+        try:
+            done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if work in done:
+                return work.result()
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            raise ClientGone()
+        finally:
+            gone.cancel()
+
+    async def call_attempt(self, target: Target, up_body: dict) -> Attempt:
+        if target.connection.kind == "echo":
+            fault = await self._echo_fault(target)
+            if fault:
+                return fault
+            data = await self._race_client(echo_response(target, self.kind, up_body, self._prompt_bound()))
+            status = 200
+        else:
+            try:
+                resp = await self._race_client(client().post(
+                    upstream_url(target, self.kind), content=json.dumps(up_body).encode(),
+                    headers=upstream_headers(target, self.req.headers)))
+            except NOT_BILLED as exc:
+                return Attempt(kind="failover", error=f"{type(exc).__name__}: {exc}")
+            except httpx.HTTPError as exc:  # sent, then the answer never came: maybe billed
+                return Attempt(kind="unknown", error=f"{type(exc).__name__}: {exc}")
+            status, data = resp.status_code, resp.content
+        if status >= 500 or status == 429:
+            return Attempt(kind="failover", status=status, body=data, error=f"upstream status {status}")
+        if status >= 400:
+            return Attempt(kind="not_billed", status=status, body=data, error=f"upstream rejected: {status}")
+        runtime.health.succeeded(target.connection.id)
+        usage, provider_model = usage_from_body(self.kind, data)
+        await self.record(self._served(target, usage, provider_model), target)
+        await self.req.respond(200, data, self._headers())
+        return Attempt(kind="done")
+
+    def _prompt_bound(self) -> int:
+        return self.text_tokens
+
+    def _served(self, target: Target, usage: Usage | None, provider_model: str,
+                error: str = "no usage reported") -> Outcome:
+        p = self.prepared
+        assert p is not None
+        if usage is None:
+            return Outcome(status="estimated", cost_nano=p.worst_nano, connection_id=target.connection.id,
+                           provider_model=provider_model, error=error)
+        try:
+            cost = cost_nano(usage=usage, rates=rates_for(model=target.model, connection=target.connection))
+        except Exception:  # an unpriced model allowed through: cost unknown, recorded as 0
+            cost = 0
+        return Outcome(status="served", cost_nano=cost, usage=usage, connection_id=target.connection.id,
+                       provider_model=provider_model or target.model.name)
+
+    async def stream_attempt(self, target: Target, up_body: dict) -> Attempt:
+        response: httpx.Response | None = None
+        if target.connection.kind == "echo":
+            fault = await self._echo_fault(target)
+            if fault:
+                return fault
+            events = echo_stream(target, self.kind, up_body, self._prompt_bound())
+        else:
+            request = client().build_request("POST", upstream_url(target, self.kind),
+                                             content=json.dumps(up_body).encode(),
+                                             headers=upstream_headers(target, self.req.headers))
+            try:
+                response = await self._race_client(client().send(request, stream=True))
+            except NOT_BILLED as exc:
+                return Attempt(kind="failover", error=f"{type(exc).__name__}: {exc}")
+            except httpx.HTTPError as exc:
+                return Attempt(kind="unknown", error=f"{type(exc).__name__}: {exc}")
+            if response.status_code >= 400:
+                data = await response.aread()
+                await response.aclose()
+                status = response.status_code
+                if status >= 500 or status == 429:
+                    return Attempt(kind="failover", status=status, body=data, error=f"upstream status {status}")
+                return Attempt(kind="not_billed", status=status, body=data, error=f"upstream rejected: {status}")
+            events = sse_events(response.aiter_lines())
+        runtime.health.succeeded(target.connection.id)
+        await self.relay(target, events, response)
+        return Attempt(kind="done")
+
+    async def relay(self, target: Target, events, response: httpx.Response | None) -> None:
+        """Relay SSE events to the client until the stream ends, the client leaves, the
+        upstream drops, or the request's hard lifetime runs out; then record once."""
+        p = self.prepared
+        assert p is not None
+        tracker = StreamUsage(self.kind)
+        wants_usage = self.client_stream_options.get("include_usage") is True
+        ending = "completed"
+        deadline = max((p.reservation.deadline_at.timestamp() - time.time()), 0.001)
+
+        async def pump() -> None:
+            async for event in events:
+                try:
+                    usage_only = tracker.feed(event.data)
+                except ValueError:
+                    usage_only = False
+                if usage_only and not wants_usage:
+                    continue
+                await self.req.send({"type": "http.response.body", "body": event.raw + b"\n\n", "more_body": True})
+
+        await self.req.start(200, [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
+                                   *self._headers()])
+        try:
+            async with asyncio.timeout(deadline):
+                await self._race_client(pump())
+        except ClientGone:
+            ending = "client disconnected mid-stream"
+        except TimeoutError:
+            ending = "request reached its maximum lifetime"
+        except httpx.HTTPError as exc:
+            ending = f"upstream stream broke: {type(exc).__name__}"
+        except OSError:
+            ending = "client connection lost"
+        finally:
+            if response is not None:
+                await response.aclose()
+            elif hasattr(events, "aclose"):
+                await events.aclose()
+        if ending == "completed" and tracker.usage is None:
+            ending = "stream ended without usage"
+        # Usage that arrived is the provider's final word even if the client left afterwards.
+        usage = tracker.usage
+        await self.record(self._served(target, usage, tracker.model, error=ending) if usage is not None
+                          else Outcome(status="estimated", cost_nano=p.worst_nano, connection_id=target.connection.id,
+                                       error=ending), target)
+        if ending != "client disconnected mid-stream":
+            try:
+                await self.req.send({"type": "http.response.body", "body": b"", "more_body": False})
+            except OSError:
+                pass
+
+    async def record(self, outcome: Outcome, target: Target | None = None) -> None:
+        """Insert the usage record; if the database is down, spool it to disk (fsync'd)."""
+        from usage.recording import record
+        from usage.spool import append
+
+        p = self.prepared
+        assert p is not None
+        outcome = Outcome(**{**outcome.__dict__, "latency_ms": int((time.monotonic() - self.started) * 1000)})
+        try:
+            await runtime.db(record, reservation=p.reservation, outcome=outcome)
+        except DatabaseError:
+            log.warning("usage record for %s spooled: database unavailable", self.request_id)
+            await asyncio.get_running_loop().run_in_executor(None, lambda: append(reservation=p.reservation,
+                                                                                  outcome=outcome))
+        if runtime.background is not None:
+            runtime.background.kick_drain()
+
+
+async def _wait_disconnect(req: Request) -> None:
+    while True:
+        message = await req.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _note_refusal(exc: BudgetExceeded) -> None:
+    """Let alerts know a ceiling refused (first refusal per window emails). Never raises."""
+    try:
+        from usage import alerts
+
+        note = getattr(alerts, "note_refusal", None)
+        if note is not None:
+            asyncio.get_running_loop().run_in_executor(runtime.executor(), lambda: note(window_id=exc.window_id))
+    except Exception:  # alerts must never break the request path
+        log.exception("could not note refusal")
+
+
+async def close_client() -> None:
+    global _client
+    if _client is not None:
+        await _client.aclose()
+        _client = None

@@ -1,0 +1,174 @@
+"""The reservation API, for callers that call providers themselves:
+reserve a worst case, then settle it with the actual usage or cost, or release it.
+
+Request ids are namespaced by organization, so one org's ids never collide with another's.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from decimal import Decimal, InvalidOperation
+
+from django.conf import settings
+
+from budgets.admission import AdmissionRequest, Subject, admit, matching_budgets
+from budgets.models import Reservation
+from catalog.pricing import (
+    TokenBound,
+    UnpricedModel,
+    Usage,
+    cost_nano,
+    usd_to_nano,
+    worst_case_nano,
+)
+from catalog.pricing import rates_for as _rates_for
+from gateway.errors import GatewayError, bad_request
+from gateway.estimate import shape_chat
+from gateway.service import authenticate, end_customer, resolve_route, run_budget, settle_rates
+from usage.models import UsageRecord
+from usage.recording import Outcome, record, release
+
+MAX_USD = Decimal("1000000")
+
+
+def _usd(value, field: str) -> int:
+    try:
+        amount = Decimal(str(value))
+    except InvalidOperation:
+        raise bad_request(f"'{field}' must be a decimal USD amount as a string.", param=field) from None
+    if not amount.is_finite() or amount < 0 or amount > MAX_USD or isinstance(value, float):
+        raise bad_request(f"'{field}' must be a non-negative decimal string up to {MAX_USD}.", param=field)
+    return usd_to_nano(amount)
+
+
+def _int(body: dict, field: str, *, low: int = 0, high: int = 10_000_000) -> int:
+    value = body.get(field)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise bad_request(f"'{field}' must be an integer between {low} and {high}.", param=field)
+    return value
+
+
+def view(reservation: Reservation) -> dict:
+    return {
+        "id": str(reservation.id), "object": "reservation", "request_id": reservation.request_id.split(":", 1)[-1],
+        "model": reservation.model, "amount_nano": reservation.amount_nano,
+        "amount_usd": f"{Decimal(reservation.amount_nano) / Decimal(10**9):.9f}",
+        "expires_at": reservation.expires_at.isoformat(), "deadline_at": reservation.deadline_at.isoformat(),
+        "status": "reserved",
+    }
+
+
+def record_view(rec: UsageRecord) -> dict:
+    return {
+        "id": str(rec.reservation_id), "object": "reservation", "request_id": rec.request_id.split(":", 1)[-1],
+        "model": rec.model, "status": rec.status, "cost_nano": rec.cost_nano,
+        "cost_usd": f"{Decimal(rec.cost_nano) / Decimal(10**9):.9f}", "reserved_nano": rec.reserved_nano,
+        "excess_nano": rec.excess_nano,
+    }
+
+
+def create(*, raw_key: str | None, body: dict, headers: dict[str, str], owner_id: int | None) -> tuple[int, dict]:
+    """Reserve a worst case: an explicit `amount_usd`, or one sized from a chat-shaped body
+    (`model` + `messages`, optional `max_tokens`/`n`), or from token bounds (`model` +
+    `input_tokens` + `max_output_tokens`). Idempotent by `request_id`."""
+    key = authenticate(raw_key)
+    client_id = body.get("request_id") or uuid.uuid4().hex
+    if not isinstance(client_id, str) or not 1 <= len(client_id) <= 64:
+        raise bad_request("'request_id' must be a string of 1-64 characters.", param="request_id")
+    request_id = f"{key.organization_id}:{client_id}"
+    existing = Reservation.objects.filter(request_id=request_id, organization_id=key.organization_id).first()
+    if existing is not None:
+        return 200, view(existing)
+    done = UsageRecord.objects.filter(request_id=request_id, organization_id=key.organization_id).first()
+    if done is not None:
+        return 200, record_view(done)
+    ttl = body.get("ttl_seconds", int(settings.CAPGATE["LEASE"].total_seconds()))
+    max_ttl = int(settings.CAPGATE["MAX_REQUEST_LIFETIME"].total_seconds())
+    if isinstance(ttl, bool) or not isinstance(ttl, int) or not 1 <= ttl <= max_ttl:
+        raise bad_request(f"'ttl_seconds' must be an integer between 1 and {max_ttl}.", param="ttl_seconds")
+    model = body.get("model", "")
+    if not isinstance(model, str):
+        raise bad_request("'model' must be a string.", param="model")
+    if "amount_usd" in body:
+        worst = _usd(body["amount_usd"], "amount_usd")
+    else:
+        if not model:
+            raise bad_request("Give 'amount_usd', or a 'model' with 'messages' or token bounds.", param="model")
+        targets = resolve_route(key=key, name=model, kind="chat")
+        if "messages" in body:
+            shape = shape_chat(body)
+            bound_in, bound_out, n = shape.text_tokens, shape.max_output, shape.choices
+        else:
+            bound_in, bound_out, n = _int(body, "input_tokens"), _int(body, "max_output_tokens", low=1), 1
+        if bound_out is None:
+            caps = [t.model.max_output_tokens for t in targets if t.model.max_output_tokens]
+            bound_out = min(caps) if caps else settings.CAPGATE["DEFAULT_MAX_OUTPUT_TOKENS"]
+        try:
+            worst = max(worst_case_nano(bound=TokenBound(bound_in, bound_out, n),
+                                        rates=_rates_for(model=t.model, connection=t.connection)) for t in targets)
+        except UnpricedModel as exc:
+            raise GatewayError(f"Model {exc.model} has no price: give 'amount_usd' instead.",
+                               code="unpriced_model_under_budget", status=402) from None
+    customer = end_customer(key=key, external_id=headers.get("x-capgate-customer"))
+    run_id = headers.get("x-capgate-run")
+    run_budget(key=key, run_id=run_id, amount_usd=headers.get("x-capgate-run-budget-usd"))
+    subject = Subject(organization_id=key.organization_id, project_id=key.project_id, member_id=key.member_id,
+                      api_key_id=key.id, end_customer_id=customer.id if customer else None, run_id=run_id)
+    admitted = admit(request=AdmissionRequest(
+        subject=subject, request_id=request_id, worst_nano=worst, model=model, owner_id=None,
+        lease=timedelta(seconds=ttl), budgets=matching_budgets(subject),
+    ))
+    return 201, view(admitted.reservation)
+
+
+def _find(key, reservation_id: str) -> tuple[Reservation | None, UsageRecord | None]:
+    try:
+        rid = uuid.UUID(reservation_id)
+    except ValueError:
+        raise GatewayError("No such reservation.", code="reservation_not_found", status=404) from None
+    reservation = Reservation.objects.filter(id=rid, organization_id=key.organization_id).first()
+    rec = UsageRecord.objects.filter(reservation_id=rid, organization_id=key.organization_id).first()
+    if reservation is None and rec is None:
+        raise GatewayError("No such reservation.", code="reservation_not_found", status=404)
+    return reservation, rec
+
+
+def settle(*, raw_key: str | None, reservation_id: str, body: dict) -> tuple[int, dict]:
+    """Settle with `usage` (priced at the route's first target) or `cost_usd`. Settling twice
+    returns the first result."""
+    key = authenticate(raw_key)
+    reservation, rec = _find(key, reservation_id)
+    if rec is not None and rec.status != UsageRecord.Status.ESTIMATED:
+        return 200, record_view(rec)
+    if reservation is None:
+        # Expired and charged at worst case: a true report corrects it (record() handles it).
+        reservation = Reservation(id=rec.reservation_id, request_id=rec.request_id, organization_id=rec.organization_id,
+                                  amount_nano=rec.reserved_nano, created_at=rec.admitted_at, model=rec.model)
+    if "cost_usd" in body:
+        cost, usage = _usd(body["cost_usd"], "cost_usd"), Usage()
+    elif isinstance(body.get("usage"), dict):
+        u = body["usage"]
+        usage = Usage(**{f: _int(u, f) if f in u else 0 for f in
+                         ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")})
+        target, rates = settle_rates(reservation=reservation)
+        if rates is None:
+            raise bad_request("This reservation has no priced route: settle with 'cost_usd'.", param="usage")
+        cost = cost_nano(usage=usage, rates=rates)
+    else:
+        raise bad_request("Give 'usage' (token counts) or 'cost_usd'.", param="usage")
+    rec = record(reservation=reservation, outcome=Outcome(status="served", cost_nano=cost, usage=usage))
+    from usage.drain import drain
+
+    drain(request_ids=[rec.request_id])
+    rec.refresh_from_db()
+    return 200, record_view(rec)
+
+
+def release_reservation(*, raw_key: str | None, reservation_id: str) -> tuple[int, dict]:
+    key = authenticate(raw_key)
+    reservation, rec = _find(key, reservation_id)
+    if rec is not None:
+        return 200, record_view(rec)
+    assert reservation is not None
+    return 200, record_view(release(reservation=reservation, error="released by caller"))

@@ -1,0 +1,199 @@
+"""Process-wide gateway machinery: the database thread pool, connection health, and the
+background loops started with the ASGI app (heartbeat, micro-batch drain, spool replay)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import TypeVar
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+
+log = logging.getLogger("capgate.gateway")
+T = TypeVar("T")
+
+
+def _pool_size() -> int:
+    pool = settings.DATABASES["default"].get("OPTIONS", {}).get("pool") or {}
+    # Leave two pool connections for Django's own (dashboard) thread and a management command.
+    return max(4, int(pool.get("max_size", 20)) - 2) if pool else 16
+
+
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def executor() -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=_pool_size(), thread_name_prefix="capgate-db")
+        return _executor
+
+
+def _call(fn: Callable[..., T], *args, **kwargs) -> T:
+    # Each pool thread keeps its own connection between calls; one that broke (database
+    # restarted) is dropped so the next call reconnects instead of failing forever.
+    try:
+        return fn(*args, **kwargs)
+    except DatabaseError:
+        try:
+            connection.close()
+        except DatabaseError:
+            pass
+        raise
+
+
+async def db(fn: Callable[..., T], *args, **kwargs) -> T:
+    """Run a synchronous ORM function on a database thread."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(executor(), partial(_call, fn, *args, **kwargs))
+
+
+class Health:
+    """Connection ejection: after `threshold` consecutive failures a connection sits out a
+    cooldown; one success resets it."""
+
+    def __init__(self, threshold: int = 3, cooldown: float = 30.0):
+        self.threshold = threshold
+        self.cooldown = cooldown
+        self._failures: dict[int, int] = {}
+        self._ejected_until: dict[int, float] = {}
+
+    def ok(self, connection_id: int) -> bool:
+        return self._ejected_until.get(connection_id, 0.0) <= time.monotonic()
+
+    def failed(self, connection_id: int) -> None:
+        n = self._failures.get(connection_id, 0) + 1
+        self._failures[connection_id] = n
+        if n >= self.threshold:
+            self._ejected_until[connection_id] = time.monotonic() + self.cooldown
+            self._failures[connection_id] = 0
+            log.warning("connection %s ejected for %.0fs after %d failures", connection_id, self.cooldown, n)
+
+    def succeeded(self, connection_id: int) -> None:
+        self._failures.pop(connection_id, None)
+        self._ejected_until.pop(connection_id, None)
+
+    def reset(self) -> None:
+        self._failures.clear()
+        self._ejected_until.clear()
+
+
+health = Health()
+
+
+class Background:
+    """Loops that live as long as the ASGI app: heartbeat, micro-batch drain, spool replay."""
+
+    def __init__(self) -> None:
+        self.instance_id: int | None = None
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self.drain_interval = settings.CAPGATE["DRAIN_INTERVAL"]
+
+    def kick_drain(self) -> None:
+        self._wake.set()
+
+    async def start(self) -> None:
+        from budgets.instances import register
+
+        try:
+            self.instance_id = (await db(register)).id
+        except DatabaseError:
+            log.exception("could not register this gateway process; will retry in the heartbeat loop")
+        self._tasks = [asyncio.create_task(c()) for c in (self._heartbeat, self._drain, self._replay)]
+
+    async def stop(self) -> None:
+        from budgets.instances import stop
+        from usage.drain import drain_all
+
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            await db(drain_all)
+            if self.instance_id is not None:
+                await db(stop, instance_id=self.instance_id)
+        except DatabaseError:
+            log.warning("database unavailable at shutdown: beat will settle this process's records")
+
+    async def _heartbeat(self) -> None:
+        from budgets.instances import heartbeat, register
+
+        interval = settings.CAPGATE["HEARTBEAT_INTERVAL"].total_seconds()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if self.instance_id is None or not await db(heartbeat, instance_id=self.instance_id):
+                    self.instance_id = (await db(register)).id
+            except DatabaseError:
+                log.warning("heartbeat failed: database unavailable")
+
+    async def _drain(self) -> None:
+        # Woken by each recorded response; waits one interval so that a burst settles in one
+        # batch (one lock per hot ceiling per batch), then drains until the outbox is empty.
+        from usage.drain import drain
+
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=5.0)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            await asyncio.sleep(self.drain_interval)
+            try:
+                while await db(drain, limit=500) == 500:
+                    pass
+            except DatabaseError:
+                log.warning("drain failed: database unavailable; records stay in the outbox")
+
+    async def _replay(self) -> None:
+        from usage.spool import pending, replay
+
+        while True:
+            await asyncio.sleep(2.0)
+            if not pending():
+                continue
+            try:
+                n = await db(replay)
+                if n:
+                    log.info("replayed %d spooled usage records", n)
+                    self.kick_drain()
+            except DatabaseError:
+                pass  # still down: try again next round
+
+
+background: Background | None = None
+
+
+def close_thread_connections() -> None:
+    """Close the database connection held by every database thread (shutdown, tests).
+
+    Each thread runs exactly one close, because each waits on a barrier sized to the pool's
+    live threads until all of them have taken one."""
+    import threading as _threading
+
+    ex = _executor
+    if ex is None:
+        return
+    count = len(ex._threads)
+    if count == 0:
+        return
+    barrier = _threading.Barrier(count)
+
+    def close() -> None:
+        connection.close()
+        try:
+            barrier.wait(timeout=10)
+        except _threading.BrokenBarrierError:
+            pass
+
+    for future in [ex.submit(close) for _ in range(count)]:
+        future.result(timeout=15)

@@ -1,0 +1,119 @@
+"""A live capgate (uvicorn in a thread, the real ASGI app with its lifespan) in front of a real
+fake upstream on 127.0.0.1, and a tenant wired to both."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from decimal import Decimal
+
+import pytest
+import uvicorn
+
+from catalog.models import Connection, Model, Provider, Route, RouteTarget
+from gateway import runtime
+from tenants.models import ApiKey, hash_key
+from tests.conftest import Tenant, make_tenant
+from tests.upstream.server import run_in_thread
+
+KEY = "cg_test_key_0123456789"
+
+
+@pytest.fixture(scope="session")
+def upstream():
+    handle = run_in_thread()
+    yield handle
+    handle.stop()
+
+
+@dataclass
+class LiveGateway:
+    url: str
+    server: uvicorn.Server
+    thread: threading.Thread
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def gateway(transactional_db, upstream, settings):
+    """A capgate server for one test; its lifespan registers the process and starts the drain."""
+    from config.asgi import application
+
+    upstream.reset()
+    runtime.health.reset()
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port, lifespan="on",
+                                           log_level="warning", timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("capgate test server did not start")
+        time.sleep(0.02)
+    yield LiveGateway(url=f"http://127.0.0.1:{port}", server=server, thread=thread)
+    server.should_exit = True
+    thread.join(timeout=15)
+    runtime.close_thread_connections()
+
+
+@dataclass
+class Wired(Tenant):
+    raw_key: str = KEY
+    echo: Connection | None = None
+    openai: Connection | None = None
+    anthropic: Connection | None = None
+    model: Model | None = None
+
+    def route(self, name: str, *targets: Connection, model: Model | None = None) -> Route:
+        route, _ = Route.objects.get_or_create(organization=self.org, name=name)
+        route.targets.all().delete()
+        for i, conn in enumerate(targets):
+            RouteTarget.objects.create(route=route, connection=conn, model=model or self.model, position=i)
+        return route
+
+
+@pytest.fixture
+def wired(transactional_db, upstream) -> Wired:
+    """An org whose key reaches: `echo-1` (built-in echo), `gpt-test` (fake OpenAI upstream),
+    `claude-test` (fake Anthropic upstream). Prices: $15 / $75 per 1M tokens."""
+    t = make_tenant("acme")
+    ApiKey.objects.filter(pk=t.key.pk).update(key_hash=hash_key(KEY))
+    t.key.refresh_from_db()
+    provider = Provider.objects.create(slug="echo", name="Echo")
+    model = Model.objects.create(
+        provider=provider, name="echo-1", input_usd_per_mtok=Decimal("15"), output_usd_per_mtok=Decimal("75"),
+        cache_read_usd_per_mtok=Decimal("1.5"), cache_write_usd_per_mtok=Decimal("18.75"),
+        max_output_tokens=4096, max_image_tokens=1600,
+    )
+    w = Wired(org=t.org, project=t.project, key=t.key, keys=t.keys, model=model)
+    w.echo = Connection.objects.create(organization=t.org, name="echo", kind="echo",
+                                       options={"allow_fault_headers": True})
+    w.openai = Connection.objects.create(organization=t.org, name="oa", kind="openai", base_url=upstream.url + "/v1",
+                                         secret="sk-up", options={"forward_test_headers": True})
+    w.anthropic = Connection.objects.create(organization=t.org, name="an", kind="anthropic", base_url=upstream.url,
+                                            secret="sk-ant-up", options={"forward_test_headers": True})
+    w.route("echo-1", w.echo)
+    w.route("gpt-test", w.openai)
+    w.route("claude-test", w.anthropic)
+    return w
+
+
+def wait_settled(timeout: float = 10.0) -> None:
+    """Wait until the gateway's drain has applied every record (the outbox is empty)."""
+    from budgets.models import Reservation
+    from usage.models import UsageRecord
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not UsageRecord.objects.filter(applied=False).exists() and not Reservation.objects.exists():
+            return
+        time.sleep(0.05)
+    raise AssertionError("records were not settled in time")

@@ -1,0 +1,130 @@
+"""The disk spool: usage records that could not reach the database, kept until they can.
+
+Each record is one JSON line, appended and fsync'd before the gateway answers, so a record
+is either in the outbox or on disk — never nowhere. `replay()` moves spooled records into the
+outbox; inserting is idempotent by request id, so a replay interrupted half-way and run
+again counts each record once, and a reservation that expired first (charged at worst case as
+`estimated`) is corrected by its late record.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+from django.conf import settings
+from django.db import DatabaseError
+
+from budgets.models import Reservation
+from catalog.pricing import Usage
+from usage.recording import Outcome, record
+
+log = logging.getLogger(__name__)
+
+
+def spool_dir() -> Path:
+    path = Path(settings.CAPGATE["DATA_DIR"]) / "spool"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def append(*, reservation: Reservation, outcome: Outcome) -> Path:
+    """Write one record durably (fsync) to this process's spool file."""
+    line = json.dumps({
+        "reservation": {
+            "id": str(reservation.id), "request_id": reservation.request_id,
+            "organization_id": reservation.organization_id, "project_id": reservation.project_id,
+            "member_id": reservation.member_id, "api_key_id": reservation.api_key_id,
+            "end_customer_id": reservation.end_customer_id, "run_id": reservation.run_id,
+            "model": reservation.model, "amount_nano": reservation.amount_nano,
+            "created_at": reservation.created_at.isoformat(),
+        },
+        "outcome": {
+            "status": outcome.status, "cost_nano": outcome.cost_nano, "connection_id": outcome.connection_id,
+            "provider_model": outcome.provider_model, "error": outcome.error, "latency_ms": outcome.latency_ms,
+            "usage": vars(outcome.usage),
+        },
+    }) + "\n"
+    path = spool_dir() / f"spool-{os.getpid()}.jsonl"
+    with open(path, "a", encoding="utf-8") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.write(line)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return path
+
+
+def pending() -> list[Path]:
+    return sorted(spool_dir().glob("spool-*.jsonl")) + sorted(spool_dir().glob("replaying-*.jsonl"))
+
+
+def replay() -> int:
+    """Move every spooled record into the outbox; return how many were inserted or matched.
+
+    A file is claimed by renaming it (atomic), so concurrent replayers never share one. If the
+    database fails mid-file, the unreplayed rest is written back for the next attempt.
+    """
+    moved = 0
+    for path in sorted(spool_dir().glob("spool-*.jsonl")):
+        claimed = path.with_name(f"replaying-{uuid.uuid4().hex}.jsonl")
+        try:
+            path.rename(claimed)
+        except FileNotFoundError:
+            continue  # another replayer took it
+        moved += _replay_file(claimed)
+    for claimed in sorted(spool_dir().glob("replaying-*.jsonl")):
+        # Left by a replayer that died; safe to redo (idempotent by request id).
+        if claimed.exists():
+            moved += _replay_file(claimed)
+    return moved
+
+
+def _replay_file(path: Path) -> int:
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    done = 0
+    for i, line in enumerate(lines):
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            log.error("spool %s: unreadable line %d kept aside", path, i + 1)
+            _write_rest(path.with_suffix(".bad"), [line])
+            continue
+        try:
+            record(reservation=_reservation(entry["reservation"]), outcome=_outcome(entry["outcome"]))
+        except DatabaseError:
+            log.warning("spool replay stopped at %s line %d: database unavailable", path, i + 1)
+            _write_rest(path.with_name(f"spool-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"), lines[i:])
+            path.unlink()
+            return done
+        done += 1
+    path.unlink()
+    return done
+
+
+def _write_rest(path: Path, lines: list[str]) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write("\n".join(lines) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _reservation(data: dict) -> Reservation:
+    return Reservation(
+        id=uuid.UUID(data["id"]), request_id=data["request_id"], organization_id=data["organization_id"],
+        project_id=data["project_id"], member_id=data["member_id"], api_key_id=data["api_key_id"],
+        end_customer_id=data["end_customer_id"], run_id=data["run_id"], model=data["model"],
+        amount_nano=data["amount_nano"], created_at=datetime.fromisoformat(data["created_at"]),
+    )
+
+
+def _outcome(data: dict) -> Outcome:
+    return Outcome(
+        status=data["status"], cost_nano=data["cost_nano"], usage=Usage(**data["usage"]),
+        connection_id=data["connection_id"], provider_model=data["provider_model"], error=data["error"],
+        latency_ms=data["latency_ms"],
+    )
