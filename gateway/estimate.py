@@ -19,6 +19,24 @@ from gateway.errors import bad_request
 
 MAX_CHOICES = 8
 MAX_OUTPUT_TOKENS_ACCEPTED = 1_000_000
+# Parameters each endpoint accepts. An unknown one could change what the provider bills in a
+# way the bound cannot see, so it is refused rather than passed through.
+ALLOWED = {
+    "chat": {
+        "model", "messages", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "max_tokens",
+        "max_completion_tokens", "n", "presence_penalty", "response_format", "seed", "service_tier", "stop",
+        "stream", "stream_options", "temperature", "top_p", "tools", "tool_choice", "parallel_tool_calls", "user",
+        "function_call", "functions", "metadata", "store", "reasoning_effort", "prediction", "modalities", "audio",
+        "web_search_options", "verbosity", "prompt_cache_key", "safety_identifier",
+    },
+    "messages": {
+        "model", "messages", "max_tokens", "system", "metadata", "stop_sequences", "stream", "temperature", "top_p",
+        "top_k", "tools", "tool_choice", "thinking", "service_tier",
+    },
+    "embeddings": {"model", "input", "encoding_format", "dimensions", "user"},
+}
+# Parameters that buy output the token bound does not cover (audio out, paid tool calls).
+_UNBOUNDED_PARAMS = {"audio", "web_search_options"}
 _IMAGE_PARTS = {"image_url", "image", "input_image"}
 _UNBOUNDED_PARTS = {"input_audio", "audio", "file", "document", "input_file", "video"}
 
@@ -49,6 +67,13 @@ def parse_json(raw: bytes) -> dict:
         return _require_dict(json.loads(raw))
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"The request body is not valid JSON: {exc}.") from None
+
+
+def _check_params(body: dict, kind: str) -> int:
+    unknown = sorted(set(body) - ALLOWED[kind])
+    if unknown:
+        raise bad_request(f"Unsupported parameter: '{unknown[0]}'.", param=unknown[0], code="unsupported_parameter")
+    return sum(1 for p in _UNBOUNDED_PARAMS if body.get(p) is not None)
 
 
 def _model(body: dict) -> str:
@@ -121,6 +146,7 @@ def _messages(body: dict, *, allow_system_role: bool = True) -> list:
 
 
 def shape_chat(body: dict) -> Shape:
+    unbounded_params = _check_params(body, "chat")
     model = _model(body)
     messages = _messages(body)
     n = body.get("n", 1)
@@ -135,11 +161,12 @@ def shape_chat(body: dict) -> Shape:
     billed = {**body, "messages": [{**m, "content": parts.strip(m.get("content"))} for m in messages]}
     return Shape(
         kind="chat", model=model, text_tokens=_text_tokens(billed, messages), images=parts.images,
-        unbounded_parts=parts.unbounded, max_output=max_output, output_param=param, choices=n, stream=_stream(body),
+        unbounded_parts=parts.unbounded + unbounded_params, max_output=max_output, output_param=param, choices=n, stream=_stream(body),
     )
 
 
 def shape_messages(body: dict) -> Shape:
+    _check_params(body, "messages")
     model = _model(body)
     messages = _messages(body)
     max_tokens = _positive_int(body, "max_tokens")
@@ -160,6 +187,7 @@ def shape_messages(body: dict) -> Shape:
 
 
 def shape_embeddings(body: dict) -> Shape:
+    _check_params(body, "embeddings")
     model = _model(body)
     data = body.get("input")
     if isinstance(data, str):

@@ -205,14 +205,18 @@ def prepare(*, key: ApiKey, shape: Shape, targets: list[Target], request_id: str
     if shape.kind == "embeddings":
         output, inject = 0, None
 
-    worst = max((worst_case_nano(bound=_bound(shape, t, output), rates=r) for t, r in zip(targets, rates, strict=True)),
-                default=0)
+    if priced:
+        worst = max(worst_case_nano(bound=_bound(shape, t, output), rates=r) for t, r in zip(targets, rates, strict=True))
+    else:
+        # Allowed unpriced traffic: nothing to reserve, and blocking budgets do not govern it.
+        # It still gets a reservation (zero) so its outcome is recorded and leased like any other.
+        worst = 0
+        budgets = [b for b in budgets if b.mode == Budget.Mode.ALERT]
     admitted = admit(request=AdmissionRequest(
-        subject=subject, request_id=request_id, worst_nano=worst if priced else 0, model=shape.model,
-        owner_id=owner_id, budgets=budgets if governed or priced else [b for b in budgets if b.mode == Budget.Mode.ALERT],
+        subject=subject, request_id=request_id, worst_nano=worst, model=shape.model, owner_id=owner_id, budgets=budgets,
     ))
-    return Prepared(reservation=admitted.reservation, targets=targets, worst_nano=worst if priced else 0,
-                    inject_max_output=inject, governed=governed, budgets=budgets)
+    return Prepared(reservation=admitted.reservation, targets=targets, worst_nano=worst, inject_max_output=inject,
+                    governed=governed, budgets=budgets)
 
 
 def _affordable_output(shape: Shape, targets: list[Target], rates: list, budgets: list[Budget], catalog_max: int) -> int:
