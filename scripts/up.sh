@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Bring up all of capgate on this machine with a demo organization: PostgreSQL, Redis, the
+# gateway + dashboard (uvicorn), a Celery worker and Celery beat. Safe to run again: it
+# restarts the app processes and leaves data in place. Stop with scripts/down.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PORT="${CAPGATE_PORT:-8000}"
+
+bash scripts/bootstrap.sh
+bash scripts/services.sh start
+eval "$(bash scripts/services.sh env | sed 's/^/export /')"
+export DJANGO_SETTINGS_MODULE="${DJANGO_SETTINGS_MODULE:-config.settings.dev}"
+mkdir -p var/log var/run
+
+bash scripts/down.sh --quiet || true
+.venv/bin/python manage.py migrate --noinput -v0
+.venv/bin/python manage.py load_prices >/dev/null
+.venv/bin/python manage.py apply deploy/demo.yaml >var/log/apply.log
+
+start() {  # name, command...
+  local name=$1; shift
+  nohup "$@" >"var/log/$name.log" 2>&1 &
+  echo $! >"var/run/$name.pid"
+}
+start gateway .venv/bin/uvicorn config.asgi:application --host 127.0.0.1 --port "$PORT" --no-access-log
+start worker .venv/bin/celery -A config worker --loglevel info --concurrency 2
+start beat .venv/bin/celery -A config beat --loglevel info --schedule var/run/celerybeat-schedule
+
+KEY=cg_demo_key_do_not_use_in_production
+for _ in $(seq 100); do
+  if curl -fsS -o /dev/null "http://127.0.0.1:$PORT/v1/models" -H "Authorization: Bearer $KEY"; then break; fi
+  sleep 0.2
+done
+curl -fsS -o /dev/null "http://127.0.0.1:$PORT/v1/models" -H "Authorization: Bearer $KEY" \
+  || { echo "capgate did not start; see var/log/gateway.log" >&2; tail -n 30 var/log/gateway.log >&2; exit 1; }
+
+cat <<TXT
+
+capgate is running.
+
+  Gateway     http://127.0.0.1:$PORT/v1      (OpenAI- and Anthropic-compatible)
+  Dashboard   http://127.0.0.1:$PORT/        login demo@capgate.localhost / demo-password
+  API docs    http://127.0.0.1:$PORT/api/docs/
+  Demo key    $KEY
+  Logs        var/log/{gateway,worker,beat}.log        Stop: bash scripts/down.sh
+
+The demo organization has a \$5 monthly blocking cap and a route "echo-1" to the built-in
+echo provider. Try:
+
+  curl http://127.0.0.1:$PORT/v1/chat/completions \\
+    -H "Authorization: Bearer $KEY" -H "Content-Type: application/json" \\
+    -d '{"model": "echo-1", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 100}'
+
+TXT
