@@ -162,7 +162,10 @@ class ProxyCall:
                 if stream:
                     attempt = await self.stream_attempt(target, up_body)
                 else:
-                    attempt = await self.call_attempt(target, up_body)
+                    async with asyncio.timeout(self._seconds_left()):
+                        attempt = await self.call_attempt(target, up_body)
+            except TimeoutError:
+                attempt = Attempt(kind="unknown", error="request reached its maximum lifetime")
             except ClientGone:
                 await self.record(Outcome(status="estimated", cost_nano=p.worst_nano, connection_id=target.connection.id,
                                           error="client disconnected before the response"), target)
@@ -235,6 +238,10 @@ class ProxyCall:
         await self.req.respond(200, data, self._headers())
         return Attempt(kind="done")
 
+    def _seconds_left(self) -> float:
+        assert self.prepared is not None
+        return max(self.prepared.reservation.deadline_at.timestamp() - time.time(), 0.001)
+
     def _prompt_bound(self) -> int:
         return self.text_tokens
 
@@ -289,7 +296,7 @@ class ProxyCall:
         tracker = StreamUsage(self.kind)
         wants_usage = self.client_stream_options.get("include_usage") is True
         ending = "completed"
-        deadline = max((p.reservation.deadline_at.timestamp() - time.time()), 0.001)
+        deadline = self._seconds_left()
 
         async def pump() -> None:
             async for event in events:

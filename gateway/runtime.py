@@ -108,6 +108,7 @@ class Background:
             self.instance_id = (await db(register)).id
         except DatabaseError:
             log.exception("could not register this gateway process; will retry in the heartbeat loop")
+        await asyncio.get_running_loop().run_in_executor(None, warm_thread_connections)
         self._tasks = [asyncio.create_task(c()) for c in (self._heartbeat, self._drain, self._replay)]
 
     async def stop(self) -> None:
@@ -171,6 +172,41 @@ class Background:
 
 
 background: Background | None = None
+
+
+def _on_every_thread(fn: Callable[[], None], *, timeout: float = 30.0) -> None:
+    """Run fn once on each of the pool's threads (creating them all): each task waits on a
+    barrier sized to the pool, so no thread can take two."""
+    import threading as _threading
+
+    ex = executor()
+    count = ex._max_workers
+    barrier = _threading.Barrier(count)
+
+    def task() -> None:
+        try:
+            fn()
+        finally:
+            try:
+                barrier.wait(timeout=timeout)
+            except _threading.BrokenBarrierError:
+                pass
+
+    for future in [ex.submit(task) for _ in range(count)]:
+        future.result(timeout=timeout + 5)
+
+
+def warm_thread_connections() -> None:
+    """Open every database thread's connection up front: a burst arriving at a cold process
+    would otherwise wait on dozens of simultaneous connects (and time out of the pool)."""
+
+    def connect() -> None:
+        try:
+            connection.ensure_connection()
+        except DatabaseError:
+            log.warning("could not open a database connection while warming up")
+
+    _on_every_thread(connect)
 
 
 def close_thread_connections() -> None:

@@ -63,7 +63,9 @@ DATABASES = {
             "pool": {
                 "min_size": env.int("CAPGATE_DB_POOL_MIN", default=2),
                 "max_size": env.int("CAPGATE_DB_POOL_MAX", default=20),
-                "timeout": env.float("CAPGATE_DB_POOL_TIMEOUT", default=10.0),
+                # Short: gateway threads never outnumber the pool, so a wait here means the
+                # database is unreachable, and admission should fail closed quickly.
+                "timeout": env.float("CAPGATE_DB_POOL_TIMEOUT", default=3.0),
             },
         },
     }
@@ -83,6 +85,8 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
 LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard:home"
+LOGOUT_REDIRECT_URL = "login"
 
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:16379/0")
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL)
@@ -104,13 +108,13 @@ REST_FRAMEWORK = {
     # Organization API tokens (Bearer cgt_…) for scripts; the dashboard's session for people
     # (session writes are CSRF-checked by DRF).
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "tenants.api.TokenAuthentication",
+        "tenants.api.auth.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["tenants.api.OrgPermission"],
+    "DEFAULT_PERMISSION_CLASSES": ["tenants.api.auth.OrgPermission"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
-    "EXCEPTION_HANDLER": "tenants.api.api_exception_handler",
+    "EXCEPTION_HANDLER": "tenants.api.auth.api_exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
@@ -121,6 +125,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "BudgetPeriodEnum": "budgets.models.Budget.Period",
+        "BudgetModeEnum": "budgets.models.Budget.Mode",
+    },
 }
 
 LOGGING = {
