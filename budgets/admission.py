@@ -106,13 +106,15 @@ def ensure_windows(*, budgets: Sequence[Budget], now: datetime) -> dict[int, int
     found = dict(Window.objects.filter(wanted).values_list("budget_id", "id"))
     missing = [b for b in budgets if b.id not in found]
     if missing:
+        seeds = {b.id: _recorded_spend(b, *bounds[b.id]) for b in missing}
         Window.objects.bulk_create(
             [
                 Window(
                     budget_id=b.id,
                     period_start=bounds[b.id][0],
                     period_end=bounds[b.id][1],
-                    spent_nano=_recorded_spend(b, *bounds[b.id]),
+                    spent_nano=seeds[b.id],
+                    seed_spent_nano=seeds[b.id],
                 )
                 for b in missing
             ],

@@ -34,3 +34,12 @@ def alive_ids(*, grace: timedelta, now: datetime | None = None) -> list[int]:
     return list(
         GatewayInstance.objects.filter(stopped_at__isnull=True, heartbeat_at__gte=now - grace).values_list("id", flat=True)
     )
+
+
+def dead_ids(*, alive: list[int]) -> list[int]:
+    """Instances that own reservations but are not alive: crashed, killed, or stopped."""
+    from budgets.models import Reservation
+
+    living = set(alive)
+    owners = Reservation.objects.filter(owner_id__isnull=False).values_list("owner_id", flat=True).distinct()
+    return [owner for owner in owners if owner not in living]

@@ -95,6 +95,9 @@ class Window(models.Model):
     period_end = models.DateTimeField(null=True, blank=True)  # null: lifetime
     spent_nano = models.BigIntegerField(default=0)
     reserved_nano = models.BigIntegerField(default=0)
+    # Spend recorded in this period before the window existed (a budget created mid-period):
+    # counted in spent_nano from the start, and kept apart so the audit can reconcile.
+    seed_spent_nano = models.BigIntegerField(default=0)
 
     class Meta:
         constraints = [

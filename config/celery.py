@@ -1,3 +1,11 @@
+"""The Celery app: Redis broker, each app's tasks.py, and every beat entry in one place.
+
+Every periodic task is safe to run twice at once (usage/tasks.py says how), so a slow run
+overlapping the next tick, or two beats during a deploy, double no money. Each entry expires
+after its own interval: if workers were down, the queued copies of a periodic task are
+superseded by the next tick instead of piling up.
+"""
+
 import os
 
 from celery import Celery
@@ -6,4 +14,47 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
 
 app = Celery("capgate")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+# Deployments (or test runs) sharing one Redis keep their tasks apart by queue name;
+# beat and the alert emails go to this queue, and workers consume it with `-Q`.
+app.conf.task_default_queue = os.environ.get("CAPGATE_CELERY_QUEUE", "celery")
 app.autodiscover_tasks()
+
+app.conf.beat_schedule = {
+    # Leases (CAPGATE["LEASE"], 120 s) are renewed while their owner heartbeats (every ~10 s,
+    # dead after HEARTBEAT_GRACE, 30 s). Every 15 s keeps a live stream's lease several renewals
+    # from lapsing, and charges a crashed process's reservations within 15 s of their lapse.
+    "renew-and-expire": {
+        "task": "usage.tasks.renew_and_expire",
+        "schedule": 15.0,
+        "options": {"expires": 15},
+    },
+    # Gateways drain their own records every ~50 ms; this catches what a dead process left. Its
+    # holds keep room reserved until then, so every few seconds bounds how long a crash keeps
+    # a cap tighter than it needs to be.
+    "drain-usage": {
+        "task": "usage.tasks.drain_usage",
+        "schedule": 5.0,
+        "options": {"expires": 5},
+    },
+    # Spooled records are real spend the windows do not show yet; 10 s after the database
+    # returns they are in the outbox (and then drained within 5 s).
+    "replay-spool": {
+        "task": "usage.tasks.replay_spool",
+        "schedule": 10.0,
+        "options": {"expires": 10},
+    },
+    # Sends alert emails whose task was lost (Redis down when queued, worker killed) or whose
+    # retry is due. A minute late is fine for an email; the queued task is the fast path.
+    "send-pending-alerts": {
+        "task": "usage.tasks.send_pending_alerts",
+        "schedule": 60.0,
+        "options": {"expires": 60},
+    },
+    # The audit reads every live window and sums its holds and applied usage: too heavy for
+    # seconds, and drift is a bug to find within minutes, not a cap to keep (admission does).
+    "audit-counters": {
+        "task": "usage.tasks.audit_counters",
+        "schedule": 300.0,
+        "options": {"expires": 300},
+    },
+}

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from functools import partial
 
 from django.db import connection, transaction
 from django.utils import timezone
 
 from budgets.admission import windows_for_update
 from budgets.models import Hold, Reservation
+from usage.alerts import on_windows_changed
 from usage.models import UsageRecord
 
 
@@ -54,6 +56,11 @@ def drain(*, limit: int = 500, request_ids: Sequence[str] | None = None) -> int:
         if window_ids:
             list(windows_for_update(window_ids).values_list("id", flat=True))
             _apply_deltas([(wid, spent[wid], released[wid]) for wid in window_ids])
+            # Thresholds are checked after commit: outside the window locks, and an alert that
+            # fails cannot undo the drain (on_windows_changed never raises).
+            charged = [wid for wid in window_ids if spent[wid] > 0]
+            if charged:
+                transaction.on_commit(partial(on_windows_changed, window_ids=charged), robust=True)
         if reservation_ids:
             Hold.objects.filter(reservation_id__in=reservation_ids).delete()
             Reservation.objects.filter(id__in=reservation_ids).delete()

@@ -5,11 +5,12 @@ No locks here: the drain (usage/drain.py) applies records to windows in batches.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from budgets.admission import windows_for_update
@@ -108,6 +109,10 @@ def correct_estimate(*, record_id: int, outcome: Outcome) -> UsageRecord:
         rec.provider_model = outcome.provider_model or rec.provider_model
         rec.error = outcome.error
         rec.save()
+        if rec.applied and delta > 0 and rec.window_ids:
+            from usage.alerts import on_windows_changed
+
+            transaction.on_commit(lambda: on_windows_changed(window_ids=rec.window_ids), robust=True)
         return rec
 
 
@@ -121,33 +126,52 @@ def release(*, reservation: Reservation, error: str = "") -> UsageRecord:
     return rec
 
 
-def expire(*, now: datetime | None = None, limit: int = 1000) -> int:
-    """Charge reservations whose lease lapsed (owner stopped heartbeating) or whose hard
-    deadline passed at their worst case, as `estimated`: the call may have gone out, and
-    charging is the safe direction. A later true report corrects it.
+def claim_lapsed(condition: Q, *, limit: int) -> list[Reservation]:
+    """Lock lapsed reservations for this expiry run, skipping those another run holds."""
+    return list(Reservation.objects.select_for_update(skip_locked=True).filter(condition).order_by("expires_at")[:limit])
+
+
+def expire(*, now: datetime | None = None, limit: int = 1000, dead_owner_ids: Sequence[int] = ()) -> int:
+    """Charge lapsed reservations at their worst case, as `estimated`: the call may have gone
+    out, and charging is the safe direction. A later true report corrects it.
+
+    Lapsed: the lease ran out, the hard deadline passed, or the owning gateway process is dead
+    (`dead_owner_ids`: stopped heartbeating past the grace) — so a crash settles within the
+    grace, not a whole lease later.
 
     A reservation whose usage record already exists (applied or not) is never touched: the
-    insert is ON CONFLICT DO NOTHING on the unique request id. Returns records created.
+    insert is ON CONFLICT DO NOTHING on the unique request id, so two expiries racing charge
+    once. Returns the records this call inserted.
     """
-    from django.db.models import Q
-
     from usage.drain import drain
 
     now = now or timezone.now()
-    lapsed = list(Reservation.objects.filter(Q(expires_at__lt=now) | Q(deadline_at__lt=now)).order_by("expires_at")[:limit])
-    if not lapsed:
-        return 0
-    have = set(
-        UsageRecord.objects.filter(request_id__in=[r.request_id for r in lapsed]).values_list("request_id", flat=True)
-    )
-    fresh = [
-        build_record(
-            reservation=r,
-            outcome=Outcome(status=Status.ESTIMATED, cost_nano=r.amount_nano, error="lease expired: charged at worst case"),
+    lapsed_q = Q(expires_at__lt=now) | Q(deadline_at__lt=now)
+    if dead_owner_ids:
+        lapsed_q |= Q(owner_id__in=list(dead_owner_ids))
+    with transaction.atomic():
+        # Claim the lapsed reservations: concurrent expiries skip each other's, so each
+        # reservation is considered by one of them and the count below is this call's own.
+        lapsed = claim_lapsed(lapsed_q, limit=limit)
+        if not lapsed:
+            return 0
+        have = set(
+            UsageRecord.objects.filter(request_id__in=[r.request_id for r in lapsed]).values_list(
+                "request_id", flat=True
+            )
         )
-        for r in lapsed
-        if r.request_id not in have
-    ]
-    UsageRecord.objects.bulk_create(fresh, ignore_conflicts=True)
+        fresh = [
+            build_record(
+                reservation=r,
+                outcome=Outcome(
+                    status=Status.ESTIMATED, cost_nano=r.amount_nano, error="lease expired: charged at worst case"
+                ),
+            )
+            for r in lapsed
+            if r.request_id not in have
+        ]
+        # A gateway recording the same request at this moment wins or loses on the unique
+        # request id; either way one record exists (a true report corrects an estimate).
+        UsageRecord.objects.bulk_create(fresh, ignore_conflicts=True)
     drain(request_ids=[r.request_id for r in lapsed])
     return len(fresh)

@@ -11,3 +11,7 @@ CELERY_TASK_ALWAYS_EAGER = False
 
 # Several suites may share one Postgres cluster (parallel checkouts): each names its own DB.
 DATABASES["default"]["TEST"] = {"NAME": env("CAPGATE_TEST_DB", default="test_capgate")}  # noqa: F405
+
+# Tests never publish to the shared Redis by accident (alert emails queued after a drain);
+# tests that need the real broker set their own.
+CELERY_BROKER_URL = "memory://"

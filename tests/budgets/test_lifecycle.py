@@ -111,3 +111,21 @@ def test_renew_extends_leases_of_live_owners_only_and_never_past_the_deadline(ac
     assert Reservation.objects.get(pk=theirs.pk).expires_at == theirs.expires_at
     # past the hard deadline nothing is renewed
     assert renew(owner_ids=[alive.id], now=mine.deadline_at + timedelta(seconds=1)) == 0
+
+
+def test_a_dead_owners_reservations_are_charged_within_the_grace_not_a_lease_later(acme):
+    from budgets.instances import alive_ids, dead_ids
+
+    now = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    alive = GatewayInstance.objects.create(name="a", heartbeat_at=now)
+    crashed = GatewayInstance.objects.create(name="b", heartbeat_at=now - timedelta(seconds=31))
+    acme.budget(amount="1")
+    mine = acme.admit(worst_nano=usd("0.1"), now=now, owner_id=alive.id).reservation
+    theirs = acme.admit(worst_nano=usd("0.2"), now=now, owner_id=crashed.id).reservation
+    # when: beat runs 1 s later — both leases (120 s) are far from lapsing
+    live = alive_ids(grace=timedelta(seconds=30), now=now)
+    assert expire(now=now + timedelta(seconds=1), dead_owner_ids=dead_ids(alive=live)) == 1
+    # then: only the crashed process's request is charged, at its worst case
+    rec = UsageRecord.objects.get()
+    assert (rec.request_id, rec.status, rec.cost_nano) == (theirs.request_id, "estimated", usd("0.2"))
+    assert Reservation.objects.filter(pk=mine.pk).exists()

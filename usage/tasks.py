@@ -1,0 +1,91 @@
+"""Celery tasks: each takes ids (or nothing) and calls one service. The schedule, and why each
+interval, is in config/celery.py.
+
+Every periodic task here is safe when two runs overlap (a slow run and the next tick, or two
+workers): renewals are one idempotent UPDATE, expiry inserts with ON CONFLICT DO NOTHING on
+the unique request id and settles through the drain, the drain takes its records FOR UPDATE
+SKIP LOCKED, and alert delivery claims each event by compare-and-set.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from smtplib import SMTPException
+
+from celery import shared_task
+from django.conf import settings
+
+from budgets.admission import renew
+from budgets.instances import alive_ids, dead_ids
+from usage import alerts
+from usage.audit import audit_counters as run_audit
+from usage.drain import drain_all
+from usage.recording import expire
+
+log = logging.getLogger(__name__)
+
+
+@shared_task
+def renew_and_expire() -> dict[str, int]:
+    """Extend the leases of reservations whose gateway process still heartbeats, then charge
+    the lapsed ones (owner dead past the grace, or hard deadline passed) at worst case.
+
+    Renewal goes first so a live owner's reservation that lapsed a moment ago (a slow beat) is
+    rescued rather than charged at worst case.
+    """
+    alive = alive_ids(grace=settings.CAPGATE["HEARTBEAT_GRACE"])
+    renewed = renew(owner_ids=alive)
+    expired = expire(dead_owner_ids=dead_ids(alive=alive))
+    if expired:
+        log.info(
+            "renew_and_expire: %s leases renewed, %s reservations expired at worst case",
+            renewed,
+            expired,
+        )
+    return {"renewed": renewed, "expired": expired}
+
+
+@shared_task
+def drain_usage() -> int:
+    """Apply whatever the gateway processes left in the outbox (a dead process's records,
+    replayed spool records)."""
+    return drain_all()
+
+
+@shared_task
+def replay_spool() -> int:
+    """Move records spooled while the database was down into the outbox."""
+    try:
+        spool = importlib.import_module("usage.spool")
+    except ModuleNotFoundError as exc:
+        if exc.name != "usage.spool":
+            raise  # the spool exists but something it imports is missing: a real error
+        log.info("replay_spool: usage.spool is not installed yet; nothing to replay")
+        return 0
+    return spool.replay()
+
+
+@shared_task
+def audit_counters() -> dict[str, int]:
+    report = run_audit()
+    return {"windows_checked": report.windows_checked, "drifts": len(report.drifts)}
+
+
+@shared_task
+def send_pending_alerts() -> int:
+    return alerts.send_pending()
+
+
+@shared_task(
+    autoretry_for=(SMTPException, OSError),  # SMTPException is an OSError; named for the reader
+    max_retries=5,
+    retry_backoff=alerts.RETRY_BACKOFF,  # 30 s, 60 s, 120 s, ... like alerts.backoff()
+    retry_backoff_max=alerts.RETRY_BACKOFF_MAX,
+    retry_jitter=False,
+)
+def send_alert_email(event_id: int) -> str:
+    """Email one AlertEvent. Idempotent: an event already sent (or claimed) is skipped. After
+    the retries, the event stays `pending` and `send_pending_alerts` keeps trying until
+    alerts.MAX_ATTEMPTS."""
+    return alerts.deliver(event_id=event_id)
