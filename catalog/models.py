@@ -4,12 +4,65 @@ Prices are Decimal USD per 1M tokens; converting them to nano-USD happens only i
 catalog/pricing.py.
 """
 
+import base64
+import functools
+import hashlib
+
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from config.env import env
 from tenants.models import Organization
 
 PRICE = {"max_digits": 14, "decimal_places": 6, "null": True, "blank": True}
+
+
+ENCRYPTED_PREFIX = "enc:v1:"
+
+
+@functools.cache
+def _fernet() -> MultiFernet:
+    """Keys from CAPGATE_SECRET_KEY (comma-separated: the first encrypts, all decrypt, so a key
+    can be rotated). A value that is not a Fernet key is stretched into one; with no variable at
+    all the key is derived from DJANGO_SECRET_KEY, so development works out of the box."""
+    raw = [k.strip() for k in env("CAPGATE_SECRET_KEY", default="").split(",") if k.strip()]
+    if not raw:
+        raw = ["django:" + settings.SECRET_KEY]
+    keys = []
+    for k in raw:
+        try:
+            keys.append(Fernet(k))
+        except ValueError:
+            keys.append(Fernet(base64.urlsafe_b64encode(hashlib.sha256(k.encode()).digest())))
+    return MultiFernet(keys)
+
+
+def encrypt_secret(plain: str) -> str:
+    if not plain:
+        return ""
+    return ENCRYPTED_PREFIX + _fernet().encrypt(plain.encode()).decode()
+
+
+def decrypt_secret(stored: str) -> str:
+    if not stored.startswith(ENCRYPTED_PREFIX):
+        return stored  # written before encryption existed (the migration encrypts those)
+    try:
+        return _fernet().decrypt(stored[len(ENCRYPTED_PREFIX):].encode()).decode()
+    except InvalidToken as exc:
+        raise ValueError("connection secret cannot be decrypted: wrong CAPGATE_SECRET_KEY?") from exc
+
+
+class EncryptedTextField(models.TextField):
+    """Plain text in Python, Fernet ciphertext in the database (encrypted at rest)."""
+
+    def from_db_value(self, value, expression, connection):
+        return value if value is None else decrypt_secret(value)
+
+    def get_prep_value(self, value):
+        value = super().get_prep_value(value)
+        return value if value is None else encrypt_secret(value)
 
 
 class Provider(models.Model):
@@ -69,7 +122,8 @@ class Connection(models.Model):
     name = models.CharField(max_length=100)
     kind = models.CharField(max_length=20, choices=Kind.choices)
     base_url = models.URLField(blank=True)
-    secret = models.TextField(blank=True)
+    # Encrypted at rest; never rendered back by the dashboard or the API (write-only).
+    secret = EncryptedTextField(blank=True)
     # Negotiated rates override the catalog's list price for this organization.
     input_usd_per_mtok = models.DecimalField(**PRICE)
     output_usd_per_mtok = models.DecimalField(**PRICE)

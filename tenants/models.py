@@ -123,3 +123,74 @@ class EndCustomer(models.Model):
 
     def __str__(self) -> str:
         return self.external_id
+
+
+TOKEN_PREFIX = "cgt_"
+
+
+class ApiToken(models.Model):
+    """A management API token for one organization (not a gateway key: it cannot call /v1/).
+
+    Only its SHA-256 is stored, like gateway keys; `prefix` is what the dashboard shows.
+    """
+
+    class Scope(models.TextChoices):
+        READ = "read"
+        WRITE = "write"
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=200)
+    scope = models.CharField(max_length=10, choices=Scope.choices, default=Scope.READ)
+    prefix = models.CharField(max_length=16)
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…, {self.scope})"
+
+    @staticmethod
+    def generate() -> tuple[str, str, str]:
+        """Return (raw token, visible prefix, hash). The raw token is shown once, never stored."""
+        raw = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        return raw, raw[:12], hash_key(raw)
+
+    @property
+    def can_write(self) -> bool:
+        return self.scope == self.Scope.WRITE
+
+
+class AuditLogEntry(models.Model):
+    """One administrative change: who changed which object, when, from what to what.
+
+    `changes` maps a field to [from, to] (secrets appear as "(changed)", never in clear).
+    Rows outlive the object they describe, so the object is named, not referenced.
+    """
+
+    class Action(models.TextChoices):
+        CREATE = "create"
+        UPDATE = "update"
+        DELETE = "delete"
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="audit_log")
+    actor_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    actor = models.CharField(max_length=200)  # "alice@example.com", "token ci (cgt_abc…)", "apply"
+    action = models.CharField(max_length=10, choices=Action.choices)
+    object_type = models.CharField(max_length=50)
+    object_id = models.CharField(max_length=64)
+    object_repr = models.CharField(max_length=300)
+    changes = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["organization", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.actor} {self.action} {self.object_type} {self.object_repr}"

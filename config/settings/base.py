@@ -21,6 +21,7 @@ INSTALLED_APPS = [
     "budgets",
     "usage",
     "gateway",
+    "dashboard",
 ]
 
 MIDDLEWARE = [
@@ -84,6 +85,11 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
+# Behind HTTPS in production set DJANGO_SECURE_COOKIES=true: session and CSRF cookies are then
+# sent over HTTPS only. Off by default so the local http:// run command can log in.
+SESSION_COOKIE_SECURE = env.bool("DJANGO_SECURE_COOKIES", default=False)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SESSION_COOKIE_HTTPONLY = True
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard:home"
 LOGOUT_REDIRECT_URL = "login"

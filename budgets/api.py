@@ -1,0 +1,190 @@
+"""Management API: budgets (with their current window), reservations (read), and the budget
+policy that lives on organizations and projects (default run budget, default end-customer cap)."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema, extend_schema_field
+from rest_framework import mixins, serializers
+
+from budgets import services
+from budgets.models import Budget, Reservation
+from budgets.selectors import current_status
+from catalog.api import UsdField
+from tenants import services as tenant_services
+from tenants.api.views import OrgRelatedField, OrgViewSet
+from tenants.models import ApiKey, ApiToken, EndCustomer, Member, Organization, Project
+from tenants.selectors import organizations_for
+
+# --- organizations -------------------------------------------------------------------------------
+
+
+class OrganizationSerializer(serializers.ModelSerializer):
+    default_run_budget_usd = UsdField(source="default_run_budget_nano", required=False, allow_null=True)
+
+    class Meta:
+        model = Organization
+        fields = ["slug", "name", "allow_unpriced", "default_run_budget_usd", "created_at"]
+        read_only_fields = ["slug", "created_at"]
+
+
+class OrganizationViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin):
+    """The organizations the caller belongs to (a token: its own). Owners and admins (and write
+    tokens) set the unpriced-model policy and the default run budget."""
+
+    serializer_class = OrganizationSerializer
+    lookup_field = "slug"
+    lookup_url_kwarg = "org_slug"
+    lookup_value_regex = r"[-a-zA-Z0-9_]+"
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Organization.objects.none()
+        if isinstance(self.request.auth, ApiToken):
+            return Organization.objects.filter(pk=self.request.auth.organization_id)
+        return organizations_for(self.request.user)
+
+    def perform_update(self, serializer):
+        tenant_services.update_organization(
+            organization=serializer.instance, actor=self.access.actor, **serializer.validated_data
+        )
+
+
+# --- projects ------------------------------------------------------------------------------------
+
+
+class ProjectSerializer(serializers.ModelSerializer):
+    slug = serializers.SlugField(max_length=100)
+    default_customer_budget_usd = UsdField(source="default_customer_budget_nano", required=False,
+                                           allow_null=True, help_text="Cap for each end customer without one.")
+    default_customer_budget_period = serializers.ChoiceField(choices=Budget.Period.choices, required=False)
+    default_customer_budget_mode = serializers.ChoiceField(choices=Budget.Mode.choices, required=False)
+
+    class Meta:
+        model = Project
+        fields = ["id", "slug", "name", "default_customer_budget_usd", "default_customer_budget_period",
+                  "default_customer_budget_mode", "created_at"]
+        read_only_fields = ["id", "created_at"]
+        validators: list = []
+
+
+class ProjectViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                     mixins.UpdateModelMixin, mixins.DestroyModelMixin):
+    serializer_class = ProjectSerializer
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Project.objects.none()
+        return Project.objects.filter(organization=self.organization).order_by("id")
+
+    def perform_create(self, serializer):
+        data = dict(serializer.validated_data)
+        serializer.instance = tenant_services.create_project(
+            organization=self.organization, slug=data.pop("slug"), name=data.pop("name"), actor=self.access.actor,
+            **data,
+        )
+
+    def perform_update(self, serializer):
+        tenant_services.update_project(project=serializer.instance, actor=self.access.actor,
+                                       **serializer.validated_data)
+
+    def perform_destroy(self, instance):
+        tenant_services.delete_project(project=instance, actor=self.access.actor)
+
+
+# --- budgets -------------------------------------------------------------------------------------
+
+
+class WindowStatusSerializer(serializers.Serializer):
+    period_start = serializers.DateTimeField()
+    period_end = serializers.DateTimeField(allow_null=True)
+    spent_usd = UsdField(source="spent_nano")
+    reserved_usd = UsdField(source="reserved_nano")
+    remaining_usd = serializers.DecimalField(max_digits=20, decimal_places=9)
+    percent_used = serializers.DecimalField(max_digits=12, decimal_places=2)
+
+
+class BudgetSerializer(serializers.ModelSerializer):
+    amount_usd = UsdField(source="amount_nano")
+    project = OrgRelatedField(org_path="organization", queryset=Project.objects.all(), required=False,
+                              allow_null=True)
+    member = OrgRelatedField(org_path="organization", queryset=Member.objects.all(), required=False,
+                             allow_null=True)
+    api_key = OrgRelatedField(org_path="organization", queryset=ApiKey.objects.all(), required=False,
+                              allow_null=True)
+    end_customer = OrgRelatedField(org_path="project__organization", queryset=EndCustomer.objects.all(),
+                                   required=False, allow_null=True)
+    run_id = serializers.CharField(max_length=200, required=False, allow_null=True)
+    timezone = serializers.CharField(max_length=64, required=False)
+    thresholds = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=1000), required=False,
+                                       max_length=20)
+    recipients = serializers.ListField(child=serializers.EmailField(), required=False, max_length=50)
+    current = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Budget
+        fields = ["id", "name", "scope", "project", "member", "api_key", "end_customer", "run_id", "period",
+                  "timezone", "mode", "amount_usd", "thresholds", "recipients", "current", "created_at",
+                  "updated_at"]
+        read_only_fields = ["id", "created_at", "updated_at"]
+        validators: list = []
+
+    @extend_schema_field(WindowStatusSerializer(allow_null=True))
+    def get_current(self, budget: Budget):
+        return WindowStatusSerializer(current_status(budget=budget, now=timezone.now())).data
+
+
+class BudgetViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                    mixins.UpdateModelMixin, mixins.DestroyModelMixin):
+    """Budgets of every scope. Scope and subject are fixed once created; `current` is the
+    window of the period containing now (spent, reserved, remaining)."""
+
+    serializer_class = BudgetSerializer
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Budget.objects.none()
+        qs = Budget.objects.filter(organization=self.organization).order_by("id")
+        scope = self.request.query_params.get("scope")
+        return qs.filter(scope=scope) if scope else qs
+
+    def perform_create(self, serializer):
+        data = dict(serializer.validated_data)
+        serializer.instance = services.create_budget(
+            organization=self.organization, actor=self.access.actor, scope=data.pop("scope"),
+            amount_nano=data.pop("amount_nano"), **data,
+        )
+
+    def perform_update(self, serializer):
+        data = dict(serializer.validated_data)
+        if "scope" in data and data["scope"] == serializer.instance.scope:
+            del data["scope"]
+        services.update_budget(budget=serializer.instance, actor=self.access.actor, **data)
+
+    def perform_destroy(self, instance):
+        services.delete_budget(budget=instance, actor=self.access.actor)
+
+
+# --- reservations --------------------------------------------------------------------------------
+
+
+class ReservationSerializer(serializers.ModelSerializer):
+    amount_usd = UsdField(source="amount_nano", read_only=True)
+
+    class Meta:
+        model = Reservation
+        fields = ["id", "request_id", "project", "member", "api_key", "end_customer", "run_id", "model",
+                  "amount_usd", "created_at", "expires_at", "deadline_at", "job_id"]
+        read_only_fields = fields
+
+
+@extend_schema(description="Live reservations: worst cases held on budgets until their usage is applied.")
+class ReservationViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    serializer_class = ReservationSerializer
+    lookup_value_regex = r"[0-9a-fA-F-]{36}"
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Reservation.objects.none()
+        return Reservation.objects.filter(organization=self.organization).order_by("-created_at", "id")
+

@@ -1,0 +1,99 @@
+"""Reads on budgets: each budget's current window as the dashboard and API show it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.apps import apps
+from django.db.models import Sum
+
+from budgets.models import Budget, Reservation, Window
+from budgets.periods import period_bounds
+from catalog.pricing import nano_to_usd
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    budget: Budget
+    period_start: datetime
+    period_end: datetime | None
+    spent_nano: int
+    reserved_nano: int
+
+    @property
+    def remaining_nano(self) -> int:
+        return self.budget.amount_nano - self.spent_nano - self.reserved_nano
+
+    @property
+    def remaining_usd(self) -> Decimal:
+        return nano_to_usd(self.remaining_nano)
+
+    @property
+    def used_nano(self) -> int:
+        return self.spent_nano + self.reserved_nano
+
+    @property
+    def percent_used(self) -> Decimal:
+        """Spent + reserved as a percent of the amount (may pass 100: excess is shown, not hidden)."""
+        if self.budget.amount_nano <= 0:
+            return Decimal(100) if self.used_nano > 0 else Decimal(0)
+        return (Decimal(self.used_nano) * 100 / Decimal(self.budget.amount_nano)).quantize(Decimal("0.01"))
+
+    @property
+    def percent_reserved(self) -> Decimal:
+        return self.percent_used - self.percent_spent
+
+    @property
+    def percent_spent(self) -> Decimal:
+        if self.budget.amount_nano <= 0:
+            return Decimal(100) if self.spent_nano > 0 else Decimal(0)
+        return (Decimal(self.spent_nano) * 100 / Decimal(self.budget.amount_nano)).quantize(Decimal("0.01"))
+
+
+def statuses(*, budgets: Sequence[Budget], now: datetime) -> list[BudgetStatus]:
+    """Each budget's window for the period containing `now`, read without locks and without
+    creating windows (a budget with no window yet shows the period's recorded spend, which is
+    what its first window will start with)."""
+    bounds = {b.id: period_bounds(period=b.period, tz=b.timezone, now=now) for b in budgets}
+    windows = {
+        (w.budget_id, w.period_start): w
+        for w in Window.objects.filter(budget_id__in=[b.id for b in budgets],
+                                       period_start__in={s for s, _ in bounds.values()})
+    }
+    out = []
+    for b in budgets:
+        start, end = bounds[b.id]
+        w = windows.get((b.id, start))
+        spent, reserved = (w.spent_nano, w.reserved_nano) if w else (_recorded_spend(b, start, end), 0)
+        out.append(BudgetStatus(budget=b, period_start=start, period_end=end, spent_nano=spent,
+                                reserved_nano=reserved))
+    return out
+
+
+def current_status(*, budget: Budget, now: datetime) -> BudgetStatus:
+    return statuses(budgets=[budget], now=now)[0]
+
+
+def _recorded_spend(budget: Budget, start: datetime, end: datetime | None) -> int:
+    # By name: usage builds on budgets, not the reverse (imports flow one way).
+    usage_record = apps.get_model("usage", "UsageRecord")
+    subject = {
+        "organization": {},
+        "project": {"project_id": budget.project_id},
+        "member": {"member_id": budget.member_id},
+        "key": {"api_key_id": budget.api_key_id},
+        "end_customer": {"end_customer_id": budget.end_customer_id},
+        "run": {"run_id": budget.run_id},
+    }[budget.scope]
+    qs = usage_record.objects.filter(organization_id=budget.organization_id, admitted_at__gte=start, **subject)
+    if end is not None:
+        qs = qs.filter(admitted_at__lt=end)
+    return qs.aggregate(total=Sum("cost_nano"))["total"] or 0
+
+
+def live_reservations(*, organization_id: int):
+    return Reservation.objects.filter(organization_id=organization_id).select_related(
+        "project", "api_key", "end_customer").order_by("-created_at")

@@ -1,0 +1,135 @@
+"""Writes on budgets: create, edit, delete — validated and audited.
+
+Admission reads a budget's amount and mode at every request, so editing those takes effect on
+the next request. Scope and subject are fixed once created: a window's counters belong to the
+subject they were counted for, so moving a budget to another subject would carry the wrong spend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.validators import validate_email
+
+from budgets.models import Budget
+from tenants.models import ApiKey, EndCustomer, Member, Organization, Project
+from tenants.services import Actor, InvalidChange, audit, save_changes, snapshot
+
+# The subject field each scope names (run budgets name a run id, not a row).
+SUBJECT_FIELD = {
+    Budget.Scope.ORGANIZATION: None,
+    Budget.Scope.PROJECT: "project",
+    Budget.Scope.MEMBER: "member",
+    Budget.Scope.KEY: "api_key",
+    Budget.Scope.END_CUSTOMER: "end_customer",
+    Budget.Scope.RUN: "run_id",
+}
+SUBJECT_FIELDS = ("project", "member", "api_key", "end_customer", "run_id")
+EDITABLE_FIELDS = ("name", "period", "timezone", "mode", "amount_nano", "thresholds", "recipients")
+AUDITED_FIELDS = ("name", "scope", *SUBJECT_FIELDS, *EDITABLE_FIELDS)
+MAX_AMOUNT_NANO = 2**62
+
+
+def _check_subject(organization: Organization, scope: str, subject: dict[str, Any]) -> None:
+    if scope not in Budget.Scope.values:
+        raise InvalidChange(f"Scope must be one of {', '.join(Budget.Scope.values)}.", param="scope")
+    wanted = SUBJECT_FIELD[Budget.Scope(scope)]
+    for field in SUBJECT_FIELDS:
+        value = subject.get(field)
+        if field == wanted and value in (None, ""):
+            raise InvalidChange(f"A {scope} budget names its {field.replace('_', ' ')}.", param=field)
+        if field != wanted and value not in (None, ""):
+            raise InvalidChange(f"A {scope} budget does not name a {field.replace('_', ' ')}.", param=field)
+    value = subject.get(wanted) if wanted else None
+    owner_org_id = {
+        Project: lambda v: v.organization_id,
+        Member: lambda v: v.organization_id,
+        ApiKey: lambda v: v.organization_id,
+        EndCustomer: lambda v: v.project.organization_id,
+    }.get(type(value))
+    if owner_org_id is not None and owner_org_id(value) != organization.id:
+        raise InvalidChange(f"No such {wanted.replace('_', ' ')}.", param=wanted)
+
+
+def _check_fields(fields: dict[str, Any]) -> None:
+    if "period" in fields and fields["period"] not in Budget.Period.values:
+        raise InvalidChange(f"Period must be one of {', '.join(Budget.Period.values)}.", param="period")
+    if "mode" in fields and fields["mode"] not in Budget.Mode.values:
+        raise InvalidChange("Mode must be alert or block.", param="mode")
+    if "timezone" in fields:
+        try:
+            ZoneInfo(str(fields["timezone"]))
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise InvalidChange(f"Unknown timezone {fields['timezone']!r}.", param="timezone") from exc
+    if "amount_nano" in fields:
+        amount = fields["amount_nano"]
+        if not isinstance(amount, int) or isinstance(amount, bool) or not 0 <= amount <= MAX_AMOUNT_NANO:
+            raise InvalidChange("Amount must be between 0 and 4,611,686,018 USD.", param="amount_usd")
+    if "thresholds" in fields:
+        t = fields["thresholds"]
+        if (
+            not isinstance(t, list)
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 1000 for x in t)
+            or len(set(t)) != len(t)
+        ):
+            raise InvalidChange("Distinct whole percentages from 1 to 1000.", param="thresholds")
+        fields["thresholds"] = sorted(t)
+    if "recipients" in fields:
+        r = fields["recipients"]
+        if not isinstance(r, list):
+            raise InvalidChange("A list of email addresses.", param="recipients")
+        for email in r:
+            try:
+                validate_email(email)
+            except DjangoValidationError as exc:
+                raise InvalidChange(f"{email!r} is not an email address.", param="recipients") from exc
+    if "name" in fields and len(fields["name"] or "") > 200:
+        raise InvalidChange("At most 200 characters.", param="name")
+
+
+def create_budget(
+    *, organization: Organization, actor: Actor, scope: str, amount_nano: int, **fields: Any
+) -> Budget:
+    """Validate scope/subject and fields, create the budget, audit it.
+
+    Its first window is created by the next admission, starting with the period's recorded spend.
+    """
+    subject = {f: fields.pop(f, None) for f in SUBJECT_FIELDS}
+    unknown = set(fields) - set(EDITABLE_FIELDS)
+    if unknown:
+        raise TypeError(f"unexpected fields: {', '.join(sorted(unknown))}")
+    _check_subject(organization, scope, subject)
+    fields["amount_nano"] = amount_nano
+    _check_fields(fields)
+    budget = Budget.objects.create(
+        organization=organization, scope=scope, **{k: v for k, v in subject.items() if v not in (None, "")},
+        **fields,
+    )
+    audit(organization=organization, actor=actor, action="create", obj=budget,
+          changes={k: [None, v] for k, v in snapshot(budget, AUDITED_FIELDS).items() if v not in (None, "")})
+    return budget
+
+
+def update_budget(*, budget: Budget, actor: Actor, **fields: Any) -> dict[str, list[Any]]:
+    """Change editable fields; scope and subject cannot change (see the module docstring)."""
+    fixed = set(fields) & {"scope", *SUBJECT_FIELDS}
+    for name in fixed:
+        current = budget.scope if name == "scope" else getattr(budget, name)
+        if fields[name] != current:
+            raise InvalidChange("Scope and subject are fixed once created; create a new budget instead.",
+                                param=name)
+        del fields[name]
+    unknown = set(fields) - set(EDITABLE_FIELDS)
+    if unknown:
+        raise TypeError(f"unexpected fields: {', '.join(sorted(unknown))}")
+    _check_fields(fields)
+    return save_changes(obj=budget, organization=budget.organization, actor=actor, fields=fields)
+
+
+def delete_budget(*, budget: Budget, actor: Actor) -> None:
+    # Its windows and holds go with it; live reservations keep their other holds and settle as usual.
+    audit(organization=budget.organization, actor=actor, action="delete", obj=budget,
+          changes={"amount_nano": [budget.amount_nano, None]})
+    budget.delete()

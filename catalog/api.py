@@ -1,0 +1,174 @@
+"""Management API: connections (secrets write-only), routes, and the price catalog (read)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import mixins, serializers
+
+from catalog import services
+from catalog.models import Connection, Model, Route
+from catalog.pricing import nano_to_usd, usd_to_nano
+from tenants.api.views import OrgRelatedField, OrgViewSet
+
+MAX_USD = Decimal("4611686018")
+
+
+class UsdField(serializers.DecimalField):
+    """USD as a decimal string in and out (e.g. "5.00"); nano-USD ints inside."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("max_digits", 20)
+        kwargs.setdefault("decimal_places", 9)
+        kwargs.setdefault("min_value", Decimal(0))
+        kwargs.setdefault("max_value", MAX_USD)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data) -> int:  # type: ignore[override]
+        return usd_to_nano(super().to_internal_value(data))
+
+    def to_representation(self, value) -> str:  # type: ignore[override]
+        return super().to_representation(nano_to_usd(value))
+
+
+RATE = {"max_digits": 14, "decimal_places": 6, "min_value": Decimal(0), "max_value": Decimal("99999999"),
+        "required": False, "allow_null": True}
+
+
+class ConnectionSerializer(serializers.ModelSerializer):
+    secret = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=10_000,
+                                   trim_whitespace=False,
+                                   help_text="Write-only: stored encrypted, never returned.")
+    has_secret = serializers.SerializerMethodField()
+    base_url = serializers.URLField(required=False, allow_blank=True, max_length=200)
+    input_usd_per_mtok = serializers.DecimalField(**RATE)
+    output_usd_per_mtok = serializers.DecimalField(**RATE)
+    cache_read_usd_per_mtok = serializers.DecimalField(**RATE)
+    cache_write_usd_per_mtok = serializers.DecimalField(**RATE)
+    options = serializers.DictField(required=False)
+
+    class Meta:
+        model = Connection
+        fields = ["id", "name", "kind", "base_url", "secret", "has_secret", *services.RATE_FIELDS, "options",
+                  "enabled", "created_at"]
+        read_only_fields = ["id", "created_at"]
+        validators: list = []  # name uniqueness is the service's to report, as a field error
+
+    def get_has_secret(self, connection: Connection) -> bool:
+        return bool(connection.secret)
+
+
+class ConnectionViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                        mixins.UpdateModelMixin, mixins.DestroyModelMixin):
+    """An organization's upstreams. Rates set here override the catalog's list price for it."""
+
+    serializer_class = ConnectionSerializer
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Connection.objects.none()
+        return Connection.objects.filter(organization=self.organization).order_by("id")
+
+    def perform_create(self, serializer):
+        serializer.instance = services.create_connection(
+            organization=self.organization, actor=self.access.actor, **serializer.validated_data
+        )
+
+    def perform_update(self, serializer):
+        data = dict(serializer.validated_data)
+        secret = data.pop("secret", None)  # absent: keep the stored secret
+        services.update_connection(connection=serializer.instance, actor=self.access.actor, secret=secret, **data)
+
+    def perform_destroy(self, instance):
+        services.delete_connection(connection=instance, actor=self.access.actor)
+
+
+class ModelRefField(serializers.CharField):
+    def to_internal_value(self, data) -> Model:  # type: ignore[override]
+        return services.find_model(super().to_internal_value(data))
+
+    def to_representation(self, value) -> str:
+        return str(value)
+
+
+class RouteTargetSerializer(serializers.Serializer):
+    connection = OrgRelatedField(org_path="organization", queryset=Connection.objects.all())
+    model = ModelRefField(help_text="provider/model, as in the catalog")
+
+
+class RouteSerializer(serializers.ModelSerializer):
+    targets = RouteTargetSerializer(many=True, help_text="Tried in order (failover).")
+    name = serializers.CharField(max_length=200)
+
+    class Meta:
+        model = Route
+        fields = ["id", "name", "targets"]
+        read_only_fields = ["id"]
+        validators: list = []
+
+    def to_representation(self, route: Route):
+        return {
+            "id": route.id,
+            "name": route.name,
+            "targets": [{"connection": t.connection_id, "model": str(t.model)}
+                        for t in route.targets.select_related("model__provider").order_by("position")],
+        }
+
+
+class RouteViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                   mixins.UpdateModelMixin, mixins.DestroyModelMixin):
+    """A model name the organization's keys call, mapped to ordered (connection, model) targets."""
+
+    serializer_class = RouteSerializer
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Route.objects.none()
+        return Route.objects.filter(organization=self.organization).order_by("id")
+
+    def _set(self, serializer, name: str):
+        targets = [(t["connection"], t["model"]) for t in serializer.validated_data["targets"]]
+        route, _ = services.set_route(organization=self.organization, name=name, targets=targets,
+                                      actor=self.access.actor)
+        serializer.instance = route
+
+    def perform_create(self, serializer):
+        name = serializer.validated_data["name"]
+        if self.organization.routes.filter(name=name).exists():
+            raise services.InvalidChange(f"A route named {name!r} exists.", param="name")
+        self._set(serializer, name)
+
+    def perform_update(self, serializer):
+        if "targets" not in serializer.validated_data:
+            return
+        self._set(serializer, serializer.instance.name)
+
+    def perform_destroy(self, instance):
+        services.delete_route(route=instance, actor=self.access.actor)
+
+
+class PriceSerializer(serializers.ModelSerializer):
+    model = serializers.SerializerMethodField()
+    priced = serializers.BooleanField(source="is_priced", read_only=True)
+
+    class Meta:
+        model = Model
+        fields = ["id", "model", *services.RATE_FIELDS, "per_request_usd", "max_output_tokens", "context_window",
+                  "max_image_tokens", "prices_as_of", "priced"]
+        read_only_fields = fields
+
+    @extend_schema_field(serializers.CharField())
+    def get_model(self, model: Model) -> str:
+        return str(model)
+
+
+class PriceViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    """The list-price catalog (read-only; negotiated rates live on connections)."""
+
+    serializer_class = PriceSerializer
+
+    def get_queryset(self):
+        if not getattr(self, "swagger_fake_view", False):
+            self.access  # noqa: B018 — membership checked (404 for outsiders) before listing
+        return Model.objects.select_related("provider").order_by("provider__slug", "name")

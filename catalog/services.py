@@ -1,0 +1,157 @@
+"""Writes on the catalog: an organization's connections (secrets write-only) and routes, and
+list prices — validated and audited."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
+from urllib.parse import urlparse
+
+from django.db import transaction
+
+from catalog.models import Connection, Model, Provider, Route, RouteTarget
+from tenants.models import Organization
+from tenants.services import Actor, InvalidChange, audit, save_changes, snapshot
+
+RATE_FIELDS = ("input_usd_per_mtok", "output_usd_per_mtok", "cache_read_usd_per_mtok", "cache_write_usd_per_mtok")
+CONNECTION_FIELDS = ("name", "kind", "base_url", *RATE_FIELDS, "options", "enabled")
+MODEL_PRICE_FIELDS = (*RATE_FIELDS, "per_request_usd", "max_output_tokens", "context_window", "max_image_tokens")
+_MAX_RATE = Decimal("99999999")
+
+
+def _check_rate(name: str, value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, Decimal) or not value.is_finite() or value < 0 or value >= _MAX_RATE:
+        raise InvalidChange("A non-negative USD amount per 1M tokens.", param=name)
+    if value.as_tuple().exponent < -6:  # type: ignore[operator]
+        raise InvalidChange("At most 6 decimal places.", param=name)
+
+
+def _check_connection(fields: dict[str, Any]) -> None:
+    if "name" in fields and not (fields["name"] or "").strip():
+        raise InvalidChange("A connection needs a name.", param="name")
+    if "kind" in fields and fields["kind"] not in Connection.Kind.values:
+        raise InvalidChange(f"Kind must be one of {', '.join(Connection.Kind.values)}.", param="kind")
+    url = fields.get("base_url") or ""
+    if url and (urlparse(url).scheme not in ("http", "https") or not urlparse(url).netloc):
+        raise InvalidChange("An http(s) URL.", param="base_url")
+    if "options" in fields and not isinstance(fields["options"], dict):
+        raise InvalidChange("An object.", param="options")
+    for name in RATE_FIELDS:
+        _check_rate(name, fields.get(name))
+
+
+def create_connection(*, organization: Organization, actor: Actor, secret: str = "", **fields: Any) -> Connection:
+    _check_connection(fields)
+    if organization.connections.filter(name=fields["name"]).exists():
+        raise InvalidChange(f"A connection named {fields['name']!r} exists.", param="name")
+    connection = Connection.objects.create(organization=organization, secret=secret, **fields)
+    changes: dict[str, Any] = {k: [None, v] for k, v in snapshot(connection, CONNECTION_FIELDS).items()}
+    if secret:
+        changes["secret"] = [None, "(set)"]
+    audit(organization=organization, actor=actor, action="create", obj=connection, changes=changes)
+    return connection
+
+
+def update_connection(
+    *, connection: Connection, actor: Actor, secret: str | None = None, **fields: Any
+) -> dict[str, list[Any]]:
+    """`secret=None` keeps the stored secret (it is write-only: forms never show it back)."""
+    _check_connection(fields)
+    if "name" in fields and connection.organization.connections.filter(name=fields["name"]).exclude(
+        pk=connection.pk
+    ).exists():
+        raise InvalidChange(f"A connection named {fields['name']!r} exists.", param="name")
+    secret_fields = []
+    if secret is not None and secret != connection.secret:
+        fields["secret"] = secret
+        secret_fields = ["secret"]
+    return save_changes(obj=connection, organization=connection.organization, actor=actor, fields=fields,
+                        secret_fields=secret_fields)
+
+
+def delete_connection(*, connection: Connection, actor: Actor) -> None:
+    audit(organization=connection.organization, actor=actor, action="delete", obj=connection)
+    connection.delete()
+
+
+def find_model(ref: str) -> Model:
+    """`provider/model` -> the catalog Model, or InvalidChange naming what is missing."""
+    provider, _, name = ref.partition("/")
+    if not provider or not name:
+        raise InvalidChange(f"{ref!r}: write a model as provider/model.", param="model")
+    found = Model.objects.select_related("provider").filter(provider__slug=provider, name=name).first()
+    if found is None:
+        raise InvalidChange(f"Model {ref!r} is not in the catalog.", param="model")
+    return found
+
+
+def set_route(
+    *, organization: Organization, name: str, targets: Sequence[tuple[Connection, Model]], actor: Actor
+) -> tuple[Route, bool]:
+    """Create or replace the route `name` with ordered targets. Returns (route, changed)."""
+    if not name.strip():
+        raise InvalidChange("A route needs a name.", param="name")
+    if not targets:
+        raise InvalidChange("A route needs at least one target.", param="targets")
+    for connection, _ in targets:
+        if connection.organization_id != organization.id:
+            raise InvalidChange("No such connection.", param="targets")
+    wanted = [(c.pk, m.pk) for c, m in targets]
+    with transaction.atomic():
+        route, created = Route.objects.get_or_create(organization=organization, name=name)
+        current = list(route.targets.order_by("position").values_list("connection_id", "model_id"))
+        if current == wanted:
+            return route, False
+        route.targets.all().delete()
+        RouteTarget.objects.bulk_create(
+            RouteTarget(route=route, connection=c, model=m, position=i) for i, (c, m) in enumerate(targets)
+        )
+        shown = [f"{c.name} -> {m}" for c, m in targets]
+        audit(organization=organization, actor=actor, action="create" if created else "update", obj=route,
+              changes={"targets": [None if created else _describe(current), shown]})
+    return route, True
+
+
+def _describe(pairs: list[tuple[int, int]]) -> list[str]:
+    conns = dict(Connection.objects.filter(pk__in=[c for c, _ in pairs]).values_list("pk", "name"))
+    models = {m.pk: str(m) for m in Model.objects.select_related("provider").filter(pk__in=[m for _, m in pairs])}
+    return [f"{conns.get(c)} -> {models.get(m)}" for c, m in pairs]
+
+
+def delete_route(*, route: Route, actor: Actor) -> None:
+    audit(organization=route.organization, actor=actor, action="delete", obj=route)
+    route.delete()
+
+
+def set_model_price(*, ref: str, create: bool = True, **fields: Any) -> tuple[Model, dict[str, list[Any]]]:
+    """Create or update a catalog model's list price (global, not per organization: only
+    staff and `manage.py apply` call this). Returns (model, {field: [from, to]})."""
+    unknown = set(fields) - set(MODEL_PRICE_FIELDS)
+    if unknown:
+        raise TypeError(f"unexpected fields: {', '.join(sorted(unknown))}")
+    for name in (*RATE_FIELDS, "per_request_usd"):
+        _check_rate(name, fields.get(name))
+    provider_slug, _, name = ref.partition("/")
+    if not provider_slug or not name:
+        raise InvalidChange(f"{ref!r}: write a model as provider/model.", param="model")
+    model = Model.objects.filter(provider__slug=provider_slug, name=name).first()
+    if model is None:
+        if not create:
+            raise InvalidChange(f"Model {ref!r} is not in the catalog.", param="model")
+        provider, _ = Provider.objects.get_or_create(slug=provider_slug, defaults={"name": provider_slug})
+        model = Model.objects.create(provider=provider, name=name, **fields)
+        return model, {k: [None, _str(v)] for k, v in fields.items() if v is not None}
+    before = {k: getattr(model, k) for k in fields}
+    changes = {k: [_str(before[k]), _str(v)] for k, v in fields.items() if before[k] != v}
+    if changes:
+        for k in changes:
+            setattr(model, k, fields[k])
+        model.save(update_fields=list(changes))
+    return model, changes
+
+
+def _str(value: Any) -> Any:
+    return str(value) if isinstance(value, Decimal) else value

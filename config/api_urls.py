@@ -1,0 +1,36 @@
+"""/api/: the management API. Every resource lives under its organization:
+/api/orgs/{org_slug}/<resource>/ — an outsider gets 404 for all of it."""
+
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import SimpleRouter
+
+from budgets.api import BudgetViewSet, OrganizationViewSet, ProjectViewSet, ReservationViewSet
+from catalog.api import ConnectionViewSet, PriceViewSet, RouteViewSet
+from tenants.api.views import EndCustomerViewSet, KeyViewSet, MemberViewSet
+from usage.api import AlertEventViewSet, UsageViewSet
+
+ORG = r"orgs/(?P<org_slug>[-a-zA-Z0-9_]+)"
+
+router = SimpleRouter()
+router.register(r"orgs", OrganizationViewSet, basename="organization")
+for prefix, viewset in [
+    ("projects", ProjectViewSet),
+    ("members", MemberViewSet),
+    ("keys", KeyViewSet),
+    ("end-customers", EndCustomerViewSet),
+    ("budgets", BudgetViewSet),
+    ("connections", ConnectionViewSet),
+    ("routes", RouteViewSet),
+    ("prices", PriceViewSet),
+    ("usage", UsageViewSet),
+    ("reservations", ReservationViewSet),
+    ("alerts", AlertEventViewSet),
+]:
+    router.register(f"{ORG}/{prefix}", viewset, basename=prefix.rstrip("s").replace("-", "_"))
+
+urlpatterns = [
+    path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    *router.urls,
+]

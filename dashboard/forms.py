@@ -1,0 +1,216 @@
+"""Dashboard forms: parse and shape input; the services validate the rules and report field errors
+(InvalidChange.param names the form field)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django import forms
+
+from budgets.models import Budget
+from catalog.models import Connection
+from catalog.pricing import usd_to_nano
+from tenants.models import ApiKey, ApiToken, EndCustomer, Member, Organization, Project
+from tenants.services import InvalidChange
+
+MAX_USD = Decimal("4611686018")
+
+
+def usd_field(**kwargs: Any) -> forms.DecimalField:
+    return forms.DecimalField(min_value=Decimal(0), max_value=MAX_USD, max_digits=20, decimal_places=9,
+                              **kwargs)
+
+
+def nano(value: Decimal | None) -> int | None:
+    return None if value is None else usd_to_nano(value)
+
+
+def add_service_error(form: forms.Form, exc: InvalidChange) -> None:
+    """Show a service's error next to its field (or on the form if it names none we show)."""
+    field = exc.param if exc.param in form.fields else None
+    form.add_error(field, exc.message)
+
+
+class CommaListField(forms.CharField):
+    def to_python(self, value: Any) -> list[str]:  # type: ignore[override]
+        text = super().to_python(value) or ""
+        return [part.strip() for part in text.replace("\n", ",").split(",") if part.strip()]
+
+    def prepare_value(self, value: Any) -> Any:
+        return ", ".join(str(v) for v in value) if isinstance(value, list) else value
+
+
+class ThresholdsField(CommaListField):
+    def to_python(self, value: Any) -> list[int]:  # type: ignore[override]
+        parts = super().to_python(value)
+        try:
+            return [int(p.rstrip("%")) for p in parts]
+        except ValueError as exc:
+            raise forms.ValidationError("Whole percentages, e.g. 50, 80, 100.") from exc
+
+
+class OrgForm(forms.Form):
+    """A form whose choices are limited to one organization."""
+
+    def __init__(self, *args: Any, organization: Organization, **kwargs: Any):
+        self.organization = organization
+        super().__init__(*args, **kwargs)
+
+
+class BudgetForm(OrgForm):
+    name = forms.CharField(max_length=200, required=False)
+    scope = forms.ChoiceField(choices=Budget.Scope.choices)
+    project = forms.ModelChoiceField(queryset=Project.objects.none(), required=False)
+    member = forms.ModelChoiceField(queryset=Member.objects.none(), required=False)
+    api_key = forms.ModelChoiceField(queryset=ApiKey.objects.none(), required=False, label="Key")
+    end_customer = forms.ModelChoiceField(queryset=EndCustomer.objects.none(), required=False)
+    run_id = forms.CharField(max_length=200, required=False, label="Run id")
+    period = forms.ChoiceField(choices=Budget.Period.choices, initial="month")
+    timezone = forms.CharField(max_length=64, initial="UTC")
+    mode = forms.ChoiceField(choices=Budget.Mode.choices, initial="block",
+                             help_text="block refuses requests before the provider call; alert only notifies")
+    amount_usd = usd_field(label="Amount (USD)")
+    thresholds = ThresholdsField(required=False, initial="50, 80, 100", help_text="percent of the amount")
+    recipients = CommaListField(required=False, widget=forms.Textarea,
+                                help_text="emails, comma-separated; empty: the organization's owners")
+
+    SUBJECT = ("scope", "project", "member", "api_key", "end_customer", "run_id")
+
+    def __init__(self, *args: Any, editing: bool = False, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        org = self.organization
+        self.fields["project"].queryset = org.projects.order_by("name")
+        self.fields["member"].queryset = org.members.select_related("user").order_by("id")
+        self.fields["api_key"].queryset = org.api_keys.order_by("name")
+        self.fields["end_customer"].queryset = EndCustomer.objects.filter(project__organization=org).order_by(
+            "external_id")
+        if editing:  # scope and subject are fixed once created
+            for name in self.SUBJECT:
+                self.fields[name].disabled = True
+
+    def clean_recipients(self) -> list[str]:
+        emails = self.cleaned_data["recipients"]
+        for email in emails:
+            try:
+                forms.EmailField().clean(email)
+            except forms.ValidationError as exc:
+                raise forms.ValidationError(f"{email!r} is not an email address.") from exc
+        return emails
+
+    def service_kwargs(self) -> dict[str, Any]:
+        d = dict(self.cleaned_data)
+        d["amount_nano"] = nano(d.pop("amount_usd"))
+        if not d.get("thresholds"):
+            d["thresholds"] = [50, 80, 100]
+        d["run_id"] = d.get("run_id") or None
+        return d
+
+
+class KeyForm(OrgForm):
+    name = forms.CharField(max_length=200)
+    project = forms.ModelChoiceField(queryset=Project.objects.none())
+    member = forms.ModelChoiceField(queryset=Member.objects.none(), required=False,
+                                    help_text="whose key it is (spend can be capped per member)")
+    allowed_models = CommaListField(required=False, help_text="comma-separated; empty: every routed model")
+    expires_at = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+                                     help_text="UTC")
+
+    def __init__(self, *args: Any, can_choose_member: bool = True, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.fields["project"].queryset = self.organization.projects.order_by("name")
+        self.fields["member"].queryset = self.organization.members.select_related("user").order_by("id")
+        if not can_choose_member:
+            del self.fields["member"]
+
+
+class ProjectForm(OrgForm):
+    slug = forms.SlugField(max_length=100)
+    name = forms.CharField(max_length=200)
+    default_customer_budget_usd = usd_field(required=False, label="Default end-customer cap (USD)",
+                                            help_text="applies to each end customer without a budget of its own")
+    default_customer_budget_period = forms.ChoiceField(choices=Budget.Period.choices, initial="month",
+                                                       label="Cap period")
+    default_customer_budget_mode = forms.ChoiceField(choices=Budget.Mode.choices, initial="block", label="Cap mode")
+
+    def service_kwargs(self) -> dict[str, Any]:
+        d = dict(self.cleaned_data)
+        d["default_customer_budget_nano"] = nano(d.pop("default_customer_budget_usd"))
+        return d
+
+
+class EndCustomerForm(OrgForm):
+    project = forms.ModelChoiceField(queryset=Project.objects.none())
+    external_id = forms.CharField(max_length=200, label="External id",
+                                  help_text="the value your app sends as X-Capgate-Customer")
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.fields["project"].queryset = self.organization.projects.order_by("name")
+
+
+class InviteForm(forms.Form):
+    email = forms.EmailField()
+    role = forms.ChoiceField(choices=Member.Role.choices, initial="member")
+
+
+class RoleForm(forms.Form):
+    role = forms.ChoiceField(choices=Member.Role.choices)
+
+
+RATE_FIELDS = ("input_usd_per_mtok", "output_usd_per_mtok", "cache_read_usd_per_mtok", "cache_write_usd_per_mtok")
+
+
+def rate_field(label: str) -> forms.DecimalField:
+    return forms.DecimalField(required=False, min_value=Decimal(0), max_digits=14, decimal_places=6, label=label,
+                              help_text="USD per 1M tokens; empty: the catalog's list price")
+
+
+class ConnectionForm(forms.Form):
+    name = forms.CharField(max_length=100)
+    kind = forms.ChoiceField(choices=Connection.Kind.choices)
+    base_url = forms.URLField(required=False, max_length=200)
+    secret = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False), strip=False,
+                             help_text="write-only: stored encrypted, never shown; leave empty to keep")
+    input_usd_per_mtok = rate_field("Negotiated input rate")
+    output_usd_per_mtok = rate_field("Negotiated output rate")
+    cache_read_usd_per_mtok = rate_field("Negotiated cache-read rate")
+    cache_write_usd_per_mtok = rate_field("Negotiated cache-write rate")
+    options = forms.JSONField(required=False, initial=dict, help_text='e.g. {"delay_ms": 20} for echo')
+    enabled = forms.BooleanField(required=False, initial=True)
+
+    def clean_options(self) -> dict:
+        value = self.cleaned_data.get("options") or {}
+        if not isinstance(value, dict):
+            raise forms.ValidationError("A JSON object.")
+        return value
+
+
+class PolicyForm(forms.Form):
+    allow_unpriced = forms.BooleanField(
+        required=False, label="Allow models with no price",
+        help_text="blocking budgets then do not govern that traffic (it cannot be bounded)")
+    default_run_budget_usd = usd_field(required=False, label="Default run budget (USD)",
+                                       help_text="for X-Capgate-Run without X-Capgate-Run-Budget-Usd")
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(max_length=200)
+    scope = forms.ChoiceField(choices=ApiToken.Scope.choices, initial="read")
+
+
+class UsageFilterForm(OrgForm):
+    since = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}),
+                            help_text="inclusive")
+    project = forms.ModelChoiceField(queryset=Project.objects.none(), required=False)
+    api_key = forms.ModelChoiceField(queryset=ApiKey.objects.none(), required=False, label="Key")
+    model = forms.CharField(required=False, max_length=200)
+    end_customer = forms.CharField(required=False, max_length=200, label="End customer id")
+    status = forms.ChoiceField(required=False, choices=[("", "any")] + [
+        (s, s) for s in ("served", "failed_upstream", "estimated", "released")])
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.fields["project"].queryset = self.organization.projects.order_by("name")
+        self.fields["api_key"].queryset = self.organization.api_keys.order_by("name")

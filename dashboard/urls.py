@@ -1,0 +1,35 @@
+from django.urls import path
+
+from dashboard.views import manage, org, overview, records
+
+app_name = "dashboard"
+
+ORG = "o/<slug:slug>/"
+
+urlpatterns = [
+    path("", overview.home, name="home"),
+    path("switch/", overview.switch, name="switch"),
+    path(ORG, overview.overview, name="overview"),
+    path(ORG + "budgets/", manage.budgets, name="budgets"),
+    path(ORG + "budgets/new/", manage.budget_new, name="budget_new"),
+    path(ORG + "budgets/<int:pk>/", manage.budget_edit, name="budget_edit"),
+    path(ORG + "budgets/<int:pk>/delete/", manage.budget_delete, name="budget_delete"),
+    path(ORG + "keys/", manage.keys, name="keys"),
+    path(ORG + "keys/<int:pk>/revoke/", manage.key_revoke, name="key_revoke"),
+    path(ORG + "projects/", manage.projects, name="projects"),
+    path(ORG + "projects/<int:pk>/", manage.project_edit, name="project_edit"),
+    path(ORG + "customers/<int:pk>/delete/", manage.customer_delete, name="customer_delete"),
+    path(ORG + "members/", org.members, name="members"),
+    path(ORG + "members/<int:pk>/role/", org.member_role, name="member_role"),
+    path(ORG + "members/<int:pk>/remove/", org.member_remove, name="member_remove"),
+    path(ORG + "connections/", org.connections, name="connections"),
+    path(ORG + "connections/new/", org.connection_edit, name="connection_new"),
+    path(ORG + "connections/<int:pk>/", org.connection_edit, name="connection_edit"),
+    path(ORG + "connections/<int:pk>/delete/", org.connection_delete, name="connection_delete"),
+    path(ORG + "tokens/", org.tokens, name="tokens"),
+    path(ORG + "tokens/<int:pk>/revoke/", org.token_revoke, name="token_revoke"),
+    path(ORG + "usage/", records.usage, name="usage"),
+    path(ORG + "usage.csv", records.usage_csv, name="usage_csv"),
+    path(ORG + "alerts/", records.alerts, name="alerts"),
+    path(ORG + "audit/", records.audit, name="audit"),
+]

@@ -1,0 +1,189 @@
+"""Members (invite by email), connections and prices (secrets write-only), the organization's
+unpriced-model policy, and management API tokens."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.tokens import default_token_generator
+from django.core.mail import send_mail
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect
+from django.urls import reverse
+from django.utils.encoding import force_bytes
+from django.utils.http import urlsafe_base64_encode
+from django.views.decorators.http import require_POST
+
+from catalog import services as catalog_services
+from catalog.models import Connection, Model
+from catalog.pricing import nano_to_usd, usd_to_nano
+from dashboard.access import org_view, render_org, require_manage
+from dashboard.forms import (
+    RATE_FIELDS,
+    ConnectionForm,
+    InviteForm,
+    PolicyForm,
+    RoleForm,
+    TokenForm,
+    add_service_error,
+)
+from tenants import services
+from tenants.models import ApiToken, Member
+from tenants.selectors import Access
+
+# --- members -------------------------------------------------------------------------------------
+
+
+@org_view(manage=True)
+def members(request: HttpRequest, access: Access) -> HttpResponse:
+    org = access.organization
+    form = InviteForm(request.POST or None)
+    if request.method == "POST":
+        require_manage(access)
+        if form.is_valid():
+            try:
+                member = services.add_member(organization=org, email=form.cleaned_data["email"],
+                                             role=form.cleaned_data["role"], actor=access.actor)
+            except services.InvalidChange as exc:
+                add_service_error(form, exc)
+            else:
+                _send_invite(request, member)
+                messages.success(request, f"Invited {member.user.email}: they get an email to set a password.")
+                return redirect("dashboard:members", org.slug)
+    rows = org.members.select_related("user").order_by("id")
+    return render_org(request, access, "dashboard/members.html", "members", members=rows, form=form,
+                      roles=Member.Role.choices)
+
+
+def _send_invite(request: HttpRequest, member: Member) -> None:
+    # Outside any transaction (the member row is already committed): a slow mail server delays
+    # only this response.
+    user = member.user
+    link = request.build_absolute_uri(reverse("password_reset_confirm", kwargs={
+        "uidb64": urlsafe_base64_encode(force_bytes(user.pk)), "token": default_token_generator.make_token(user)}))
+    send_mail(
+        subject=f"You are invited to {member.organization.name} on capgate",
+        message=f"You were added to {member.organization.name} as {member.role}.\n\n"
+                f"Set your password and sign in: {link}\n",
+        from_email=None, recipient_list=[user.email], fail_silently=True,
+    )
+
+
+@require_POST
+@org_view(manage=True)
+def member_role(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
+    member = get_object_or_404(Member, pk=pk, organization=access.organization)
+    form = RoleForm(request.POST)
+    if form.is_valid():
+        try:
+            services.change_member_role(member=member, role=form.cleaned_data["role"], actor=access.actor)
+            messages.success(request, f"{member.user.email} is now {member.role}.")
+        except services.InvalidChange as exc:
+            messages.error(request, exc.message)
+    return redirect("dashboard:members", access.organization.slug)
+
+
+@require_POST
+@org_view(manage=True)
+def member_remove(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
+    member = get_object_or_404(Member, pk=pk, organization=access.organization)
+    try:
+        services.remove_member(member=member, actor=access.actor)
+        messages.success(request, f"{member.user.email} removed.")
+    except services.InvalidChange as exc:
+        messages.error(request, exc.message)
+    return redirect("dashboard:members", access.organization.slug)
+
+
+# --- connections, prices and policy ----------------------------------------------------------------
+
+
+@org_view(manage=True)
+def connections(request: HttpRequest, access: Access) -> HttpResponse:
+    org = access.organization
+    policy = PolicyForm(request.POST if "policy" in request.POST else None, initial={
+        "allow_unpriced": org.allow_unpriced,
+        "default_run_budget_usd": None if org.default_run_budget_nano is None
+        else nano_to_usd(org.default_run_budget_nano).normalize()})
+    if request.method == "POST" and "policy" in request.POST:
+        require_manage(access)
+        if policy.is_valid():
+            usd = policy.cleaned_data["default_run_budget_usd"]
+            services.update_organization(organization=org, actor=access.actor,
+                                         allow_unpriced=policy.cleaned_data["allow_unpriced"],
+                                         default_run_budget_nano=None if usd is None else usd_to_nano(usd))
+            messages.success(request, "Policy saved.")
+            return redirect("dashboard:connections", org.slug)
+    return render_org(
+        request, access, "dashboard/connections.html", "connections",
+        connections=org.connections.order_by("name"), policy=policy,
+        routes=org.routes.prefetch_related("targets__connection", "targets__model__provider").order_by("name"),
+        prices=Model.objects.select_related("provider").order_by("provider__slug", "name"),
+    )
+
+
+@org_view(manage=True)
+def connection_edit(request: HttpRequest, access: Access, pk: int | None = None) -> HttpResponse:
+    require_manage(access)
+    org = access.organization
+    connection = get_object_or_404(Connection, pk=pk, organization=org) if pk else None
+    initial = {}
+    if connection is not None:
+        initial = {f: getattr(connection, f) for f in ("name", "kind", "base_url", *RATE_FIELDS, "options", "enabled")}
+    form = ConnectionForm(request.POST or None, initial=initial)
+    if request.method == "POST" and form.is_valid():
+        d = dict(form.cleaned_data)
+        secret = d.pop("secret") or None  # empty: keep the stored secret
+        try:
+            if connection is None:
+                catalog_services.create_connection(organization=org, actor=access.actor, secret=secret or "", **d)
+            else:
+                catalog_services.update_connection(connection=connection, actor=access.actor, secret=secret, **d)
+        except services.InvalidChange as exc:
+            add_service_error(form, exc)
+        else:
+            messages.success(request, f"Connection “{d['name']}” saved.")
+            return redirect("dashboard:connections", org.slug)
+    title = f"Edit connection “{connection.name}”" if connection else "New connection"
+    return render_org(request, access, "dashboard/form.html", "connections", form=form, title=title, submit="Save",
+                      note="The secret is stored encrypted and never shown again." if connection and connection.secret
+                      else "", delete_url="dashboard:connection_delete" if connection else None, obj=connection)
+
+
+@require_POST
+@org_view(manage=True)
+def connection_delete(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
+    connection = get_object_or_404(Connection, pk=pk, organization=access.organization)
+    catalog_services.delete_connection(connection=connection, actor=access.actor)
+    messages.success(request, f"Connection “{connection.name}” deleted.")
+    return redirect("dashboard:connections", access.organization.slug)
+
+
+# --- API tokens ----------------------------------------------------------------------------------
+
+
+@org_view(manage=True)
+def tokens(request: HttpRequest, access: Access) -> HttpResponse:
+    org = access.organization
+    form = TokenForm(request.POST or None)
+    created = None
+    if request.method == "POST":
+        require_manage(access)
+        if form.is_valid():
+            try:
+                created = services.create_token(organization=org, name=form.cleaned_data["name"],
+                                                scope=form.cleaned_data["scope"], actor=access.actor)
+            except services.InvalidChange as exc:
+                add_service_error(form, exc)
+            else:
+                form = TokenForm()
+    rows = ApiToken.objects.filter(organization=org).order_by("revoked_at", "-id") if access.can_manage else []
+    return render_org(request, access, "dashboard/tokens.html", "tokens", tokens=rows, form=form, created=created)
+
+
+@require_POST
+@org_view(manage=True)
+def token_revoke(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
+    token = get_object_or_404(ApiToken, pk=pk, organization=access.organization)
+    services.revoke_token(token=token, actor=access.actor)
+    messages.success(request, f"Token “{token.name}” revoked.")
+    return redirect("dashboard:tokens", access.organization.slug)

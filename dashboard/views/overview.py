@@ -1,0 +1,62 @@
+"""Home, organization switcher and the per-organization overview."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.contrib.auth.decorators import login_required
+from django.db.models import Count, Sum
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+
+from budgets.selectors import live_reservations, statuses
+from dashboard.access import org_view, render_org
+from dashboard.charts import stacked_daily
+from tenants.selectors import Access, organizations_for
+from usage.models import AuditRun
+from usage.selectors import GROUPS, daily_spend, refusals_by_code
+
+CHART_DAYS = 30
+CHART_GROUPS = [g for g in GROUPS if g not in ("day", "status")]
+CHART_LABELS = [(g, g.replace("_", " ")) for g in CHART_GROUPS]
+
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    orgs = list(organizations_for(request.user))
+    if len(orgs) == 1:
+        return redirect("dashboard:overview", orgs[0].slug)
+    return render(request, "dashboard/home.html", {"organizations": orgs})
+
+
+@login_required
+def switch(request: HttpRequest) -> HttpResponse:
+    slug = request.GET.get("org", "")
+    if not organizations_for(request.user).filter(slug=slug).exists():
+        raise Http404("No such organization.")
+    return redirect("dashboard:overview", slug)
+
+
+@org_view()
+def overview(request: HttpRequest, access: Access) -> HttpResponse:
+    org = access.organization
+    now = timezone.now()
+    budgets = list(org.budgets.select_related("project", "member__user", "api_key", "end_customer").order_by(
+        "scope", "id"))
+    group_by = request.GET.get("by") if request.GET.get("by") in CHART_GROUPS else "project"
+    start = (now - timedelta(days=CHART_DAYS - 1)).date()
+    since = now.replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=CHART_DAYS - 1)
+    chart = stacked_daily(rows=daily_spend(organization=org, since=since, group_by=group_by), start=start,
+                          days=CHART_DAYS)
+    reservations = live_reservations(organization_id=org.id)
+    held = reservations.aggregate(n=Count("id"), total=Sum("amount_nano"))
+    last_audit = AuditRun.objects.order_by("-started_at").first()
+    org_drifts = [d for d in (last_audit.drifts if last_audit else []) if d.get("organization_id") == org.id]
+    return render_org(
+        request, access, "dashboard/overview.html", "overview",
+        statuses=statuses(budgets=budgets, now=now), chart=chart, group_by=group_by, chart_groups=CHART_LABELS,
+        chart_days=CHART_DAYS, refusals=refusals_by_code(organization=org),
+        reservations=reservations[:10], held_count=held["n"] or 0, held_nano=held["total"] or 0,
+        last_audit=last_audit, org_drifts=org_drifts,
+    )

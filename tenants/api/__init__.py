@@ -1,0 +1,1 @@
+"""The management API for tenants: `auth` (plumbing DRF settings name) and `views`."""

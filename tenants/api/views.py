@@ -1,0 +1,239 @@
+"""Management API plumbing (token auth, organization access, the error shape) and the
+endpoints for members, gateway keys and end customers.
+
+URL shape: /api/orgs/{org_slug}/<resource>/. Views parse, call one service, render.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+from django.utils import timezone
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import exceptions, mixins, serializers, status, viewsets
+from rest_framework.response import Response
+
+from tenants import services
+from tenants.api.auth import OrgPermission
+from tenants.models import ApiKey, ApiToken, EndCustomer, Member, Project
+from tenants.selectors import Access, access_for_token, access_for_user
+
+
+class TokenAuthenticationScheme(OpenApiAuthenticationExtension):
+    target_class = "tenants.api.auth.TokenAuthentication"
+    name = "tokenAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer", "description": "Organization API token (cgt_…)"}
+
+
+class OrgViewSet(viewsets.GenericViewSet):
+    permission_classes = [OrgPermission]
+    lookup_value_regex = r"[0-9]+"
+
+    @cached_property
+    def access(self) -> Access:
+        slug = self.kwargs.get("org_slug", "")
+        if isinstance(self.request.auth, ApiToken):
+            return access_for_token(token=self.request.auth, slug=slug)
+        return access_for_user(user=self.request.user, slug=slug)
+
+    @property
+    def organization(self):
+        return self.access.organization
+
+    def can_write(self, access: Access) -> bool:
+        return access.can_manage
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        context = super().get_serializer_context()
+        if not getattr(self, "swagger_fake_view", False) and "org_slug" in self.kwargs:
+            context["organization"] = self.organization
+        return context
+
+
+class OrgRelatedField(serializers.PrimaryKeyRelatedField):
+    """A primary key that only resolves inside the caller's organization."""
+
+    def __init__(self, *, org_path: str, **kwargs):
+        self.org_path = org_path
+        super().__init__(**kwargs)
+
+    def get_queryset(self):
+        org = self.context.get("organization")
+        qs = super().get_queryset()
+        return qs.filter(**{self.org_path: org}) if org is not None else qs.none()
+
+
+# --- members -------------------------------------------------------------------------------------
+
+
+class MemberSerializer(serializers.ModelSerializer):
+    email = serializers.EmailField(source="user.email")
+
+    class Meta:
+        model = Member
+        fields = ["id", "email", "role", "created_at"]
+        read_only_fields = ["id", "created_at"]
+
+
+class MemberRoleSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Member.Role.choices)
+
+
+@extend_schema_view(partial_update=extend_schema(request=MemberRoleSerializer, responses=MemberSerializer),
+                    update=extend_schema(request=MemberRoleSerializer, responses=MemberSerializer))
+class MemberViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                    mixins.UpdateModelMixin, mixins.DestroyModelMixin):
+    serializer_class = MemberSerializer
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Member.objects.none()
+        return Member.objects.filter(organization=self.organization).select_related("user").order_by("id")
+
+    def perform_create(self, serializer):
+        serializer.instance = services.add_member(
+            organization=self.organization, email=serializer.validated_data["user"]["email"],
+            role=serializer.validated_data.get("role", Member.Role.MEMBER), actor=self.access.actor,
+        )
+
+    def update(self, request, *args, **kwargs):
+        member = self.get_object()
+        data = MemberRoleSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.change_member_role(member=member, role=data.validated_data["role"], actor=self.access.actor)
+        return Response(MemberSerializer(member).data)
+
+    def perform_destroy(self, instance):
+        services.remove_member(member=instance, actor=self.access.actor)
+
+
+# --- gateway keys --------------------------------------------------------------------------------
+
+
+class KeySerializer(serializers.ModelSerializer):
+    project = OrgRelatedField(org_path="organization", queryset=Project.objects.all())
+    member = OrgRelatedField(org_path="organization", queryset=Member.objects.all(), required=False,
+                             allow_null=True)
+    allowed_models = serializers.ListField(child=serializers.CharField(max_length=200), required=False,
+                                           max_length=500)
+    active = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ApiKey
+        fields = ["id", "name", "prefix", "project", "member", "allowed_models", "expires_at", "revoked_at",
+                  "active", "created_at"]
+        read_only_fields = ["id", "prefix", "revoked_at", "created_at"]
+
+    def get_active(self, key: ApiKey) -> bool:
+        return key.revoked_at is None and (key.expires_at is None or key.expires_at > timezone.now())
+
+
+class KeyCreatedSerializer(KeySerializer):
+    secret = serializers.CharField(read_only=True, help_text="Shown once; only its hash is stored.")
+
+    class Meta(KeySerializer.Meta):
+        fields = [*KeySerializer.Meta.fields, "secret"]
+
+
+class KeyUpdateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200, required=False)
+    allowed_models = serializers.ListField(child=serializers.CharField(max_length=200), required=False,
+                                           max_length=500)
+    expires_at = serializers.DateTimeField(required=False, allow_null=True)
+
+
+@extend_schema_view(
+    create=extend_schema(responses={201: KeyCreatedSerializer}),
+    update=extend_schema(request=KeyUpdateSerializer, responses=KeySerializer),
+    partial_update=extend_schema(request=KeyUpdateSerializer, responses=KeySerializer),
+    destroy=extend_schema(description="Revoke the key (it stays listed, revoked)."),
+)
+class KeyViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+    serializer_class = KeySerializer
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return ApiKey.objects.none()
+        return ApiKey.objects.filter(organization=self.organization).order_by("id")
+
+    def can_write(self, access: Access) -> bool:
+        # Members manage their own keys (checked per key below); viewers and read tokens only read.
+        return access.can_manage_own_keys
+
+    def create(self, request, *args, **kwargs):
+        data = KeySerializer(data=request.data, context=self.get_serializer_context())
+        data.is_valid(raise_exception=True)
+        v = data.validated_data
+        member = v.get("member")
+        if not self.access.can_manage:
+            if member is not None and member != self.access.member:
+                raise exceptions.PermissionDenied("Members create keys for themselves only.")
+            member = self.access.member
+        key, raw = services.create_key(
+            organization=self.organization, project=v["project"], name=v["name"], member=member,
+            allowed_models=v.get("allowed_models", []), expires_at=v.get("expires_at"), actor=self.access.actor,
+        )
+        key.secret = raw  # type: ignore[attr-defined]
+        return Response(KeyCreatedSerializer(key, context=self.get_serializer_context()).data,
+                        status=status.HTTP_201_CREATED)
+
+    def _own(self) -> ApiKey:
+        key = self.get_object()
+        if not self.access.can_manage_key(key):
+            raise exceptions.PermissionDenied("Members manage their own keys only.")
+        return key
+
+    def update(self, request, *args, **kwargs):
+        key = self._own()
+        data = KeyUpdateSerializer(data=request.data, partial=kwargs.get("partial", False))
+        data.is_valid(raise_exception=True)
+        services.update_key(key=key, actor=self.access.actor, **data.validated_data)
+        return Response(KeySerializer(key, context=self.get_serializer_context()).data)
+
+    def partial_update(self, request, *args, **kwargs):
+        return self.update(request, *args, partial=True, **kwargs)
+
+    def destroy(self, request, *args, **kwargs):
+        services.revoke_key(key=self._own(), actor=self.access.actor)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# --- end customers -------------------------------------------------------------------------------
+
+
+class EndCustomerSerializer(serializers.ModelSerializer):
+    project = OrgRelatedField(org_path="organization", queryset=Project.objects.all())
+    external_id = serializers.CharField(max_length=200)
+
+    class Meta:
+        model = EndCustomer
+        fields = ["id", "project", "external_id", "created_at"]
+        read_only_fields = ["id", "created_at"]
+        validators: list = []  # uniqueness is the service's to report, as a field error
+
+
+class EndCustomerViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                         mixins.DestroyModelMixin):
+    serializer_class = EndCustomerSerializer
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return EndCustomer.objects.none()
+        qs = EndCustomer.objects.filter(project__organization=self.organization).order_by("id")
+        project = self.request.query_params.get("project")
+        if project and project.isdigit():
+            qs = qs.filter(project_id=int(project))
+        return qs
+
+    def perform_create(self, serializer):
+        serializer.instance = services.create_end_customer(
+            project=serializer.validated_data["project"], external_id=serializer.validated_data["external_id"],
+            actor=self.access.actor,
+        )
+
+    def perform_destroy(self, instance):
+        services.delete_end_customer(customer=instance, actor=self.access.actor)

@@ -1,0 +1,89 @@
+"""Reads on usage: the filtered log, totals grouped by day / project / key / model / end
+customer, and the daily series the dashboard charts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db.models import Count, F, QuerySet, Sum
+from django.db.models.functions import TruncDay
+
+from tenants.models import Organization
+from usage.models import AlertEvent, UsageRecord
+
+GROUPS = {
+    "day": TruncDay("admitted_at"),
+    "project": F("project__slug"),
+    "key": F("api_key__name"),
+    "model": F("model"),
+    "end_customer": F("end_customer__external_id"),
+    "status": F("status"),
+}
+
+
+@dataclass(frozen=True)
+class UsageFilters:
+    since: datetime | None = None
+    until: datetime | None = None
+    project_id: int | None = None
+    api_key_id: int | None = None
+    end_customer_id: int | None = None
+    model: str | None = None
+    status: str | None = None
+
+
+def usage_records(*, organization: Organization, filters: UsageFilters) -> QuerySet[UsageRecord]:
+    qs = UsageRecord.objects.filter(organization=organization)
+    if filters.since:
+        qs = qs.filter(admitted_at__gte=filters.since)
+    if filters.until:
+        qs = qs.filter(admitted_at__lt=filters.until)
+    for field in ("project_id", "api_key_id", "end_customer_id", "model", "status"):
+        value = getattr(filters, field)
+        if value not in (None, ""):
+            qs = qs.filter(**{field: value})
+    return qs
+
+
+def usage_summary(*, organization: Organization, filters: UsageFilters, group_by: str) -> list[dict]:
+    """[{"group", "requests", "cost_nano", "excess_nano", "input_tokens", "output_tokens"}], by cost."""
+    qs = usage_records(organization=organization, filters=filters).annotate(group=GROUPS[group_by])
+    rows = qs.values("group").annotate(
+        requests=Count("id"), cost_nano=Sum("cost_nano"), excess_nano=Sum("excess_nano"),
+        input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"),
+    )
+    order = ["group"] if group_by == "day" else ["-cost_nano", "group"]
+    return list(rows.order_by(*order))
+
+
+def totals(*, organization: Organization, filters: UsageFilters) -> dict:
+    return usage_records(organization=organization, filters=filters).aggregate(
+        requests=Count("id"), cost_nano=Sum("cost_nano"), excess_nano=Sum("excess_nano"),
+        input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"),
+    )
+
+
+def alert_events(*, organization: Organization) -> QuerySet[AlertEvent]:
+    return AlertEvent.objects.filter(organization=organization).select_related("budget").order_by("-created_at", "-id")
+
+
+def daily_spend(*, organization: Organization, since: datetime, group_by: str) -> list[tuple]:
+    """[(day, group, cost_nano)] from `since`, for the stacked spend chart."""
+    rows = (
+        UsageRecord.objects.filter(organization=organization, admitted_at__gte=since)
+        .annotate(day=TruncDay("admitted_at"), group=GROUPS[group_by])
+        .values("day", "group")
+        .annotate(cost=Sum("cost_nano"))
+        .order_by("day")
+    )
+    return [(r["day"].date(), None if r["group"] is None else str(r["group"]), r["cost"] or 0) for r in rows]
+
+
+def refusals_by_code(*, organization: Organization) -> list[dict]:
+    """First refusals per budget window (AlertEvent kind=refusal), counted by the budget's code."""
+    counts: dict[str, int] = {}
+    for event in alert_events(organization=organization).filter(kind=AlertEvent.Kind.REFUSAL):
+        code = event.budget.error_code
+        counts[code] = counts.get(code, 0) + 1
+    return [{"code": c, "windows": n} for c, n in sorted(counts.items())]
