@@ -4,6 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 bash scripts/services.sh start
+bash scripts/browser-deps.sh  # Debian's Chromium for the browser tests (no browser download)
 export DJANGO_SETTINGS_MODULE=config.settings.test
 eval "$(bash scripts/services.sh env | sed 's/^/export /')"
 .venv/bin/ruff check .

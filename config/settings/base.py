@@ -16,6 +16,7 @@ INSTALLED_APPS = [
     "django.contrib.postgres",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "tenants",
     "catalog",
     "budgets",
@@ -125,6 +126,9 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "TITLE": "capgate management API",
     "DESCRIPTION": "Budgets, keys, members, end customers, connections, prices, usage and alerts "
     "of an organization. Authenticate with `Authorization: Bearer cgt_…` (an organization API token).",

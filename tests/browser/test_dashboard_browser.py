@@ -1,28 +1,23 @@
-"""A real browser (Debian's Chromium, driven by Playwright) against a live server: log in as the
-demo owner, create a blocking budget, spend until it refuses, see the spend and the cap on the
-overview, export the usage CSV. Screenshots land in test-artifacts/.
-
-`spend_until_refused` drives admission + recording + drain in-process for now; when the live
-gateway runs in tests it becomes HTTP calls to /v1/chat/completions with the demo key.
+"""A real browser (Debian's Chromium, driven by Playwright) against a live capgate — the same
+ASGI app that serves /v1 and the dashboard: log in as the demo owner, create a blocking budget,
+send requests through the gateway until it refuses, see the spend and the cap on the overview,
+export the usage CSV. Screenshots land in test-artifacts/ and are checked for their numbers.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import itertools
-import os
 import re
 from pathlib import Path
 
+import httpx
 import pytest
 from django.core.management import call_command
 
-from budgets.admission import AdmissionRequest, Subject, admit
-from budgets.errors import BudgetExceeded
-from tenants.models import ApiKey, Organization
-from usage.drain import drain_all
-from usage.recording import Outcome, record
+from catalog.models import Connection
+from tenants.models import Organization
+from tests.gateway.conftest import gateway, upstream, wait_settled  # noqa: F401  (fixtures)
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -30,8 +25,7 @@ DEMO = Path(__file__).resolve().parents[2] / "deploy" / "demo.yaml"
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
 
-pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="run scripts/browser-deps.sh for Chromium")
-_ids = itertools.count()
+DEMO_KEY = "cg_demo_key_do_not_use_in_production"
 
 
 @pytest.fixture
@@ -54,19 +48,17 @@ def page(monkeypatch):
             browser.close()
 
 
-def spend_until_refused(*, key: ApiKey, worst_nano: int, cost_nano: int, limit: int = 100) -> tuple[int, str]:
-    """Send requests (worst case reserved, actual cost recorded and drained) until one is refused.
-    Returns (served, refusal code)."""
-    subject = Subject(organization_id=key.organization_id, project_id=key.project_id, member_id=key.member_id,
-                      api_key_id=key.id)
+def spend_until_refused(url: str, *, max_tokens: int, limit: int = 50) -> tuple[int, str]:
+    """Send chat requests through the live gateway with the demo key until one is refused,
+    letting each settle first. Returns (served, refusal code)."""
+    body = {"model": "echo-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
     for served in range(limit):
-        try:
-            admitted = admit(request=AdmissionRequest(subject=subject, request_id=f"browser-{next(_ids)}",
-                                                      worst_nano=worst_nano, model="echo-1"))
-        except BudgetExceeded as refusal:
-            return served, refusal.code
-        record(reservation=admitted.reservation, outcome=Outcome(status="served", cost_nano=cost_nano))
-        drain_all()
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {DEMO_KEY}"},
+                       timeout=30)
+        if r.status_code == 402:
+            return served, r.json()["error"]["code"]
+        assert r.status_code == 200, r.text
+        wait_settled()
     raise AssertionError("never refused")
 
 
@@ -78,14 +70,18 @@ def shot(page, name: str) -> Path:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_owner_caps_spend_sees_it_and_exports_csv(live_server, page):
-    # given: the demo organization (owner demo@capgate.localhost / demo-password)
+def test_owner_caps_spend_sees_it_and_exports_csv(gateway, page):  # noqa: F811
+    # given: the demo organization (owner demo@capgate.localhost / demo-password), its echo
+    # connection billing exactly 100 input + 1,300 output tokens = $0.099 a request
     call_command("apply", str(DEMO), stdout=io.StringIO())
     org = Organization.objects.get(slug="demo")
-    key = ApiKey.objects.get(organization=org, name="demo")
+    echo = Connection.objects.get(organization=org, name="echo")
+    echo.options = {**echo.options, "prompt_tokens": 100, "completion_tokens": 1300}
+    echo.save()
+    base = gateway.url
 
     # when: the owner logs in
-    page.goto(f"{live_server.url}/accounts/login/")
+    page.goto(f"{base}/accounts/login/")
     page.fill("#id_username", "demo@capgate.localhost")
     page.fill("#id_password", "demo-password")
     page.click("button[type=submit]")
@@ -93,7 +89,7 @@ def test_owner_caps_spend_sees_it_and_exports_csv(live_server, page):
     assert "Demo monthly cap" in page.inner_text("main")
 
     # and creates a $0.50 daily blocking budget on the demo project
-    page.goto(f"{live_server.url}/o/demo/budgets/new/")
+    page.goto(f"{base}/o/demo/budgets/new/")
     page.fill("#id_name", "Browser cap")
     page.select_option("#id_scope", "project")
     page.select_option("#id_project", label="Default")
@@ -105,22 +101,23 @@ def test_owner_caps_spend_sees_it_and_exports_csv(live_server, page):
     page.wait_for_url(re.compile(r"/o/demo/budgets/$"))
     assert "Budget “Browser cap” created." in page.inner_text("main")
 
-    # and traffic runs until the cap refuses: $0.12 worst case, $0.10 billed -> 4 served, the 5th refused
-    served, code = spend_until_refused(key=key, worst_nano=120_000_000, cost_nano=100_000_000)
+    # and traffic runs through the gateway until the cap refuses: max_tokens 1,600 makes the
+    # worst case ~$0.121, each request bills $0.099 -> 4 served ($0.396), the 5th refused
+    served, code = spend_until_refused(base, max_tokens=1600)
     assert (served, code) == (4, "project_budget")
 
     # then: the overview shows the spend against the cap, in numbers
-    page.goto(f"{live_server.url}/o/demo/")
+    page.goto(f"{base}/o/demo/")
     row = page.locator(".budget-row", has_text="Browser cap")
     text = row.inner_text()
-    assert "$0.40" in text and "$0.50" in text and "80.0%" in text and "blocks" in text
+    assert "$0.396" in text and "$0.50" in text and "79.2%" in text and "blocks" in text
     monthly = page.locator(".budget-row", has_text="Demo monthly cap").inner_text()
-    assert "$0.40" in monthly and "$5.00" in monthly
+    assert "$0.396" in monthly and "$5.00" in monthly
     shot(page, "overview")
 
     # and the usage page totals it and exports it as CSV
-    page.goto(f"{live_server.url}/o/demo/usage/")
-    assert page.inner_text("#usage-total") == "$0.40"
+    page.goto(f"{base}/o/demo/usage/")
+    assert page.inner_text("#usage-total") == "$0.396"
     shot(page, "usage")
     with page.expect_download() as download_info:
         page.click("#csv-export")
@@ -128,4 +125,4 @@ def test_owner_caps_spend_sees_it_and_exports_csv(live_server, page):
     target = ARTIFACTS / "usage.csv"
     download.save_as(str(target))
     rows = list(csv.DictReader(target.open()))
-    assert len(rows) == 4 and {r["cost_usd"] for r in rows} == {"0.1"} and {r["key"] for r in rows} == {"demo"}
+    assert len(rows) == 4 and {r["cost_usd"] for r in rows} == {"0.099"} and {r["key"] for r in rows} == {"demo"}
