@@ -9,7 +9,6 @@ SKIP LOCKED, and alert delivery claims each event by compare-and-set.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from smtplib import SMTPException
 
@@ -18,7 +17,7 @@ from django.conf import settings
 
 from budgets.admission import renew
 from budgets.instances import alive_ids, dead_ids
-from usage import alerts
+from usage import alerts, spool
 from usage.audit import audit_counters as run_audit
 from usage.drain import drain_all
 from usage.recording import expire
@@ -55,14 +54,8 @@ def drain_usage() -> int:
 
 @shared_task
 def replay_spool() -> int:
-    """Move records spooled while the database was down into the outbox."""
-    try:
-        spool = importlib.import_module("usage.spool")
-    except ModuleNotFoundError as exc:
-        if exc.name != "usage.spool":
-            raise  # the spool exists but something it imports is missing: a real error
-        log.info("replay_spool: usage.spool is not installed yet; nothing to replay")
-        return 0
+    """Move records spooled while the database was down into the outbox (this host's spool;
+    each gateway process also replays its own)."""
     return spool.replay()
 
 

@@ -194,18 +194,17 @@ def test_overlapping_drain_runs_apply_each_record_once(acme):
     assert drain_usage() == 0
 
 
-def test_replay_spool_calls_the_spool(monkeypatch):
-    import usage.spool
+def test_replay_spool_moves_spooled_records_into_the_outbox(acme, settings, tmp_path):
+    from usage import spool
 
-    monkeypatch.setattr(usage.spool, "replay", lambda: 3)
-    assert replay_spool() == 3
-
-
-def test_replay_spool_is_a_logged_no_op_without_a_spool_module(monkeypatch, caplog):
-    monkeypatch.setitem(sys.modules, "usage.spool", None)
-    with caplog.at_level("INFO", logger="usage.tasks"):
-        assert replay_spool() == 0
-    assert "nothing to replay" in caplog.text
+    settings.CAPGATE = {**settings.CAPGATE, "DATA_DIR": tmp_path}
+    budget = acme.budget(amount="1")
+    reservation = acme.admit(worst_nano=WORST).reservation
+    spool.append(reservation=reservation, outcome=Outcome(status="served", cost_nano=usd("0.012")))
+    assert replay_spool() == 1
+    assert drain_usage() == 1
+    assert window_of(budget).spent_nano == usd("0.012")
+    assert replay_spool() == 0  # the spool is empty; nothing counted twice
 
 
 @pytest.mark.django_db
