@@ -130,14 +130,15 @@ def ensure_windows(*, budgets: Sequence[Budget], now: datetime) -> dict[int, int
 def _recorded_spend(budget: Budget, start: datetime, end: datetime | None) -> int:
     # Looked up by name: usage builds on budgets, not the reverse (imports flow one way).
     usage_record = apps.get_model("usage", "UsageRecord")
-    scope_filter = {
+    filters: dict[str, dict[str, object]] = {
         Budget.Scope.ORGANIZATION: {},
         Budget.Scope.PROJECT: {"project_id": budget.project_id},
         Budget.Scope.MEMBER: {"member_id": budget.member_id},
         Budget.Scope.KEY: {"api_key_id": budget.api_key_id},
         Budget.Scope.END_CUSTOMER: {"end_customer_id": budget.end_customer_id},
         Budget.Scope.RUN: {"run_id": budget.run_id},
-    }[Budget.Scope(budget.scope)]
+    }
+    scope_filter = filters[Budget.Scope(budget.scope)]
     qs = usage_record.objects.filter(organization_id=budget.organization_id, admitted_at__gte=start, **scope_filter)
     if end is not None:
         qs = qs.filter(admitted_at__lt=end)

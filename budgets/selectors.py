@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from django.apps import apps
 from django.db.models import Sum
@@ -80,14 +81,15 @@ def current_status(*, budget: Budget, now: datetime) -> BudgetStatus:
 def _recorded_spend(budget: Budget, start: datetime, end: datetime | None) -> int:
     # By name: usage builds on budgets, not the reverse (imports flow one way).
     usage_record = apps.get_model("usage", "UsageRecord")
-    subject = {
+    subjects: dict[str, dict[str, Any]] = {
         "organization": {},
         "project": {"project_id": budget.project_id},
         "member": {"member_id": budget.member_id},
         "key": {"api_key_id": budget.api_key_id},
         "end_customer": {"end_customer_id": budget.end_customer_id},
         "run": {"run_id": budget.run_id},
-    }[budget.scope]
+    }
+    subject = subjects[budget.scope]
     qs = usage_record.objects.filter(organization_id=budget.organization_id, admitted_at__gte=start, **subject)
     if end is not None:
         qs = qs.filter(admitted_at__lt=end)

@@ -37,7 +37,7 @@ def _check_subject(organization: Organization, scope: str, subject: dict[str, An
         raise InvalidChange(f"Scope must be one of {', '.join(Budget.Scope.values)}.", param="scope")
     wanted = SUBJECT_FIELD[Budget.Scope(scope)]
     for field in SUBJECT_FIELDS:
-        value = subject.get(field)
+        value: Any = subject.get(field)
         if field == wanted and value in (None, ""):
             raise InvalidChange(f"A {scope} budget names its {field.replace('_', ' ')}.", param=field)
         if field != wanted and value not in (None, ""):
@@ -50,6 +50,7 @@ def _check_subject(organization: Organization, scope: str, subject: dict[str, An
         EndCustomer: lambda v: v.project.organization_id,
     }.get(type(value))
     if owner_org_id is not None and owner_org_id(value) != organization.id:
+        assert wanted is not None  # value is an object only when the scope names one
         raise InvalidChange(f"No such {wanted.replace('_', ' ')}.", param=wanted)
 
 

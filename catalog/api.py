@@ -32,8 +32,10 @@ class UsdField(serializers.DecimalField):
         return super().to_representation(nano_to_usd(value))
 
 
-RATE = {"max_digits": 14, "decimal_places": 6, "min_value": Decimal(0), "max_value": Decimal("99999999"),
-        "required": False, "allow_null": True}
+def rate_field() -> serializers.DecimalField:
+    """An optional USD-per-1M-tokens rate; null means the catalog's list price applies."""
+    return serializers.DecimalField(max_digits=14, decimal_places=6, min_value=Decimal(0),
+                                    max_value=Decimal("99999999"), required=False, allow_null=True)
 
 
 class ConnectionSerializer(serializers.ModelSerializer):
@@ -42,10 +44,10 @@ class ConnectionSerializer(serializers.ModelSerializer):
                                    help_text="Write-only: stored encrypted, never returned.")
     has_secret = serializers.SerializerMethodField()
     base_url = serializers.URLField(required=False, allow_blank=True, max_length=200)
-    input_usd_per_mtok = serializers.DecimalField(**RATE)
-    output_usd_per_mtok = serializers.DecimalField(**RATE)
-    cache_read_usd_per_mtok = serializers.DecimalField(**RATE)
-    cache_write_usd_per_mtok = serializers.DecimalField(**RATE)
+    input_usd_per_mtok = rate_field()
+    output_usd_per_mtok = rate_field()
+    cache_read_usd_per_mtok = rate_field()
+    cache_write_usd_per_mtok = rate_field()
     options = serializers.DictField(required=False)
 
     class Meta:

@@ -7,16 +7,22 @@ catalog/pricing.py.
 import base64
 import functools
 import hashlib
+from decimal import Decimal
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.db.models.expressions import Combinable
 
 from config.env import env
 from tenants.models import Organization
 
-PRICE = {"max_digits": 14, "decimal_places": 6, "null": True, "blank": True}
+
+def price_field() -> "models.DecimalField[str | float | Decimal | Combinable | None, Decimal | None]":
+    """A USD-per-1M-tokens price; null means not priced. A function rather than a `**dict`
+    spread so the type checker sees the field's arguments and its nullable value type."""
+    return models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
 
 
 ENCRYPTED_PREFIX = "enc:v1:"
@@ -76,10 +82,10 @@ class Provider(models.Model):
 class Model(models.Model):
     provider = models.ForeignKey(Provider, on_delete=models.CASCADE, related_name="models")
     name = models.CharField(max_length=200)
-    input_usd_per_mtok = models.DecimalField(**PRICE)
-    output_usd_per_mtok = models.DecimalField(**PRICE)
-    cache_read_usd_per_mtok = models.DecimalField(**PRICE)
-    cache_write_usd_per_mtok = models.DecimalField(**PRICE)
+    input_usd_per_mtok = price_field()
+    output_usd_per_mtok = price_field()
+    cache_read_usd_per_mtok = price_field()
+    cache_write_usd_per_mtok = price_field()
     per_request_usd = models.DecimalField(max_digits=14, decimal_places=6, default=0)
     max_output_tokens = models.PositiveIntegerField(null=True, blank=True)
     context_window = models.PositiveIntegerField(null=True, blank=True)
@@ -125,10 +131,10 @@ class Connection(models.Model):
     # Encrypted at rest; never rendered back by the dashboard or the API (write-only).
     secret = EncryptedTextField(blank=True)
     # Negotiated rates override the catalog's list price for this organization.
-    input_usd_per_mtok = models.DecimalField(**PRICE)
-    output_usd_per_mtok = models.DecimalField(**PRICE)
-    cache_read_usd_per_mtok = models.DecimalField(**PRICE)
-    cache_write_usd_per_mtok = models.DecimalField(**PRICE)
+    input_usd_per_mtok = price_field()
+    output_usd_per_mtok = price_field()
+    cache_read_usd_per_mtok = price_field()
+    cache_write_usd_per_mtok = price_field()
     # echo: {"delay_ms", "chunks", "prompt_tokens", "completion_tokens", "text"}
     options = models.JSONField(default=dict, blank=True)
     enabled = models.BooleanField(default=True)

@@ -32,7 +32,7 @@ import json
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection, transaction
 from django.utils.text import slugify
@@ -50,7 +50,7 @@ _MODEL_KEYS = {"provider", "name", "per_request", "note", *RATE_FIELDS, *_INT_FI
 # Mirrors the DecimalField(max_digits=14, decimal_places=6) on Model and PositiveIntegerField.
 _MAX_DIGITS, _DECIMAL_PLACES = 14, 6
 _MAX_INT = 2_147_483_647
-_NAME_MAX = Model._meta.get_field("name").max_length
+_NAME_MAX = cast(int, Model._meta.get_field("name").max_length)  # a CharField: always set
 # Serializes concurrent loads (any bigint unique to this purpose).
 _ADVISORY_LOCK_KEY = 0x6361_7067_7072_6963  # "capgpric"
 
@@ -276,7 +276,9 @@ def _validate_model(i, raw, providers, prices_as_of, problem) -> _Entry | None:
     if not isinstance(raw, dict):
         problem("must be an object", model=f"models[{i}]")
         return None
-    provider, name = raw.get("provider"), raw.get("name")
+    # Untyped JSON: validated below (the `named` flag is the str check mypy cannot follow).
+    provider: Any = raw.get("provider")
+    name: Any = raw.get("name")
     named = isinstance(name, str) and name.strip() != ""
     where = f"{provider}/{name}" if named and isinstance(provider, str) else f"models[{i}]"
     ok = True

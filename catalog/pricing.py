@@ -7,6 +7,7 @@ half-up. Both return ints of nano-USD.
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
+from typing import cast
 
 from catalog.models import Connection, Model
 
@@ -71,8 +72,9 @@ def rates_for(*, model: Model, connection: Connection | None = None) -> Rates:
         input=input_rate,
         output=output_rate,
         # Missing cache prices: the provider bills those tokens as plain input.
-        cache_read=pick("cache_read") if pick("cache_read") is not None else input_rate,
-        cache_write=pick("cache_write") if pick("cache_write") is not None else input_rate,
+        # (cast: mypy cannot narrow a repeated call; the branch runs only when it is not None.)
+        cache_read=cast(Decimal, pick("cache_read")) if pick("cache_read") is not None else input_rate,
+        cache_write=cast(Decimal, pick("cache_write")) if pick("cache_write") is not None else input_rate,
         per_request=model.per_request_usd or Decimal(0),
     )
 

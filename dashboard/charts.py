@@ -51,7 +51,7 @@ def stacked_daily(*, rows: list[tuple[date, str | None, int]], start: date, days
     for i in range(days):
         day = start + timedelta(days=i)
         x = pad_left + i * bar_w + 1
-        y = 10 + plot_h
+        y: float = 10 + plot_h
         stack = per_day.get(day, {})
         for key in [*top, "other"]:
             cost = stack.get(key, 0)

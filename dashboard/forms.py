@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 
@@ -57,6 +57,10 @@ class OrgForm(forms.Form):
         self.organization = organization
         super().__init__(*args, **kwargs)
 
+    def model_choice(self, name: str) -> forms.ModelChoiceField[Any]:
+        """A ModelChoiceField by name (typed: `self.fields` holds plain `Field`s)."""
+        return cast("forms.ModelChoiceField[Any]", self.fields[name])
+
 
 class BudgetForm(OrgForm):
     name = forms.CharField(max_length=200, required=False)
@@ -80,10 +84,10 @@ class BudgetForm(OrgForm):
     def __init__(self, *args: Any, editing: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)
         org = self.organization
-        self.fields["project"].queryset = org.projects.order_by("name")
-        self.fields["member"].queryset = org.members.select_related("user").order_by("id")
-        self.fields["api_key"].queryset = org.api_keys.order_by("name")
-        self.fields["end_customer"].queryset = EndCustomer.objects.filter(project__organization=org).order_by(
+        self.model_choice("project").queryset = org.projects.order_by("name")
+        self.model_choice("member").queryset = org.members.select_related("user").order_by("id")
+        self.model_choice("api_key").queryset = org.api_keys.order_by("name")
+        self.model_choice("end_customer").queryset = EndCustomer.objects.filter(project__organization=org).order_by(
             "external_id")
         if editing:  # scope and subject are fixed once created
             for name in self.SUBJECT:
@@ -118,8 +122,8 @@ class KeyForm(OrgForm):
 
     def __init__(self, *args: Any, can_choose_member: bool = True, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.fields["project"].queryset = self.organization.projects.order_by("name")
-        self.fields["member"].queryset = self.organization.members.select_related("user").order_by("id")
+        self.model_choice("project").queryset = self.organization.projects.order_by("name")
+        self.model_choice("member").queryset = self.organization.members.select_related("user").order_by("id")
         if not can_choose_member:
             del self.fields["member"]
 
@@ -146,7 +150,7 @@ class EndCustomerForm(OrgForm):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.fields["project"].queryset = self.organization.projects.order_by("name")
+        self.model_choice("project").queryset = self.organization.projects.order_by("name")
 
 
 class InviteForm(forms.Form):
@@ -212,5 +216,5 @@ class UsageFilterForm(OrgForm):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.fields["project"].queryset = self.organization.projects.order_by("name")
-        self.fields["api_key"].queryset = self.organization.api_keys.order_by("name")
+        self.model_choice("project").queryset = self.organization.projects.order_by("name")
+        self.model_choice("api_key").queryset = self.organization.api_keys.order_by("name")

@@ -154,6 +154,7 @@ def shape_chat(body: dict) -> Shape:
         raise bad_request(f"'n' must be an integer between 1 and {MAX_CHOICES}.", param="n")
     max_completion = _positive_int(body, "max_completion_tokens")
     max_tokens = _positive_int(body, "max_tokens")
+    param: str | None
     max_output, param = (max_completion, "max_completion_tokens") if max_completion else (max_tokens, "max_tokens")
     if max_output is None:
         param = None

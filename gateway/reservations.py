@@ -142,6 +142,7 @@ def settle(*, raw_key: str | None, reservation_id: str, body: dict) -> tuple[int
     if rec is not None and rec.status != UsageRecord.Status.ESTIMATED:
         return 200, record_view(rec)
     if reservation is None:
+        assert rec is not None  # _find raises when both are missing
         # Expired and charged at worst case: a true report corrects it (record() handles it).
         reservation = Reservation(id=rec.reservation_id, request_id=rec.request_id, organization_id=rec.organization_id,
                                   amount_nano=rec.reserved_nano, created_at=rec.admitted_at, model=rec.model)

@@ -15,7 +15,14 @@ from budgets.admission import AdmissionRequest, Subject, admit, headroom, matchi
 from budgets.errors import BudgetExceeded
 from budgets.models import Budget, Reservation
 from catalog.models import Connection, Model, Route
-from catalog.pricing import TokenBound, UnpricedModel, rates_for, usd_to_nano, worst_case_nano
+from catalog.pricing import (
+    Rates,
+    TokenBound,
+    UnpricedModel,
+    rates_for,
+    usd_to_nano,
+    worst_case_nano,
+)
 from config.errors import CapgateError
 from gateway.errors import GatewayError, bad_request
 from gateway.estimate import Shape
@@ -236,7 +243,7 @@ def _affordable_output(shape: Shape, targets: list[Target], rates: list, budgets
     return output
 
 
-def settle_rates(*, reservation: Reservation) -> tuple[Target | None, object | None]:
+def settle_rates(*, reservation: Reservation) -> tuple[Target | None, Rates | None]:
     """The rates a reservation-API settle prices usage at: its route's first target."""
     route = Route.objects.filter(organization_id=reservation.organization_id, name=reservation.model).first()
     if route is None:

@@ -8,5 +8,6 @@ bash scripts/browser-deps.sh  # Debian's Chromium for the browser tests (no brow
 export DJANGO_SETTINGS_MODULE=config.settings.test
 eval "$(bash scripts/services.sh env | sed 's/^/export /')"
 .venv/bin/ruff check .
+.venv/bin/mypy .
 .venv/bin/python manage.py makemigrations --check --dry-run >/dev/null
 exec .venv/bin/python -m pytest "$@"

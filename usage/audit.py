@@ -198,6 +198,7 @@ def _label(budget: Budget) -> str:
 
 
 def _record(report: AuditReport) -> None:
+    assert report.finished_at is not None  # audit_counters sets it before recording
     run = AuditRun.objects.create(
         started_at=report.started_at,
         finished_at=report.finished_at,

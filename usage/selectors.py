@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import cast
 
 from django.db.models import Count, F, QuerySet, Sum
 from django.db.models.functions import TruncDay
@@ -54,7 +55,8 @@ def usage_summary(*, organization: Organization, filters: UsageFilters, group_by
         input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"),
     )
     order = ["group"] if group_by == "day" else ["-cost_nano", "group"]
-    return list(rows.order_by(*order))
+    # cast: .values() rows are plain dicts at runtime; the stubs type them as a TypedDict.
+    return cast("list[dict]", list(rows.order_by(*order)))
 
 
 def totals(*, organization: Organization, filters: UsageFilters) -> dict:

@@ -14,6 +14,7 @@ Apply adds and updates; it never deletes what the file does not mention.
 
 from __future__ import annotations
 
+import builtins  # `builtins.str` in _Item: its own `str` method shadows the name there
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -125,27 +126,27 @@ class _Item:
             raise ApplyError(f"{self.path}.{key}", "expected text")
         return value
 
-    def bool(self, key: str, default: bool) -> bool:
+    def bool(self, key: builtins.str, default: bool) -> bool:
         value = self.data.get(key, default)
         if not isinstance(value, bool):
             raise ApplyError(f"{self.path}.{key}", "expected true or false")
         return value
 
-    def list(self, key: str) -> list[Any]:
+    def list(self, key: builtins.str) -> list[Any]:
         value = self.data.get(key) or []
         if not isinstance(value, list):
             raise ApplyError(f"{self.path}.{key}", "expected a list")
         return value
 
-    def usd(self, key: str) -> int | None:
+    def usd(self, key: builtins.str) -> int | None:
         value = self.data.get(key)
         return None if value is None else usd_nano(value, f"{self.path}.{key}")
 
-    def rate(self, key: str) -> Decimal | None:
+    def rate(self, key: builtins.str) -> Decimal | None:
         value = self.data.get(key)
         return None if value is None else _decimal(value, f"{self.path}.{key}")
 
-    def when(self, key: str) -> datetime | None:
+    def when(self, key: builtins.str) -> datetime | None:
         value = self.data.get(key)
         if value is None:
             return None

@@ -7,7 +7,7 @@ URL shape: /api/orgs/{org_slug}/<resource>/. Views parse, call one service, rend
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -48,7 +48,8 @@ class OrgViewSet(viewsets.GenericViewSet):
         return access.can_manage
 
     def get_serializer_context(self) -> dict[str, Any]:
-        context = super().get_serializer_context()
+        # cast: DRF builds a fresh dict here; the stubs declare it a read-only Mapping.
+        context = cast(dict[str, Any], super().get_serializer_context())
         if not getattr(self, "swagger_fake_view", False) and "org_slug" in self.kwargs:
             context["organization"] = self.organization
         return context
