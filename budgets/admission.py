@@ -11,18 +11,19 @@ on the lock and then reads counters that already include the first one's hold.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.apps import apps
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F, Q, QuerySet, Sum
+from django.db import connection
+from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
-from budgets.errors import BudgetExceeded
-from budgets.models import Budget, Hold, Reservation, Window
+from budgets.errors import BudgetExceeded, BudgetUnavailable
+from budgets.models import Budget, Reservation, Window
 from budgets.periods import period_bounds
 
 # Narrowest first: when several ceilings refuse, the user is told the most specific one.
@@ -90,20 +91,27 @@ def matching_budgets(subject: Subject) -> list[Budget]:
     return list(Budget.objects.filter(match, organization_id=subject.organization_id).order_by("id"))
 
 
-def ensure_windows(*, budgets: Sequence[Budget], now: datetime) -> dict[int, int]:
-    """Return {budget_id: window_id} for the period containing `now`, creating missing windows.
+@dataclass(frozen=True)
+class WindowState:
+    """A window's counters as one unlocked, consistent read saw them."""
+
+    id: int
+    spent_nano: int
+    reserved_nano: int
+
+
+def current_windows(*, budgets: Sequence[Budget], now: datetime) -> dict[int, WindowState]:
+    """Return {budget_id: window state} for the period containing `now`, creating missing
+    windows. The counters come from one unlocked statement: a consistent snapshot.
 
     Creation is INSERT .. ON CONFLICT DO NOTHING, so racing first requests agree on one row.
     A window created mid-period starts with the period's already-recorded spend for its scope.
-    Runs outside the admission transaction: it takes no lock the admission needs.
+    Runs outside the admission statement: it takes no lock the admission needs.
     """
     if not budgets:
         return {}
     bounds = {b.id: period_bounds(period=b.period, tz=b.timezone, now=now) for b in budgets}
-    wanted = Q()
-    for b in budgets:
-        wanted |= Q(budget_id=b.id, period_start=bounds[b.id][0])
-    found = dict(Window.objects.filter(wanted).values_list("budget_id", "id"))
+    found = _read_windows(budgets, bounds)
     missing = [b for b in budgets if b.id not in found]
     if missing:
         seeds = {b.id: _recorded_spend(b, *bounds[b.id]) for b in missing}
@@ -120,11 +128,21 @@ def ensure_windows(*, budgets: Sequence[Budget], now: datetime) -> dict[int, int
             ],
             ignore_conflicts=True,
         )
-        again = Q()
-        for b in missing:
-            again |= Q(budget_id=b.id, period_start=bounds[b.id][0])
-        found.update(Window.objects.filter(again).values_list("budget_id", "id"))
+        found.update(_read_windows(missing, bounds))
     return found
+
+
+def _read_windows(budgets: Sequence[Budget], bounds: dict) -> dict[int, WindowState]:
+    wanted = Q()
+    for b in budgets:
+        wanted |= Q(budget_id=b.id, period_start=bounds[b.id][0])
+    rows = Window.objects.filter(wanted).values_list("budget_id", "id", "spent_nano", "reserved_nano")
+    return {budget_id: WindowState(wid, spent, reserved) for budget_id, wid, spent, reserved in rows}
+
+
+def ensure_windows(*, budgets: Sequence[Budget], now: datetime) -> dict[int, int]:
+    """{budget_id: window_id} for the period containing `now` (see current_windows)."""
+    return {bid: w.id for bid, w in current_windows(budgets=budgets, now=now).items()}
 
 
 def _recorded_spend(budget: Budget, start: datetime, end: datetime | None) -> int:
@@ -156,23 +174,8 @@ def windows_for_update(ids: Sequence[int]) -> QuerySet[Window]:
     return Window.objects.select_for_update(no_key=True, of=("self",)).filter(id__in=ids).order_by("id")
 
 
-def read_ceilings(ids: Sequence[int]) -> list[Ceiling]:
-    """Lock and read the ceilings' counters (inside the admission transaction)."""
-    rows = windows_for_update(ids).values_list(
-        "id", "budget_id", "budget__scope", "budget__amount_nano", "spent_nano", "reserved_nano"
-    )
-    return [
-        Ceiling(
-            window_id=wid,
-            budget_id=bid,
-            scope=scope,
-            code="customer_budget" if scope == Budget.Scope.END_CUSTOMER else f"{scope}_budget",
-            limit_nano=amount,
-            spent_nano=spent,
-            reserved_nano=reserved,
-        )
-        for wid, bid, scope, amount, spent, reserved in rows
-    ]
+def _code(scope: str) -> str:
+    return "customer_budget" if scope == Budget.Scope.END_CUSTOMER else f"{scope}_budget"
 
 
 def _refusal(ceilings: list[Ceiling], worst_nano: int) -> BudgetExceeded | None:
@@ -190,62 +193,134 @@ def _refusal(ceilings: list[Ceiling], worst_nano: int) -> BudgetExceeded | None:
     )
 
 
-# Test hook point (Saleor's RunAfter idea): called between the ceiling read and the write.
-# Race tests set it to widen the window a broken guard would leave open. None in production.
-after_ceiling_read: Callable[[], None] | None = None
+# Guard points. Production never changes these; the guard-removal tests do, to show that the
+# cap leaks without the row lock or without reading what others have reserved.
+LOCK_CLAUSE = "FOR NO KEY UPDATE OF w"  # why NO KEY: see windows_for_update
+COUNT_RESERVED = True
+RACE_DELAY_SECONDS = 0.0  # > 0 sleeps between the read and the write (race tests only)
+
+_ADMIT_SQL = """
+WITH ceilings AS (
+    SELECT w.id, w.budget_id, b.scope, b.amount_nano, w.spent_nano, {reserved} AS reserved_nano
+      FROM budgets_window w
+      JOIN budgets_budget b ON b.id = w.budget_id
+     WHERE w.id = ANY(%(blocking)s::bigint[])
+     ORDER BY w.id
+     {lock}
+), verdict AS (
+    SELECT count(*) = cardinality(%(blocking)s::bigint[])
+           AND coalesce(bool_and(spent_nano + reserved_nano + %(worst)s <= amount_nano), true) AS fits
+      FROM ceilings
+     WHERE {delay}
+), reserve AS (
+    UPDATE budgets_window w
+       SET reserved_nano = w.reserved_nano + %(worst)s
+      FROM verdict
+     WHERE verdict.fits AND w.id = ANY(%(blocking)s::bigint[])
+), reservation AS (
+    INSERT INTO budgets_reservation (id, request_id, organization_id, project_id, member_id, api_key_id,
+                                     end_customer_id, run_id, model, amount_nano, owner_id, created_at,
+                                     expires_at, deadline_at, job_id)
+    SELECT %(id)s, %(request_id)s, %(organization_id)s, %(project_id)s, %(member_id)s, %(api_key_id)s,
+           %(end_customer_id)s, %(run_id)s, %(model)s, %(worst)s, %(owner_id)s, %(now)s,
+           %(expires_at)s, %(deadline_at)s, NULL
+      FROM verdict
+     WHERE verdict.fits
+    RETURNING id
+), holds AS (
+    INSERT INTO budgets_hold (reservation_id, window_id, amount_nano)
+    SELECT reservation.id, h.window_id, h.amount_nano
+      FROM reservation, unnest(%(hold_windows)s::bigint[], %(hold_amounts)s::bigint[]) AS h(window_id, amount_nano)
+)
+SELECT verdict.fits, c.id, c.budget_id, c.scope, c.amount_nano, c.spent_nano, c.reserved_nano
+  FROM verdict LEFT JOIN ceilings c ON true
+"""
+
+
+def _admit_statement(params: dict) -> tuple[bool, list[Ceiling]]:
+    """Lock the ceilings in id order, check every one has room, add the hold to each, and
+    insert the reservation with its holds — one statement, which in autocommit is also its own
+    transaction. The row locks are taken and released inside the database, so they are never
+    held across a client round trip (or a Python thread waiting for the GIL)."""
+    sql = _ADMIT_SQL.format(
+        lock=LOCK_CLAUSE,
+        reserved="w.reserved_nano" if COUNT_RESERVED else "0",
+        delay=f"pg_sleep({float(RACE_DELAY_SECONDS)})::text = ''" if RACE_DELAY_SECONDS else "true",
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    fits = bool(rows[0][0])
+    ceilings = [
+        Ceiling(window_id=wid, budget_id=bid, scope=scope, code=_code(scope), limit_nano=amount,
+                spent_nano=spent, reserved_nano=reserved)
+        for _, wid, bid, scope, amount, spent, reserved in rows
+        if wid is not None
+    ]
+    return fits, ceilings
 
 
 def admit(*, request: AdmissionRequest) -> Admitted:
     """Reserve `request.worst_nano` on every ceiling, or raise BudgetExceeded.
 
-    1. Find the matching budgets and make sure each has its current window (no locks).
-    2. In one transaction: insert the reservation and its holds (invisible until commit and
-       rolled back on refusal, so they are written before the lock to keep it short), lock the
-       blocking windows in id order, check each has room, add the worst case to `reserved`.
+    1. Find the matching budgets and read their current windows in one unlocked statement
+       (creating missing windows). A ceiling already too full in that consistent read refuses
+       at once, without taking its lock: deciding on it is the same as deciding at the moment of
+       the read, and it keeps refusals in a burst off the hot row lock.
+    2. One statement locks the blocking windows in id order, checks each has room for the worst
+       case, adds it to `reserved`, and inserts the reservation and its holds.
     Alert budgets never refuse; they get a zero hold so the drain charges their window of the
     admitting period.
     """
     now = request.now or timezone.now()
     subject = request.subject
-    budgets = request.budgets if request.budgets is not None else matching_budgets(subject)
-    window_of = ensure_windows(budgets=budgets, now=now)
-    blocking = sorted(window_of[b.id] for b in budgets if b.mode == Budget.Mode.BLOCK)
-    lease = request.lease or settings.CAPGATE["LEASE"]
     worst = request.worst_nano
     if worst < 0:
         raise ValueError("worst case must be >= 0")
-
-    with transaction.atomic():
-        reservation = Reservation.objects.create(
-            request_id=request.request_id,
-            organization_id=subject.organization_id,
-            project_id=subject.project_id,
-            member_id=subject.member_id,
-            api_key_id=subject.api_key_id,
-            end_customer_id=subject.end_customer_id,
-            run_id=subject.run_id,
-            model=request.model,
-            amount_nano=worst,
-            owner_id=request.owner_id,
-            created_at=now,
-            expires_at=now + lease,
+    lease = request.lease or settings.CAPGATE["LEASE"]
+    for _attempt in range(2):
+        budgets = list(request.budgets) if request.budgets is not None and _attempt == 0 else matching_budgets(subject)
+        windows = current_windows(budgets=budgets, now=now)
+        blocking_budgets = [b for b in budgets if b.mode == Budget.Mode.BLOCK]
+        blocking = sorted(windows[b.id].id for b in blocking_budgets)
+        seen = [
+            Ceiling(window_id=windows[b.id].id, budget_id=b.id, scope=b.scope, code=_code(b.scope),
+                    limit_nano=b.amount_nano, spent_nano=windows[b.id].spent_nano,
+                    reserved_nano=windows[b.id].reserved_nano if COUNT_RESERVED else 0)
+            for b in blocking_budgets
+        ]
+        refusal = _refusal(seen, worst)
+        if refusal is not None:
+            raise refusal
+        blocking_set = set(blocking)
+        hold_windows = sorted(w.id for w in windows.values())
+        reservation = Reservation(
+            id=uuid.uuid4(), request_id=request.request_id, organization_id=subject.organization_id,
+            project_id=subject.project_id, member_id=subject.member_id, api_key_id=subject.api_key_id,
+            end_customer_id=subject.end_customer_id, run_id=subject.run_id, model=request.model,
+            amount_nano=worst, owner_id=request.owner_id, created_at=now, expires_at=now + lease,
             deadline_at=now + settings.CAPGATE["MAX_REQUEST_LIFETIME"],
         )
-        blocking_set = set(blocking)
-        Hold.objects.bulk_create(
-            Hold(reservation=reservation, window_id=wid, amount_nano=worst if wid in blocking_set else 0)
-            for wid in sorted(window_of.values())
-        )
-        ceilings: list[Ceiling] = []
-        if blocking:
-            ceilings = read_ceilings(blocking)
-            if after_ceiling_read is not None:
-                after_ceiling_read()
-            refusal = _refusal(ceilings, worst)
-            if refusal is not None:
-                raise refusal
-            Window.objects.filter(id__in=blocking).update(reserved_nano=F("reserved_nano") + worst)
-    return Admitted(reservation=reservation, ceilings=ceilings)
+        fits, ceilings = _admit_statement({
+            "blocking": blocking, "worst": worst, "id": reservation.id, "request_id": reservation.request_id,
+            "organization_id": reservation.organization_id, "project_id": reservation.project_id,
+            "member_id": reservation.member_id, "api_key_id": reservation.api_key_id,
+            "end_customer_id": reservation.end_customer_id, "run_id": reservation.run_id,
+            "model": reservation.model, "owner_id": reservation.owner_id, "now": now,
+            "expires_at": reservation.expires_at, "deadline_at": reservation.deadline_at,
+            "hold_windows": hold_windows,
+            "hold_amounts": [worst if wid in blocking_set else 0 for wid in hold_windows],
+        })
+        if fits:
+            reservation._state.adding = False
+            reservation._state.db = "default"
+            return Admitted(reservation=reservation, ceilings=ceilings)
+        refusal = _refusal(ceilings, worst)
+        if refusal is not None:
+            raise refusal
+        # No ceiling is full, yet the statement refused: a window vanished under it (its budget
+        # was deleted). Match the budgets again, once.
+    raise BudgetUnavailable("The request's budgets changed while it was being admitted; retry it.")
 
 
 def renew(*, owner_ids: Sequence[int], now: datetime | None = None, lease: timedelta | None = None) -> int:
@@ -265,15 +340,14 @@ def headroom(*, budgets: Sequence[Budget], now: datetime | None = None) -> Ceili
     under the lock, so a stale read can only cause a refusal, never an overrun.
     """
     now = now or timezone.now()
-    budgets = [b for b in budgets if b.mode == Budget.Mode.BLOCK]
-    if not budgets:
+    blocking = [b for b in budgets if b.mode == Budget.Mode.BLOCK]
+    if not blocking:
         return None
-    window_of = ensure_windows(budgets=budgets, now=now)
+    windows = current_windows(budgets=blocking, now=now)
     ceilings = [
-        Ceiling(
-            window_id=w.id, budget_id=w.budget_id, scope=w.budget.scope, code=w.budget.error_code,
-            limit_nano=w.budget.amount_nano, spent_nano=w.spent_nano, reserved_nano=w.reserved_nano,
-        )
-        for w in Window.objects.select_related("budget").filter(id__in=window_of.values())
+        Ceiling(window_id=windows[b.id].id, budget_id=b.id, scope=b.scope, code=_code(b.scope),
+                limit_nano=b.amount_nano, spent_nano=windows[b.id].spent_nano,
+                reserved_nano=windows[b.id].reserved_nano)
+        for b in blocking
     ]
     return min(ceilings, key=lambda c: c.remaining_nano)

@@ -52,10 +52,11 @@ async def handle(req: Request) -> None:
             raw = await req.body(settings.CAPGATE["MAX_BODY_BYTES"])
             if match.group(2) == "settle":
                 status, data = await runtime.db(reservations.settle, raw_key=req.api_key(),
-                                                reservation_id=match.group(1), body=parse_json(raw or b"{}"))
+                                                reservation_id=match.group(1), body=parse_json(raw or b"{}"),
+                                                lane="settle")
             else:
                 status, data = await runtime.db(reservations.release_reservation, raw_key=req.api_key(),
-                                                reservation_id=match.group(1))
+                                                reservation_id=match.group(1), lane="settle")
             if runtime.background is not None:
                 runtime.background.kick_drain()
             return await req.json(status, data)

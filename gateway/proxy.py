@@ -348,7 +348,7 @@ class ProxyCall:
         assert p is not None
         outcome = Outcome(**{**outcome.__dict__, "latency_ms": int((time.monotonic() - self.started) * 1000)})
         try:
-            await runtime.db(record, reservation=p.reservation, outcome=outcome)
+            await runtime.db(record, reservation=p.reservation, outcome=outcome, lane="settle")
         except DatabaseError:
             log.warning("usage record for %s spooled: database unavailable", self.request_id)
             await asyncio.get_running_loop().run_in_executor(None, lambda: append(reservation=p.reservation,
@@ -371,7 +371,7 @@ def _note_refusal(exc: BudgetExceeded) -> None:
 
         note = getattr(alerts, "note_refusal", None)
         if note is not None:
-            asyncio.get_running_loop().run_in_executor(runtime.executor(), lambda: note(window_id=exc.window_id))
+            asyncio.get_running_loop().run_in_executor(runtime.executor("settle"), lambda: note(window_id=exc.window_id))
     except Exception:  # alerts must never break the request path
         log.exception("could not note refusal")
 

@@ -19,22 +19,29 @@ log = logging.getLogger("capgate.gateway")
 T = TypeVar("T")
 
 
+SETTLE_THREADS = 4
+
+
 def _pool_size() -> int:
     pool = settings.DATABASES["default"].get("OPTIONS", {}).get("pool") or {}
     # Leave two pool connections for Django's own (dashboard) thread and a management command.
-    return max(4, int(pool.get("max_size", 20)) - 2) if pool else 16
+    return int(pool.get("max_size", 20)) - 2 if pool else 20
 
 
-_executor: ThreadPoolExecutor | None = None
+_executors: dict[str, ThreadPoolExecutor] = {}
 _executor_lock = threading.Lock()
 
 
-def executor() -> ThreadPoolExecutor:
-    global _executor
+def executor(lane: str = "admit") -> ThreadPoolExecutor:
+    """Two lanes of database threads. `settle` (recording outcomes, draining) has its own few
+    threads so that a burst of admissions and refusals queued on `admit` never delays the
+    records that give room back to the caps."""
     with _executor_lock:
-        if _executor is None:
-            _executor = ThreadPoolExecutor(max_workers=_pool_size(), thread_name_prefix="capgate-db")
-        return _executor
+        if lane not in _executors:
+            total = _pool_size()
+            size = SETTLE_THREADS if lane == "settle" else max(4, total - SETTLE_THREADS)
+            _executors[lane] = ThreadPoolExecutor(max_workers=size, thread_name_prefix=f"capgate-db-{lane}")
+        return _executors[lane]
 
 
 def _call(fn: Callable[..., T], *args, **kwargs) -> T:
@@ -50,10 +57,10 @@ def _call(fn: Callable[..., T], *args, **kwargs) -> T:
         raise
 
 
-async def db(fn: Callable[..., T], *args, **kwargs) -> T:
-    """Run a synchronous ORM function on a database thread."""
+async def db(fn: Callable[..., T], *args, lane: str = "admit", **kwargs) -> T:
+    """Run a synchronous ORM function on a database thread of the given lane."""
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(executor(), partial(_call, fn, *args, **kwargs))
+    return await loop.run_in_executor(executor(lane), partial(_call, fn, *args, **kwargs))
 
 
 class Health:
@@ -119,7 +126,7 @@ class Background:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         try:
-            await db(drain_all)
+            await db(drain_all, lane="settle")
             if self.instance_id is not None:
                 await db(stop, instance_id=self.instance_id)
         except DatabaseError:
@@ -150,7 +157,7 @@ class Background:
             self._wake.clear()
             await asyncio.sleep(self.drain_interval)
             try:
-                while await db(drain, limit=500) == 500:
+                while await db(drain, limit=500, lane="settle") == 500:
                     pass
             except DatabaseError:
                 log.warning("drain failed: database unavailable; records stay in the outbox")
@@ -163,7 +170,7 @@ class Background:
             if not pending():
                 continue
             try:
-                n = await db(replay)
+                n = await db(replay, lane="settle")
                 if n:
                     log.info("replayed %d spooled usage records", n)
                     self.kick_drain()
@@ -175,11 +182,15 @@ background: Background | None = None
 
 
 def _on_every_thread(fn: Callable[[], None], *, timeout: float = 30.0) -> None:
+    for lane in ("admit", "settle"):
+        _on_every_thread_of(executor(lane), fn, timeout=timeout)
+
+
+def _on_every_thread_of(ex: ThreadPoolExecutor, fn: Callable[[], None], *, timeout: float) -> None:
     """Run fn once on each of the pool's threads (creating them all): each task waits on a
     barrier sized to the pool, so no thread can take two."""
     import threading as _threading
 
-    ex = executor()
     count = ex._max_workers
     barrier = _threading.Barrier(count)
 
@@ -210,26 +221,7 @@ def warm_thread_connections() -> None:
 
 
 def close_thread_connections() -> None:
-    """Close the database connection held by every database thread (shutdown, tests).
-
-    Each thread runs exactly one close, because each waits on a barrier sized to the pool's
-    live threads until all of them have taken one."""
-    import threading as _threading
-
-    ex = _executor
-    if ex is None:
-        return
-    count = len(ex._threads)
-    if count == 0:
-        return
-    barrier = _threading.Barrier(count)
-
-    def close() -> None:
-        connection.close()
-        try:
-            barrier.wait(timeout=10)
-        except _threading.BrokenBarrierError:
-            pass
-
-    for future in [ex.submit(close) for _ in range(count)]:
-        future.result(timeout=15)
+    """Close the database connection held by every database thread (shutdown, tests)."""
+    for ex in list(_executors.values()):
+        # A lambda: `connection` must be looked up in each thread (it is per thread).
+        _on_every_thread_of(ex, lambda: connection.close(), timeout=10)

@@ -4,8 +4,10 @@ ceiling and admit. Runs on the gateway's database threads (gateway/runtime.py)."
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from typing import cast
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -50,11 +52,46 @@ class Prepared:
     budgets: list[Budget] = field(default_factory=list)
 
 
+class _TTLCache:
+    """A tiny per-process cache for the hot path's lookups (keys, routes).
+
+    Entries live CAPGATE["LOOKUP_CACHE_SECONDS"] (0 disables it): a revoked or re-routed key is
+    honoured within that many seconds in every process. Budgets are never cached — a new or
+    changed cap takes effect on the next request."""
+
+    def __init__(self) -> None:
+        self._data: dict[object, tuple[float, object]] = {}
+
+    def get(self, key: object) -> object | None:
+        hit = self._data.get(key)
+        if hit is None or hit[0] < time.monotonic():
+            return None
+        return hit[1]
+
+    def put(self, key: object, value: object) -> None:
+        ttl = settings.CAPGATE["LOOKUP_CACHE_SECONDS"]
+        if ttl > 0:
+            if len(self._data) > 10_000:
+                self._data.clear()
+            self._data[key] = (time.monotonic() + ttl, value)
+
+    def clear(self) -> None:
+        self._data.clear()
+
+
+lookups = _TTLCache()
+
+
 def authenticate(raw_key: str | None) -> ApiKey:
     if not raw_key:
         raise GatewayError("Missing API key: send 'Authorization: Bearer <key>' or 'x-api-key'.",
                            code="invalid_api_key", status=401)
-    key = ApiKey.objects.select_related("organization", "project").filter(key_hash=hash_key(raw_key)).first()
+    digest = hash_key(raw_key)
+    key = cast(ApiKey | None, lookups.get(("key", digest)))
+    if key is None:
+        key = ApiKey.objects.select_related("organization", "project").filter(key_hash=digest).first()
+        if key is not None:
+            lookups.put(("key", digest), key)
     if key is None:
         raise GatewayError("Invalid API key.", code="invalid_api_key", status=401)
     if key.revoked_at is not None:
@@ -67,15 +104,19 @@ def authenticate(raw_key: str | None) -> ApiKey:
 def resolve_route(*, key: ApiKey, name: str, kind: str) -> list[Target]:
     if not key.allows_model(name):
         raise GatewayError(f"This key may not call model '{name}'.", code="model_not_allowed", status=403, param="model")
-    route = Route.objects.filter(organization_id=key.organization_id, name=name).first()
-    if route is None:
-        raise GatewayError(f"The model '{name}' does not exist or is not routed for this organization.",
-                           code="model_not_found", status=404, param="model")
-    targets = [
-        Target(connection=t.connection, model=t.model)
-        for t in route.targets.select_related("connection", "model", "model__provider").order_by("position", "id")
-        if t.connection.enabled and t.connection.kind in COMPATIBLE[kind]
-    ]
+    cache_key = ("route", key.organization_id, name)
+    routed = cast(list[Target] | None, lookups.get(cache_key))
+    if routed is None:
+        route = Route.objects.filter(organization_id=key.organization_id, name=name).first()
+        if route is None:
+            raise GatewayError(f"The model '{name}' does not exist or is not routed for this organization.",
+                               code="model_not_found", status=404, param="model")
+        routed = [
+            Target(connection=t.connection, model=t.model)
+            for t in route.targets.select_related("connection", "model", "model__provider").order_by("position", "id")
+        ]
+        lookups.put(cache_key, routed)
+    targets = [t for t in routed if t.connection.enabled and t.connection.kind in COMPATIBLE[kind]]
     if not targets:
         raise GatewayError(f"No enabled connection of a compatible kind serves '{name}' on this endpoint.",
                            code="connection_unavailable", status=503)

@@ -173,6 +173,9 @@ CAPGATE = {
     "UPSTREAM_READ_TIMEOUT": env.float("CAPGATE_UPSTREAM_READ_TIMEOUT", default=600.0),
     # A body larger than this is refused with 413 before it is parsed.
     "MAX_BODY_BYTES": env.int("CAPGATE_MAX_BODY_BYTES", default=20 * 1024 * 1024),
+    # Gateway processes cache key and route lookups this long (0: off). A revoked key or a
+    # changed route takes effect within it; budgets are never cached.
+    "LOOKUP_CACHE_SECONDS": env.float("CAPGATE_LOOKUP_CACHE_SECONDS", default=2.0),
     # A gateway process that has not heartbeated for this long is presumed dead.
     "HEARTBEAT_GRACE": timedelta(seconds=env.int("CAPGATE_HEARTBEAT_GRACE_SECONDS", default=30)),
     # Alert emails link here (the dashboard's public base URL).

@@ -15,3 +15,6 @@ DATABASES["default"]["TEST"] = {"NAME": env("CAPGATE_TEST_DB", default="test_cap
 # Tests never publish to the shared Redis by accident (alert emails queued after a drain);
 # tests that need the real broker set their own.
 CELERY_BROKER_URL = "memory://"
+
+# Tests change keys and routes and expect the next request to see it.
+CAPGATE = {**CAPGATE, "LOOKUP_CACHE_SECONDS": 0.0}  # noqa: F405

@@ -1,7 +1,6 @@
 """The cap holds under real concurrency: threads with their own connections, one barrier."""
 
 import random
-import time
 
 import pytest
 from django.db import OperationalError
@@ -50,13 +49,12 @@ def test_exact_fit_under_200_concurrent_admissions(acme):
 
 def _widen_race(monkeypatch):
     # Hold every racer between its read and its write, so a missing guard shows every time.
-    monkeypatch.setattr(admission, "after_ceiling_read", lambda: time.sleep(0.3))
+    monkeypatch.setattr(admission, "RACE_DELAY_SECONDS", 0.3)
 
 
 def test_without_the_row_lock_the_cap_leaks(acme, monkeypatch):
     # given: the lock removed (a plain read), the race window widened
-    unlocked = lambda ids: Window.objects.filter(id__in=ids).order_by("id")  # noqa: E731
-    monkeypatch.setattr(admission, "windows_for_update", unlocked)
+    monkeypatch.setattr(admission, "LOCK_CLAUSE", "")
     _widen_race(monkeypatch)
     # when
     budget, admitted, _ = _exact_fit(acme, n=60)
@@ -67,20 +65,20 @@ def test_without_the_row_lock_the_cap_leaks(acme, monkeypatch):
 
 def test_without_the_reservation_read_the_cap_leaks(acme, monkeypatch):
     # given: the lock kept, but admission ignores what others have reserved
-    real = admission.read_ceilings
-
-    def blind(ids):
-        ceilings = real(ids)
-        for c in ceilings:
-            c.reserved_nano = 0
-        return ceilings
-
-    monkeypatch.setattr(admission, "read_ceilings", blind)
+    monkeypatch.setattr(admission, "COUNT_RESERVED", False)
     # when
     budget, admitted, _ = _exact_fit(acme, n=60)
     # then
     assert len(admitted) == 60
     assert window_of(budget).reserved_nano > usd(1)
+
+
+def test_with_the_race_widened_but_the_guards_in_place_the_cap_holds(acme, monkeypatch):
+    # the control for the two tests above: the same widened race, nothing removed
+    _widen_race(monkeypatch)
+    budget, admitted, _ = _exact_fit(acme, n=40)
+    assert len(admitted) == 27
+    assert window_of(budget).reserved_nano == 27 * WORST
 
 
 def test_stacked_ceilings_each_hold_and_refusals_name_the_right_one(acme):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from io import StringIO
 
 import pytest
@@ -86,8 +85,8 @@ def test_without_the_admission_lock_capcheck_fails(gateway, monkeypatch, locked)
     racing admissions all see the same room and the cap is passed, in holds and in spend.
     CAPCHECK_GUARD_CONCURRENCY=200 runs it at the issue's 200 concurrent."""
     if not locked:
-        monkeypatch.setattr(admission, "windows_for_update", lambda ids: Window.objects.filter(id__in=ids).order_by("id"))
-        monkeypatch.setattr(admission, "after_ceiling_read", lambda: time.sleep(0.05))
+        monkeypatch.setattr(admission, "LOCK_CLAUSE", "")
+        monkeypatch.setattr(admission, "RACE_DELAY_SECONDS", 0.05)
     n = os.environ.get("CAPCHECK_GUARD_CONCURRENCY", "40")
     # when
     out, error = capcheck(gateway, "--scenario", "basic", "--concurrency", n, "--actual-usd", "0.036",

@@ -145,3 +145,28 @@ def test_run_budget_is_created_by_the_first_call_and_conflicts_are_409(gateway, 
     wired.org.save()
     r = send(gateway, {"model": "echo-1", "messages": MSG, "max_tokens": 10}, headers={"x-capgate-run": "run-3"})
     assert r.status_code == 402 and r.json()["error"]["code"] == "run_budget"
+
+
+def test_key_and_route_lookups_are_cached_briefly_but_budgets_never(wired, settings):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from budgets.errors import BudgetExceeded
+    from gateway.service import authenticate, lookups, resolve_route
+
+    settings.CAPGATE = {**settings.CAPGATE, "LOOKUP_CACHE_SECONDS": 60.0}
+    lookups.clear()
+    try:
+        key = authenticate(KEY)
+        resolve_route(key=key, name="echo-1", kind="chat")
+        with CaptureQueriesContext(connection) as queries:
+            assert authenticate(KEY).pk == key.pk
+            assert resolve_route(key=key, name="echo-1", kind="chat")[0].connection == wired.echo
+        assert len(queries) == 0
+        # a budget created now applies to the very next request: $0.000001 has no room for 1,001 nano
+        wired.budget(amount="0.000001")
+        with pytest.raises(BudgetExceeded) as refused:
+            wired.admit(worst_nano=1_001)
+        assert refused.value.code == "organization_budget"
+    finally:
+        lookups.clear()
