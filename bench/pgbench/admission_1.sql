@@ -1,0 +1,17 @@
+-- The classic admission transaction for a subject under 1 blocking ceiling (organization cap):
+-- DESIGN §5's sketch, what admit() issued through commit 5216520, and the shape the issue's
+-- reference numbers (~4,300/s at 1 client, ~1,760/s at 32) are for. The benchmark's target compares with it.
+-- The transaction only: 6 round trips, BEGIN .. COMMIT as psycopg sends them (the two lock-free
+-- reads before it are in admission_1_full.sql).
+-- Run by bench/admission.py (its pgbench-admit runner uses whichever script matches a trace of admit()):
+--   pgbench -n -M simple -f bench/pgbench/admission_1.sql -c N -j N -T secs -D org=.. -D project=.. -D key=.. \
+--           -D worst=.. -D w1=..
+-- Window ids ascending (the lock order). A random reservation id and request id per transaction.
+\set r1 random(1, 4611686018427387903)
+\set r2 random(1, 4611686018427387903)
+BEGIN;
+INSERT INTO "budgets_reservation" ("id", "request_id", "organization_id", "project_id", "member_id", "api_key_id", "end_customer_id", "run_id", "model", "amount_nano", "owner_id", "created_at", "expires_at", "deadline_at", "job_id") VALUES ((lpad(to_hex(:r1::bigint), 16, '0') || lpad(to_hex(:r2::bigint), 16, '0'))::uuid, 'pgbench-' || :r1::text || '-' || :r2::text, :org, :project, NULL, :key, NULL, NULL, '', :worst, NULL, now(), now() + interval '120 seconds', now() + interval '7200 seconds', NULL);
+INSERT INTO "budgets_hold" ("reservation_id", "window_id", "amount_nano") SELECT * FROM UNNEST((array_fill((lpad(to_hex(:r1::bigint), 16, '0') || lpad(to_hex(:r2::bigint), 16, '0'))::uuid, ARRAY[1]))::uuid[], (ARRAY[:w1])::bigint[], (ARRAY[:worst])::bigint[]) RETURNING "budgets_hold"."id";
+SELECT "budgets_window"."id" AS "id", "budgets_window"."budget_id" AS "budget_id", "budgets_budget"."scope" AS "budget__scope", "budgets_budget"."amount_nano" AS "budget__amount_nano", "budgets_window"."spent_nano" AS "spent_nano", "budgets_window"."reserved_nano" AS "reserved_nano" FROM "budgets_window" INNER JOIN "budgets_budget" ON ("budgets_window"."budget_id" = "budgets_budget"."id") WHERE "budgets_window"."id" IN (:w1) ORDER BY 1 ASC FOR NO KEY UPDATE OF "budgets_window";
+UPDATE "budgets_window" SET "reserved_nano" = ("budgets_window"."reserved_nano" + :worst) WHERE "budgets_window"."id" IN (:w1);
+COMMIT;
