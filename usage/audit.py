@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 
 # The field holding a window's creation-time spend. Until budgets.Window has it, windows are
 # taken to start at zero (a budget created mid-period would then show as drift).
-SEED_FIELD = "seed_spent_nano"
 
 
 @dataclass(frozen=True)
@@ -165,7 +164,7 @@ def _read_checks(now: datetime) -> list[WindowCheck]:
             organization_id=w.budget.organization_id,
             budget_label=_label(w.budget),
             spent_nano=w.spent_nano,
-            expected_spent_nano=int(getattr(w, SEED_FIELD, 0) or 0) + applied.get(w.id, 0),
+            expected_spent_nano=w.seed_spent_nano + applied.get(w.id, 0),
             reserved_nano=w.reserved_nano,
             expected_reserved_nano=held.get(w.id) or 0,
         )

@@ -151,11 +151,6 @@ def test_windows_whose_period_is_over_and_hold_nothing_are_not_live(acme):
 
 
 @pytest.mark.django_db
-@pytest.mark.xfail(
-    not hasattr(Window, audit_module.SEED_FIELD),
-    reason=f"needs Window.{audit_module.SEED_FIELD}, set by ensure_windows (asked of the lead)",
-    strict=True,
-)
 def test_a_window_created_mid_period_starts_from_its_seed(acme):
     # given: spend recorded before the budget existed; its first window is seeded with it
     for _ in range(3):
