@@ -38,11 +38,12 @@ DB = "capgate_bench_gw"
 DB_URL = f"postgres://capgate:capgate@127.0.0.1:15432/{DB}"
 UP_PORT, GW_PORT = 18201, 18200
 KEY = "cg_bench_key_0000000000000000"
+BURST_KEY = "cg_bench_burst_key_00000000000"  # its own organization: a clean $1 cap
 BODY = {"model": "bench-up", "messages": [{"role": "user", "content": "Say hello in one word."}], "max_tokens": 64}
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "DATABASE_URL": DB_URL, "DJANGO_SETTINGS_MODULE": "config.settings.dev",
+    return {**os.environ, "DATABASE_URL": DB_URL, "DJANGO_SETTINGS_MODULE": "config.settings.prod",
             "CAPGATE_LOG_LEVEL": "WARNING", "CAPGATE_DB_POOL_MAX": "40", "CAPGATE_DATA_DIR": tempfile.mkdtemp()}
 
 
@@ -80,6 +81,13 @@ for name, conn in (("bench-up", up), ("bench-echo", echo)):
     RouteTarget.objects.create(route=r, connection=conn, model=m)
 # A blocking cap far above the run: every request goes through full admission.
 Budget.objects.create(organization=org, scope="organization", period="month", mode="block", amount_nano=10**15)
+burst = Organization.objects.create(name="Burst", slug="burst")
+bp = Project.objects.create(organization=burst, name="Main", slug="main")
+ApiKey.objects.create(organization=burst, project=bp, name="k", prefix="cg_burst", key_hash=hash_key("{BURST_KEY}"))
+becho = Connection.objects.create(organization=burst, name="echo", kind="echo", options={{"delay_ms": 50}})
+br = Route.objects.create(organization=burst, name="bench-echo")
+RouteTarget.objects.create(route=br, connection=becho, model=m)
+Budget.objects.create(organization=burst, scope="organization", period="day", mode="block", amount_nano=10**9)
 """)
 
 
@@ -153,27 +161,14 @@ def latency_table(seconds: int) -> list[str]:
     return rows
 
 
-def set_cap(amount_nano: int) -> None:
-    manage("shell", "-c", f"""
-from budgets.models import Budget, Window, Reservation
-from usage.drain import drain_all
-drain_all()
-Budget.objects.filter(organization__slug="bench").delete()
-Budget.objects.create(organization_id=Budget._meta.get_field("organization").related_model.objects.get(slug="bench").id,
-                      scope="organization", period="day", mode="block", amount_nano={amount_nano})
-""")
-
-
 def burst(n: int = 500) -> list[str]:
-    """The capped burst: n requests at once (half streams) against a $1 cap."""
-    set_cap(1_000_000_000)
-    since = manage("shell", "-c", "from usage.models import UsageRecord as U; print(U.objects.order_by('-id').values_list('id', flat=True).first() or 0)").strip()
+    """The capped burst: n requests at once (half streams) against a fresh organization's $1 cap."""
     url = f"http://127.0.0.1:{GW_PORT}/v1/chat/completions"
 
     async def one(client: httpx.AsyncClient, i: int) -> tuple[int, float]:
         t = time.perf_counter()
         body = {**BODY, "model": "bench-echo", "stream": i % 2 == 0}
-        async with client.stream("POST", url, json=body, headers={"authorization": f"Bearer {KEY}"}) as r:
+        async with client.stream("POST", url, json=body, headers={"authorization": f"Bearer {BURST_KEY}"}) as r:
             await r.aread()
             return r.status_code, time.perf_counter() - t
 
@@ -188,16 +183,16 @@ def burst(n: int = 500) -> list[str]:
     lat = sorted(x[1] for x in results)
     codes = [x[0] for x in results]
     time.sleep(1.5)
-    check = json.loads(manage("shell", "-c", f"""
+    check = json.loads(manage("shell", "-c", """
 import json
 from django.db.models import Sum
 from budgets.models import Window, Reservation
 from usage.models import UsageRecord as U
-w = Window.objects.get(budget__organization__slug="bench", budget__period="day")
-recs = U.objects.filter(id__gt={since})
+w = Window.objects.get(budget__organization__slug="burst")
+recs = U.objects.filter(organization__slug="burst")
 print(json.dumps(dict(spent=w.spent_nano, reserved=w.reserved_nano, cap=w.budget.amount_nano,
   records=recs.count(), served=recs.filter(status="served").count(), excess=recs.aggregate(s=Sum("excess_nano"))["s"] or 0,
-  reservations=Reservation.objects.count())))
+  reservations=Reservation.objects.filter(organization__slug="burst").count())))
 """).strip().splitlines()[-1])
     p95 = lat[int(len(lat) * 0.95) - 1]
     ok = (check["spent"] <= check["cap"] + check["excess"] and check["records"] == codes.count(200)
@@ -213,7 +208,6 @@ print(json.dumps(dict(spent=w.spent_nano, reserved=w.reserved_nano, cap=w.budget
 
 def stream_memory(gateway: Proc, n: int = 1000) -> list[str]:
     """RSS of the gateway process with n streams open at once (upstream paces chunks slowly)."""
-    set_cap(10**15)
     url = f"http://127.0.0.1:{GW_PORT}/v1/chat/completions"
     body = {**BODY, "stream": True}
     headers = {"authorization": f"Bearer {KEY}"}

@@ -18,6 +18,7 @@ from budgets.admission import windows_for_update
 from budgets.models import Hold, Reservation
 from usage.alerts import on_windows_changed
 from usage.models import UsageRecord
+from usage.recording import relaxed_commit
 
 
 def drain(*, limit: int = 500, request_ids: Sequence[str] | None = None) -> int:
@@ -30,6 +31,7 @@ def drain(*, limit: int = 500, request_ids: Sequence[str] | None = None) -> int:
     4. Delete the reservations and their holds, mark the records applied — one transaction.
     """
     with transaction.atomic():
+        relaxed_commit()  # a drain lost in a crash is simply redone (see relaxed_commit)
         qs = UsageRecord.objects.select_for_update(skip_locked=True).filter(applied=False)
         if request_ids is not None:
             qs = qs.filter(request_id__in=list(request_ids))

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -73,6 +73,7 @@ def record(*, reservation: Reservation, outcome: Outcome) -> UsageRecord:
     row = build_record(reservation=reservation, outcome=outcome)
     try:
         with transaction.atomic():  # a savepoint when called inside a transaction
+            relaxed_commit()
             row.save(force_insert=True)
         return row
     except IntegrityError:
@@ -80,6 +81,20 @@ def record(*, reservation: Reservation, outcome: Outcome) -> UsageRecord:
         if existing is None:
             raise  # some other constraint: a bug, not a duplicate
     return correct_estimate(record_id=existing.pk, outcome=outcome)
+
+
+def relaxed_commit() -> None:
+    """Let this transaction's commit return before its WAL reaches disk.
+
+    Only for writes whose loss in a database crash errs on the safe side: a lost usage record
+    leaves its reservation (committed durably at admission) to be charged at worst case when it
+    lapses; a lost drain leaves records unapplied and holds in place, to be drained again. The
+    admission statement itself always commits durably. Inside an outer transaction this applies
+    to that whole transaction, so callers that need durability must not nest it.
+    """
+    if connection.in_atomic_block:
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit = off")
 
 
 def correct_estimate(*, record_id: int, outcome: Outcome) -> UsageRecord:
