@@ -10,6 +10,7 @@ Every admitted request ends in exactly one usage record (DESIGN §1, property 2-
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -42,19 +43,22 @@ from usage.recording import Outcome
 log = logging.getLogger("capgate.gateway")
 NOT_BILLED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
-_client: httpx.AsyncClient | None = None
+# Several independent pools instead of one: httpcore's pool does per-request bookkeeping over
+# every connection it holds, which at hundreds of concurrent upstream calls dominated the event
+# loop (docs/performance.md). Requests are spread round-robin; each pool reuses its connections.
+CLIENT_SHARDS = 8
+_clients: list[httpx.AsyncClient] = []
+_next_client = itertools.count()
 
 
 def client() -> httpx.AsyncClient:
-    """One pooled client per process: upstream connections are reused across requests."""
-    global _client
-    if _client is None:
-        _client = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=5.0, read=settings.CAPGATE["UPSTREAM_READ_TIMEOUT"], write=30.0, pool=10.0),
-            limits=httpx.Limits(max_connections=2000, max_keepalive_connections=200),
-            follow_redirects=False,
-        )
-    return _client
+    """A pooled upstream client (one of a few shards, per process)."""
+    if not _clients:
+        timeout = httpx.Timeout(connect=5.0, read=settings.CAPGATE["UPSTREAM_READ_TIMEOUT"], write=30.0, pool=10.0)
+        limits = httpx.Limits(max_connections=2000 // CLIENT_SHARDS, max_keepalive_connections=200 // CLIENT_SHARDS)
+        _clients.extend(httpx.AsyncClient(timeout=timeout, limits=limits, follow_redirects=False)
+                        for _ in range(CLIENT_SHARDS))
+    return _clients[next(_next_client) % len(_clients)]
 
 
 def new_request_id() -> str:
@@ -267,11 +271,12 @@ class ProxyCall:
                 return fault
             events = echo_stream(target, self.kind, up_body, self._prompt_bound())
         else:
-            request = client().build_request("POST", upstream_url(target, self.kind),
+            upstream = client()
+            request = upstream.build_request("POST", upstream_url(target, self.kind),
                                              content=json.dumps(up_body).encode(),
                                              headers=upstream_headers(target, self.req.headers))
             try:
-                response = await self._race_client(client().send(request, stream=True))
+                response = await self._race_client(upstream.send(request, stream=True))
             except NOT_BILLED as exc:
                 return Attempt(kind="failover", error=f"{type(exc).__name__}: {exc}")
             except httpx.HTTPError as exc:
@@ -377,7 +382,7 @@ def _note_refusal(exc: BudgetExceeded) -> None:
 
 
 async def close_client() -> None:
-    global _client
-    if _client is not None:
-        await _client.aclose()
-        _client = None
+    clients = list(_clients)
+    _clients.clear()
+    for c in clients:
+        await c.aclose()

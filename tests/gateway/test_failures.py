@@ -115,13 +115,13 @@ def test_non_stream_timeout_after_sending_is_charged_not_forgiven(gateway, wired
     from gateway import proxy
 
     settings.CAPGATE = {**settings.CAPGATE, "UPSTREAM_READ_TIMEOUT": 0.5}
-    proxy._client = None  # the shared client is rebuilt with the short timeout
+    proxy._clients.clear()  # the shared clients are rebuilt with the short timeout
     r = post(gateway, headers={"x-upstream-fail": "stall"})
     assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
     wait_settled()
     rec = UsageRecord.objects.get()
     assert rec.status == "estimated" and rec.cost_nano == rec.reserved_nano
-    proxy._client = None
+    proxy._clients.clear()
 
 
 def test_stream_is_ended_at_the_requests_hard_lifetime(gateway, wired, upstream, settings):
