@@ -28,7 +28,7 @@ start beat .venv/bin/celery -A config beat --loglevel info --schedule var/run/ce
 
 KEY=cg_demo_key_do_not_use_in_production
 for _ in $(seq 100); do
-  if curl -fsS -o /dev/null "http://127.0.0.1:$PORT/v1/models" -H "Authorization: Bearer $KEY"; then break; fi
+  if curl -fsS -o /dev/null "http://127.0.0.1:$PORT/v1/models" -H "Authorization: Bearer $KEY" 2>/dev/null; then break; fi
   sleep 0.2
 done
 curl -fsS -o /dev/null "http://127.0.0.1:$PORT/v1/models" -H "Authorization: Bearer $KEY" \
