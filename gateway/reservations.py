@@ -11,6 +11,7 @@ from datetime import timedelta
 from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
+from django.db import IntegrityError
 
 from budgets.admission import AdmissionRequest, Subject, admit, matching_budgets
 from budgets.models import Reservation
@@ -115,10 +116,18 @@ def create(*, raw_key: str | None, body: dict, headers: dict[str, str], owner_id
     run_budget(key=key, run_id=run_id, amount_usd=headers.get("x-capgate-run-budget-usd"))
     subject = Subject(organization_id=key.organization_id, project_id=key.project_id, member_id=key.member_id,
                       api_key_id=key.id, end_customer_id=customer.id if customer else None, run_id=run_id)
-    admitted = admit(request=AdmissionRequest(
-        subject=subject, request_id=request_id, worst_nano=worst, model=model, owner_id=None,
-        lease=timedelta(seconds=ttl), budgets=matching_budgets(subject),
-    ))
+    try:
+        admitted = admit(request=AdmissionRequest(
+            subject=subject, request_id=request_id, worst_nano=worst, model=model, owner_id=None,
+            lease=timedelta(seconds=ttl), budgets=matching_budgets(subject),
+        ))
+    except IntegrityError:
+        # The same request id admitted concurrently: the unique request id kept it to one
+        # reservation (this statement changed nothing); answer with that one.
+        existing = Reservation.objects.filter(request_id=request_id, organization_id=key.organization_id).first()
+        if existing is None:
+            raise
+        return 200, view(existing)
     return 201, view(admitted.reservation)
 
 

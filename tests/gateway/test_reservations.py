@@ -71,3 +71,16 @@ def test_another_organizations_reservation_is_not_found(gateway, wired):
     assert call(gateway, f"/v1/reservations/{r.json()['id']}/release", headers=theirs).status_code == 404
     assert Reservation.objects.count() == 1
     wait_settled  # noqa: B018  (nothing settles: the reservation stays until released or expired)
+
+
+def test_the_same_request_id_reserved_concurrently_holds_once(gateway, wired):
+    from concurrent.futures import ThreadPoolExecutor
+
+    budget = wired.budget(amount="1")
+    body = {"amount_usd": "0.10", "request_id": "same-job"}
+    with ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(lambda _: call(gateway, "/v1/reservations", body), range(8)))
+    assert {r.status_code for r in responses} <= {200, 201}
+    assert len({r.json()["id"] for r in responses}) == 1
+    assert Reservation.objects.count() == 1
+    assert Window.objects.get(budget=budget).reserved_nano == 100_000_000
