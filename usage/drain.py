@@ -27,8 +27,8 @@ def drain(*, limit: int = 500, request_ids: Sequence[str] | None = None) -> int:
     1. Take unapplied records, skipping those another drain holds.
     2. Collect their reservations' holds: per window, the holds come out of `reserved` and each
        record's cost goes into `spent` (alert windows have zero holds and get the cost too).
-    3. Lock those windows in id order and apply all deltas in one UPDATE.
-    4. Delete the reservations and their holds, mark the records applied — one transaction.
+    3. Delete the reservations and their holds, mark the records applied.
+    4. Last, lock those windows in id order and apply all deltas in one UPDATE; commit.
     """
     with transaction.atomic():
         relaxed_commit()  # a drain lost in a crash is simply redone (see relaxed_commit)
@@ -54,6 +54,17 @@ def drain(*, limit: int = 500, request_ids: Sequence[str] | None = None) -> int:
                 spent[window_id] += rec.cost_nano
                 released[window_id] += amount
 
+        if reservation_ids:
+            Hold.objects.filter(reservation_id__in=reservation_ids).delete()
+            Reservation.objects.filter(id__in=reservation_ids).delete()
+        now = timezone.now()
+        for rec in records:
+            rec.applied = True
+            rec.applied_at = now
+        UsageRecord.objects.bulk_update(records, ["applied", "applied_at", "window_ids"])
+
+        # The windows last, just before commit: admissions wait on these row locks, so they are
+        # held for two statements, not across the whole batch's writes.
         window_ids = sorted(spent)
         if window_ids:
             list(windows_for_update(window_ids).values_list("id", flat=True))
@@ -63,14 +74,6 @@ def drain(*, limit: int = 500, request_ids: Sequence[str] | None = None) -> int:
             charged = [wid for wid in window_ids if spent[wid] > 0]
             if charged:
                 transaction.on_commit(partial(on_windows_changed, window_ids=charged), robust=True)
-        if reservation_ids:
-            Hold.objects.filter(reservation_id__in=reservation_ids).delete()
-            Reservation.objects.filter(id__in=reservation_ids).delete()
-        now = timezone.now()
-        for rec in records:
-            rec.applied = True
-            rec.applied_at = now
-        UsageRecord.objects.bulk_update(records, ["applied", "applied_at", "window_ids"])
         return len(records)
 
 
