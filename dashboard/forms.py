@@ -173,7 +173,7 @@ def rate_field(label: str) -> forms.DecimalField:
 class ConnectionForm(forms.Form):
     name = forms.CharField(max_length=100)
     kind = forms.ChoiceField(choices=Connection.Kind.choices)
-    base_url = forms.URLField(required=False, max_length=200)
+    base_url = forms.URLField(required=False, max_length=200, assume_scheme="https")
     secret = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False), strip=False,
                              help_text="write-only: stored encrypted, never shown; leave empty to keep")
     input_usd_per_mtok = rate_field("Negotiated input rate")
