@@ -70,7 +70,6 @@ def test_another_organizations_reservation_is_not_found(gateway, wired):
     assert call(gateway, f"/v1/reservations/{r.json()['id']}/settle", {"cost_usd": "0"}, headers=theirs).status_code == 404
     assert call(gateway, f"/v1/reservations/{r.json()['id']}/release", headers=theirs).status_code == 404
     assert Reservation.objects.count() == 1
-    wait_settled  # noqa: B018  (nothing settles: the reservation stays until released or expired)
 
 
 def test_the_same_request_id_reserved_concurrently_holds_once(gateway, wired):
