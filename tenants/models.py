@@ -94,6 +94,9 @@ class ApiKey(models.Model):
     prefix = models.CharField(max_length=16)
     key_hash = models.CharField(max_length=64, unique=True)
     allowed_models = models.JSONField(default=list, blank=True)  # empty: every routed model
+    # Output ceiling sent upstream when a request names none (the tighter of this and the
+    # route's own default wins), so a bare "Hello" does not reserve the model's maximum output.
+    default_max_output_tokens = models.PositiveIntegerField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
