@@ -86,7 +86,23 @@ class Model(models.Model):
     output_usd_per_mtok = price_field()
     cache_read_usd_per_mtok = price_field()
     cache_write_usd_per_mtok = price_field()
+    # Anthropic's 1-hour cache writes (cache_control ttl "1h"); null: refused under a blocking cap.
+    cache_write_1h_usd_per_mtok = price_field()
     per_request_usd = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+    # Paid features beyond tokens (docs/billing.md). Null means "not priced": a request that asks
+    # for the feature is refused under a blocking cap, never admitted at zero.
+    web_search_usd_per_use = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
+    # Upper bound on the input tokens one server-side tool use (a web search's results) adds to
+    # the context the provider bills; the request body cannot show them.
+    server_tool_result_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # service_tier prices as multipliers of every token rate (OpenAI priority/fast, flex).
+    priority_multiplier = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
+    flex_multiplier = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
+    # Long-context band: above this many input tokens every input-side rate is multiplied by the
+    # input multiplier and the output rate by the output multiplier (for the whole request).
+    long_context_threshold_tokens = models.PositiveIntegerField(null=True, blank=True)
+    long_context_input_multiplier = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
+    long_context_output_multiplier = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
     max_output_tokens = models.PositiveIntegerField(null=True, blank=True)
     context_window = models.PositiveIntegerField(null=True, blank=True)
     # Upper bound on the tokens one image part can cost (the provider's tile formula at the
@@ -98,7 +114,7 @@ class Model(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["provider", "name"], name="model_unique_per_provider"),
         ]
-        for field in ("input", "output", "cache_read", "cache_write"):
+        for field in ("input", "output", "cache_read", "cache_write", "cache_write_1h"):
             constraints.append(
                 models.CheckConstraint(
                     condition=Q(**{f"{field}_usd_per_mtok__isnull": True})
@@ -159,6 +175,8 @@ class Route(models.Model):
 
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="routes")
     name = models.CharField(max_length=200)
+    # Output ceiling sent upstream when a request names none (see ApiKey.default_max_output_tokens).
+    default_max_output_tokens = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [
