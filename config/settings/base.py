@@ -21,6 +21,7 @@ INSTALLED_APPS = [
     "catalog",
     "budgets",
     "usage",
+    "ratelimits",
     "gateway",
     "dashboard",
 ]
@@ -171,6 +172,21 @@ CAPGATE = {
     "DRAIN_INTERVAL": env.float("CAPGATE_DRAIN_INTERVAL", default=0.05),
     # How long to wait for upstream bytes (a stream may pause this long between chunks).
     "UPSTREAM_READ_TIMEOUT": env.float("CAPGATE_UPSTREAM_READ_TIMEOUT", default=600.0),
+    # Upstream reach and capacity (docs/security.md). Networks a connection may reach besides
+    # public addresses: comma-separated CIDRs, environment only (never tenant-editable).
+    "UPSTREAM_ALLOWED_NETWORKS": env.list("CAPGATE_UPSTREAM_ALLOWED_NETWORKS", default=[]),
+    # Per gateway process: upstream sockets in all, and in-flight upstream calls one connection
+    # and one organization may hold (over it: 429 at once, instead of queueing for everyone).
+    "UPSTREAM_MAX_CONNECTIONS": env.int("CAPGATE_UPSTREAM_MAX_CONNECTIONS", default=2000),
+    "UPSTREAM_MAX_PER_CONNECTION": env.int("CAPGATE_UPSTREAM_MAX_PER_CONNECTION", default=500),
+    "UPSTREAM_MAX_PER_ORGANIZATION": env.int("CAPGATE_UPSTREAM_MAX_PER_ORGANIZATION", default=500),
+    "UPSTREAM_CONNECT_TIMEOUT": env.float("CAPGATE_UPSTREAM_CONNECT_TIMEOUT", default=5.0),
+    # Until the response's headers: for a non-stream call that is the whole generation.
+    "UPSTREAM_FIRST_BYTE_TIMEOUT": env.float("CAPGATE_UPSTREAM_FIRST_BYTE_TIMEOUT", default=300.0),
+    "UPSTREAM_POOL_TIMEOUT": env.float("CAPGATE_UPSTREAM_POOL_TIMEOUT", default=10.0),
+    # Rate limits' counters (requests and tokens per minute) live here; if it is unreachable,
+    # each process falls back to counting in its own memory (docs/security.md, "Rate limits").
+    "RATE_LIMIT_STORAGE_URL": env("CAPGATE_RATE_LIMIT_STORAGE_URL", default=REDIS_URL),
     # A body larger than this is refused with 413 before it is parsed.
     "MAX_BODY_BYTES": env.int("CAPGATE_MAX_BODY_BYTES", default=20 * 1024 * 1024),
     # Gateway processes cache key and route lookups this long (0: off). A revoked key or a

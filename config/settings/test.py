@@ -18,3 +18,6 @@ CELERY_BROKER_URL = "memory://"
 
 # Tests change keys and routes and expect the next request to see it.
 CAPGATE = {**CAPGATE, "LOOKUP_CACHE_SECONDS": 0.0}  # noqa: F405
+
+# The fake upstreams listen on loopback; tests of the destination guard take this away again.
+CAPGATE["UPSTREAM_ALLOWED_NETWORKS"] = ["127.0.0.0/8", "::1/128"]
