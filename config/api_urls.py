@@ -7,6 +7,7 @@ from rest_framework.routers import SimpleRouter
 
 from budgets.api import BudgetViewSet, OrganizationViewSet, ProjectViewSet, ReservationViewSet
 from catalog.api import ConnectionViewSet, PriceViewSet, RouteViewSet
+from ratelimits.api import RateLimitViewSet
 from tenants.api.views import EndCustomerViewSet, KeyViewSet, MemberViewSet
 from usage.api import AlertEventViewSet, UsageViewSet
 
@@ -20,6 +21,7 @@ for prefix, viewset in [
     ("keys", KeyViewSet),
     ("end-customers", EndCustomerViewSet),
     ("budgets", BudgetViewSet),
+    ("rate-limits", RateLimitViewSet),
     ("connections", ConnectionViewSet),
     ("routes", RouteViewSet),
     ("prices", PriceViewSet),

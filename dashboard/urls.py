@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard.views import manage, org, overview, records
+from dashboard.views import manage, org, overview, ratelimits, records
 
 app_name = "dashboard"
 
@@ -14,6 +14,10 @@ urlpatterns = [
     path(ORG + "budgets/new/", manage.budget_new, name="budget_new"),
     path(ORG + "budgets/<int:pk>/", manage.budget_edit, name="budget_edit"),
     path(ORG + "budgets/<int:pk>/delete/", manage.budget_delete, name="budget_delete"),
+    path(ORG + "rate-limits/", ratelimits.rate_limits, name="rate_limits"),
+    path(ORG + "rate-limits/new/", ratelimits.rate_limit_new, name="rate_limit_new"),
+    path(ORG + "rate-limits/<int:pk>/", ratelimits.rate_limit_edit, name="rate_limit_edit"),
+    path(ORG + "rate-limits/<int:pk>/delete/", ratelimits.rate_limit_delete, name="rate_limit_delete"),
     path(ORG + "keys/", manage.keys, name="keys"),
     path(ORG + "keys/<int:pk>/revoke/", manage.key_revoke, name="key_revoke"),
     path(ORG + "projects/", manage.projects, name="projects"),

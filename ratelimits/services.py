@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -136,18 +137,27 @@ class _Limiters:
 
 
 _limiters: _Limiters | None = None
+_limiters_lock = threading.Lock()
 
 
 def limiters() -> _Limiters:
     """The shared (Redis) limiter and this process's in-memory fallback."""
     global _limiters
     url = settings.CAPGATE["RATE_LIMIT_STORAGE_URL"]
-    if _limiters is None or _limiters.url != url:
-        # Short socket timeouts: a Redis that hangs must not hold admission threads.
-        shared = storage_from_string(url, wrap_exceptions=True, socket_connect_timeout=0.25, socket_timeout=0.25)
-        _limiters = _Limiters(url=url, shared=SlidingWindowCounterRateLimiter(shared),
-                              local=SlidingWindowCounterRateLimiter(MemoryStorage()))
-    return _limiters
+    current = _limiters
+    if current is not None and current.url == url:
+        return current
+    # Under a lock: every admission thread must share one in-memory fallback, and `limits`
+    # loads its storage's dependencies lazily, which is not thread-safe.
+    with _limiters_lock:
+        if _limiters is None or _limiters.url != url:
+            # Short socket timeouts: a Redis that hangs must not hold admission threads.
+            shared = storage_from_string(url, wrap_exceptions=True, socket_connect_timeout=0.25,
+                                         socket_timeout=0.25)
+            shared.dependencies["redis"]  # noqa: B018 — load it now, once
+            _limiters = _Limiters(url=url, shared=SlidingWindowCounterRateLimiter(shared),
+                                  local=SlidingWindowCounterRateLimiter(MemoryStorage()))
+        return _limiters
 
 
 def matching_limits(*, key: ApiKey, customer: EndCustomer | None) -> list[RateLimit]:
@@ -158,14 +168,17 @@ def matching_limits(*, key: ApiKey, customer: EndCustomer | None) -> list[RateLi
 
 
 def _checks(limits_: list[RateLimit], tokens: int) -> list[tuple[RateLimit, RateLimitItem, str, int, str]]:
-    out = []
+    out: list[tuple[RateLimit, RateLimitItem, str, int, str]] = []
+    database = settings.DATABASES["default"]["NAME"]
     for limit in limits_:
+        # A limit's counters are its own even where several databases share one Redis (tests).
+        ident = f"{database}:{limit.pk}:{limit.created_at.timestamp():.6f}"
         if limit.requests_per_minute is not None:
             out.append((limit, RateLimitItemPerMinute(limit.requests_per_minute, namespace="capgate-rpm"),
-                        "requests", 1, f"{limit.pk}"))
+                        "requests", 1, ident))
         if limit.tokens_per_minute is not None:
             out.append((limit, RateLimitItemPerMinute(limit.tokens_per_minute, namespace="capgate-tpm"),
-                        "tokens", max(tokens, 0), f"{limit.pk}"))
+                        "tokens", max(tokens, 0), ident))
     return out
 
 

@@ -235,7 +235,7 @@ def _apply_organization(data: Any, path: str, result: ApplyResult) -> None:
     item = _Item(
         data, path,
         {"slug", "name", "allow_unpriced", "default_run_budget_usd", "projects", "members", "keys",
-         "connections", "routes", "budgets"},
+         "connections", "routes", "budgets", "rate_limits"},
         {"slug"},
     )
     slug = item.str("slug") or ""
@@ -271,6 +271,10 @@ def _apply_organization(data: Any, path: str, result: ApplyResult) -> None:
                                                              "mode", "amount_usd", "thresholds",
                                                              "recipients"}, {"name", "scope", "amount_usd"}),
                       result)
+    from dashboard.services.apply_rate_limits import FIELDS, apply_rate_limit  # imports this module
+
+    for i, r in enumerate(item.list("rate_limits")):
+        apply_rate_limit(org, _Item(r, f"{path}.rate_limits[{i}]", FIELDS, {"name", "scope"}), result)
 
 
 def _record(result: ApplyResult, kind: str, label: str, changes: dict[str, list[Any]]) -> None:

@@ -1,0 +1,59 @@
+"""Management API: rate limits (requests and tokens per minute) per organization, project, key
+or end customer — declared like budgets."""
+
+from __future__ import annotations
+
+from rest_framework import mixins, serializers
+
+from ratelimits import services
+from ratelimits.models import RateLimit
+from tenants.api.views import OrgRelatedField, OrgViewSet
+from tenants.models import ApiKey, EndCustomer, Project
+
+
+class RateLimitSerializer(serializers.ModelSerializer):
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True,
+                                 help_text="What a refused caller reads (Retry-After comes with it).")
+    scope = serializers.ChoiceField(choices=RateLimit.Scope.choices)
+    project = OrgRelatedField(org_path="organization", queryset=Project.objects.all(), required=False,
+                              allow_null=True)
+    api_key = OrgRelatedField(org_path="organization", queryset=ApiKey.objects.all(), required=False,
+                              allow_null=True)
+    end_customer = OrgRelatedField(org_path="project__organization", queryset=EndCustomer.objects.all(),
+                                   required=False, allow_null=True)
+    requests_per_minute = serializers.IntegerField(min_value=1, max_value=services.MAX_PER_MINUTE, required=False,
+                                                   allow_null=True)
+    tokens_per_minute = serializers.IntegerField(
+        min_value=1, max_value=services.MAX_PER_MINUTE, required=False, allow_null=True,
+        help_text="Tokens as admission bounds them: the input bound plus the output ceiling.")
+
+    class Meta:
+        model = RateLimit
+        fields = ["id", "name", "scope", "project", "api_key", "end_customer", "requests_per_minute",
+                  "tokens_per_minute", "created_at", "updated_at"]
+        read_only_fields = ["id", "created_at", "updated_at"]
+        validators: list = []
+
+
+class RateLimitViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
+                       mixins.UpdateModelMixin, mixins.DestroyModelMixin):
+    """Rate limits of every scope. Over one, a gateway call gets 429 with Retry-After and the
+    limit's name, and nothing is reserved or charged. Scope and subject are fixed once created."""
+
+    serializer_class = RateLimitSerializer
+
+    def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return RateLimit.objects.none()
+        return RateLimit.objects.filter(organization=self.organization).order_by("id")
+
+    def perform_create(self, serializer):
+        data = dict(serializer.validated_data)
+        serializer.instance = services.create_rate_limit(organization=self.organization, actor=self.access.actor,
+                                                         scope=data.pop("scope"), **data)
+
+    def perform_update(self, serializer):
+        services.update_rate_limit(limit=serializer.instance, actor=self.access.actor, **serializer.validated_data)
+
+    def perform_destroy(self, instance):
+        services.delete_rate_limit(limit=instance, actor=self.access.actor)
