@@ -7,7 +7,6 @@ still uses Django's ORM and settings, on a database thread pool (gateway/runtime
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 
@@ -73,6 +72,10 @@ async def handle(req: Request) -> None:
         return await _error(req, BudgetUnavailable("The database is unavailable; nothing was reserved."), "openai")
 
 
+class InternalError(GatewayError):
+    type = "api_error"
+
+
 async def _error(req: Request, exc: CapgateError, flavor: str) -> None:
     status, headers, body = render(exc, flavor=flavor)
     await req.respond(status, body, headers)
@@ -95,8 +98,9 @@ class CapgateASGI:
             except Exception:
                 log.exception("gateway: unhandled error on %s", scope["path"])
                 if not req.started:
-                    await req.respond(500, json.dumps({"error": {"message": "Internal error", "type": "api_error",
-                                                                 "code": "internal_error", "param": None}}).encode())
+                    # In the endpoint's own shape: an Anthropic SDK cannot read OpenAI's error.
+                    flavor = "anthropic" if scope["path"].rstrip("/") == "/v1/messages" else "openai"
+                    await _error(req, InternalError("Internal error", code="internal_error", status=500), flavor)
                 return
         return await self.django_app(scope, receive, send)
 

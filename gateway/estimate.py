@@ -63,8 +63,14 @@ def _require_dict(body: Any) -> dict:
 
 
 def parse_json(raw: bytes) -> dict:
+    # The one limited loader (config/jsonlimits.py): a deeply nested body is a 400, not a
+    # RecursionError. The body's size is already bounded by MAX_BODY_BYTES (413) when read.
+    from config import jsonlimits
+
     try:
-        return _require_dict(json.loads(raw))
+        return _require_dict(jsonlimits.loads(raw))
+    except jsonlimits.JSONLimitError as exc:
+        raise bad_request(exc.message, code=exc.code) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"The request body is not valid JSON: {exc}.") from None
 

@@ -124,6 +124,13 @@ REST_FRAMEWORK = {
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "tenants.api.auth.api_exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    # JSON bodies go through config/jsonlimits.py: at most DATA_UPLOAD_MAX_MEMORY_SIZE bytes
+    # (Django's 2.5 MB) and CAPGATE["MAX_JSON_DEPTH"] levels, else 413/400 in the API's shape.
+    "DEFAULT_PARSER_CLASSES": [
+        "config.parsers.LimitedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {
@@ -189,6 +196,9 @@ CAPGATE = {
     "RATE_LIMIT_STORAGE_URL": env("CAPGATE_RATE_LIMIT_STORAGE_URL", default=REDIS_URL),
     # A body larger than this is refused with 413 before it is parsed.
     "MAX_BODY_BYTES": env.int("CAPGATE_MAX_BODY_BYTES", default=20 * 1024 * 1024),
+    # JSON nested deeper than this is refused with 400 (gateway and API): Python's parser would
+    # otherwise recurse into a RecursionError. Real requests nest about 20 levels.
+    "MAX_JSON_DEPTH": env.int("CAPGATE_MAX_JSON_DEPTH", default=64),
     # Gateway processes cache key and route lookups this long (0: off). A revoked key or a
     # changed route takes effect within it; budgets are never cached.
     "LOOKUP_CACHE_SECONDS": env.float("CAPGATE_LOOKUP_CACHE_SECONDS", default=2.0),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.models import AnonymousUser
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError
 from django.db.models import ProtectedError
@@ -65,6 +66,10 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     if isinstance(exc, CapgateError):
         errors = {exc.param: [exc.message]} if exc.param else {}
         return Response({"code": exc.code, "detail": exc.message, "errors": errors}, status=exc.status)
+    if isinstance(exc, RequestDataTooBig):
+        # DRF reads JSON bodies through request.body, which enforces DATA_UPLOAD_MAX_MEMORY_SIZE.
+        return Response({"code": "request_too_large", "detail": "The request body is too large.", "errors": {}},
+                        status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
     if isinstance(exc, ProtectedError):
