@@ -25,15 +25,33 @@ class UnpricedModel(Exception):
         self.model = model
 
 
+class UnpricedFeature(Exception):
+    """The request asks for a paid feature (a service tier, web search, 1-hour cache writes, a
+    long-context band) that the model's catalog entry does not price."""
+
+    def __init__(self, model: Model | str, feature: str):
+        super().__init__(f"model {model} has no price for {feature}")
+        self.model = str(model)
+        self.feature = feature
+
+
 @dataclass(frozen=True)
 class Rates:
-    """Effective USD-per-1M-token rates for one (connection, model) target."""
+    """Effective USD-per-1M-token rates for one (connection, model) target, with the request's
+    service tier already applied."""
 
     input: Decimal
     output: Decimal
     cache_read: Decimal
     cache_write: Decimal
     per_request: Decimal
+    cache_write_1h: Decimal | None = None  # None: 1-hour cache writes are not priced
+    web_search_per_use: Decimal | None = None  # USD per search; None: not priced
+    server_tool_result_tokens: int | None = None  # input tokens one search may add
+    long_context_threshold: int | None = None
+    long_context_input: Decimal = Decimal(1)
+    long_context_output: Decimal = Decimal(1)
+    model: str = ""  # "provider/name", for errors
 
     @property
     def max_input(self) -> Decimal:
@@ -43,11 +61,13 @@ class Rates:
 
 @dataclass(frozen=True)
 class TokenBound:
-    """An upper bound on what one request can be billed for, in tokens."""
+    """An upper bound on what one request can be billed for, in tokens and paid uses."""
 
     input_tokens: int
     output_tokens: int  # per choice
     choices: int = 1
+    web_searches: int = 0  # server-side searches the request allows (max_uses)
+    cache_1h: bool = False  # the request may write 1-hour cache entries
 
 
 @dataclass(frozen=True)
@@ -55,11 +75,38 @@ class Usage:
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_tokens: int = 0
-    cache_write_tokens: int = 0
+    cache_write_tokens: int = 0  # 5-minute (or unspecified) cache writes
+    cache_write_1h_tokens: int = 0
+    web_search_requests: int = 0
+    service_tier: str | None = None  # the tier the provider says served the request
+    # Paid features the provider reported that capgate cannot price (audio tokens, an unknown
+    # server tool): the record is charged no less than its worst case and says why.
+    unpriced: tuple[str, ...] = ()
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.input_tokens + self.cache_read_tokens + self.cache_write_tokens + self.cache_write_1h_tokens
 
 
-def rates_for(*, model: Model, connection: Connection | None = None) -> Rates:
-    """Negotiated connection rates override the list price field by field."""
+# Tiers priced at the model's standard rates, by the name each provider uses.
+STANDARD_TIERS = frozenset({"", "default", "standard", "standard_only"})
+_TIER_FIELDS = {"priority": "priority_multiplier", "fast": "priority_multiplier", "flex": "flex_multiplier"}
+
+
+def tier_multiplier(model: Model, tier: str | None) -> Decimal:
+    """The price multiplier of a service tier; UnpricedFeature if the catalog has none."""
+    if tier is None or tier in STANDARD_TIERS:
+        return Decimal(1)
+    attr = _TIER_FIELDS.get(tier)
+    value = getattr(model, attr) if attr else None
+    if value is None:
+        raise UnpricedFeature(model, f"service_tier {tier!r}")
+    return cast(Decimal, value)
+
+
+def rates_for(*, model: Model, connection: Connection | None = None, tier: str | None = None) -> Rates:
+    """Negotiated connection rates override the list price field by field; a service tier
+    multiplies every token rate."""
 
     def pick(field: str) -> Decimal | None:
         override = getattr(connection, f"{field}_usd_per_mtok", None) if connection else None
@@ -68,14 +115,22 @@ def rates_for(*, model: Model, connection: Connection | None = None) -> Rates:
     input_rate, output_rate = pick("input"), pick("output")
     if input_rate is None or output_rate is None:
         raise UnpricedModel(model)
+    m = tier_multiplier(model, tier)
+    cache_read, cache_write, cache_1h = pick("cache_read"), pick("cache_write"), pick("cache_write_1h")
     return Rates(
-        input=input_rate,
-        output=output_rate,
+        input=input_rate * m,
+        output=output_rate * m,
         # Missing cache prices: the provider bills those tokens as plain input.
-        # (cast: mypy cannot narrow a repeated call; the branch runs only when it is not None.)
-        cache_read=cast(Decimal, pick("cache_read")) if pick("cache_read") is not None else input_rate,
-        cache_write=cast(Decimal, pick("cache_write")) if pick("cache_write") is not None else input_rate,
+        cache_read=(cache_read if cache_read is not None else input_rate) * m,
+        cache_write=(cache_write if cache_write is not None else input_rate) * m,
+        cache_write_1h=cache_1h * m if cache_1h is not None else None,
         per_request=model.per_request_usd or Decimal(0),
+        web_search_per_use=model.web_search_usd_per_use,
+        server_tool_result_tokens=model.server_tool_result_tokens,
+        long_context_threshold=model.long_context_threshold_tokens,
+        long_context_input=model.long_context_input_multiplier or Decimal(1),
+        long_context_output=model.long_context_output_multiplier or Decimal(1),
+        model=model.name,
     )
 
 
@@ -83,11 +138,28 @@ def _nano(tokens: int, usd_per_mtok: Decimal) -> Decimal:
     return Decimal(tokens) * usd_per_mtok * _NANO_PER_TOKEN_PER_USD_PER_MTOK
 
 
+def _band(rates: Rates, input_tokens: int) -> tuple[Decimal, Decimal]:
+    """(input, output) multipliers of the long-context band the request's input falls in."""
+    if rates.long_context_threshold is not None and input_tokens > rates.long_context_threshold:
+        return rates.long_context_input, rates.long_context_output
+    return Decimal(1), Decimal(1)
+
+
 def worst_case_nano(*, bound: TokenBound, rates: Rates) -> int:
+    """Raises UnpricedFeature when the bound needs a price the catalog lacks."""
+    max_input = rates.max_input
+    if bound.cache_1h:
+        if rates.cache_write_1h is None:
+            raise UnpricedFeature(rates.model, "1-hour cache writes")
+        max_input = max(max_input, rates.cache_write_1h)
+    if bound.web_searches and rates.web_search_per_use is None:
+        raise UnpricedFeature(rates.model, "web search")
+    band_in, band_out = _band(rates, bound.input_tokens)
     total = (
-        _nano(bound.input_tokens, rates.max_input)
-        + _nano(bound.output_tokens * bound.choices, rates.output)
+        _nano(bound.input_tokens, max_input * band_in)
+        + _nano(bound.output_tokens * bound.choices, rates.output * band_out)
         + rates.per_request * _NANO_PER_USD
+        + bound.web_searches * (rates.web_search_per_use or Decimal(0)) * _NANO_PER_USD
     )
     return int(total.to_integral_value(rounding=ROUND_CEILING))
 
@@ -103,13 +175,23 @@ def worst_case_over_route(*, bound: TokenBound, targets: Iterable[tuple[Model, C
     return worst
 
 
+def nano_per_output_token(*, rates: Rates, input_tokens: int) -> Decimal:
+    """What one more output token can cost, in nano-USD, at the band the input falls in."""
+    return rates.output * _band(rates, input_tokens)[1] * _NANO_PER_TOKEN_PER_USD_PER_MTOK
+
+
 def cost_nano(*, usage: Usage, rates: Rates) -> int:
+    """The actual cost of reported usage. A priced feature the catalog lacks a price for is
+    billed at the nearest known rate (1-hour writes at the 5-minute rate); the caller flags it."""
+    band_in, band_out = _band(rates, usage.prompt_tokens)
     total = (
-        _nano(usage.input_tokens, rates.input)
-        + _nano(usage.output_tokens, rates.output)
-        + _nano(usage.cache_read_tokens, rates.cache_read)
-        + _nano(usage.cache_write_tokens, rates.cache_write)
+        _nano(usage.input_tokens, rates.input * band_in)
+        + _nano(usage.output_tokens, rates.output * band_out)
+        + _nano(usage.cache_read_tokens, rates.cache_read * band_in)
+        + _nano(usage.cache_write_tokens, rates.cache_write * band_in)
+        + _nano(usage.cache_write_1h_tokens, (rates.cache_write_1h or rates.cache_write) * band_in)
         + rates.per_request * _NANO_PER_USD
+        + usage.web_search_requests * (rates.web_search_per_use or Decimal(0)) * _NANO_PER_USD
     )
     return int(total.to_integral_value(rounding=ROUND_HALF_UP))
 
@@ -121,3 +203,8 @@ def usd_to_nano(usd: Decimal | str | int) -> int:
 
 def nano_to_usd(nano: int) -> Decimal:
     return Decimal(nano) / _NANO_PER_USD
+
+
+def usd_str(nano: int) -> str:
+    """Exact USD with nine decimals, for headers and API fields ("0.000123000")."""
+    return f"{nano_to_usd(nano):.9f}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from budgets.errors import BudgetExceeded
+from catalog.pricing import usd_str
 from config.errors import CapgateError
 
 _ANTHROPIC_TYPES = {
@@ -50,8 +51,8 @@ def error_headers(exc: CapgateError) -> list[tuple[bytes, bytes]]:
     if isinstance(exc, BudgetExceeded):
         headers += [
             (b"x-capgate-budget-code", exc.code.encode()),
-            (b"x-capgate-budget-limit-usd", f"{exc.limit_nano / 1e9:.9f}".encode()),
-            (b"x-capgate-budget-remaining-usd", f"{max(exc.remaining_nano, 0) / 1e9:.9f}".encode()),
+            (b"x-capgate-budget-limit-usd", usd_str(exc.limit_nano).encode()),
+            (b"x-capgate-budget-remaining-usd", usd_str(max(exc.remaining_nano, 0)).encode()),
         ]
     retry_after = getattr(exc, "retry_after", None)
     if exc.status == 429 and retry_after is not None:

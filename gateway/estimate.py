@@ -10,33 +10,19 @@ caller can refuse them under a blocking cap.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
 
-from gateway.errors import bad_request
+from gateway import billing
+from gateway.errors import GatewayError, bad_request
 
 MAX_CHOICES = 8
 MAX_OUTPUT_TOKENS_ACCEPTED = 1_000_000
-# Parameters each endpoint accepts. An unknown one could change what the provider bills in a
-# way the bound cannot see, so it is refused rather than passed through.
-ALLOWED = {
-    "chat": {
-        "model", "messages", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "max_tokens",
-        "max_completion_tokens", "n", "presence_penalty", "response_format", "seed", "service_tier", "stop",
-        "stream", "stream_options", "temperature", "top_p", "tools", "tool_choice", "parallel_tool_calls", "user",
-        "function_call", "functions", "metadata", "store", "reasoning_effort", "prediction", "modalities", "audio",
-        "web_search_options", "verbosity", "prompt_cache_key", "safety_identifier",
-    },
-    "messages": {
-        "model", "messages", "max_tokens", "system", "metadata", "stop_sequences", "stream", "temperature", "top_p",
-        "top_k", "tools", "tool_choice", "thinking", "service_tier",
-    },
-    "embeddings": {"model", "input", "encoding_format", "dimensions", "user"},
-}
-# Parameters that buy output the token bound does not cover (audio out, paid tool calls).
-_UNBOUNDED_PARAMS = {"audio", "web_search_options"}
+MAX_SERVER_TOOL_USES = 100
+# Parameters each endpoint accepts: the billing inventory's fields (gateway/billing.py).
+ALLOWED = {kind: set(fields) for kind, fields in billing.FIELDS.items()}
 _IMAGE_PARTS = {"image_url", "image", "input_image"}
 _UNBOUNDED_PARTS = {"input_audio", "audio", "file", "document", "input_file", "video"}
 
@@ -54,6 +40,16 @@ class Shape:
     output_param: str | None  # which field carried it
     choices: int
     stream: bool
+    # Paid features (docs/billing.md):
+    refused: tuple[str, ...] = ()  # fields refused under a blocking cap, by name
+    web_searches: int = 0  # server-side web searches allowed (sum of max_uses)
+    server_tool_uses: int = 0  # every server-side tool use (each is another sampling pass)
+    fetch_tokens: int = 0  # input a web_fetch can add: max_uses x max_content_tokens
+    extra_output: int = 0  # output beyond the ceiling: rejected prediction, interleaved thinking
+    cache_1h: bool = False  # 1-hour cache writes requested
+    service_tier: str | None = None  # as requested ("auto" when absent)
+    patch: dict = field(default_factory=dict)  # fields rewritten upstream (tools with max_uses)
+    forward_headers: dict = field(default_factory=dict)  # classified headers sent upstream
 
 
 def _require_dict(body: Any) -> dict:
@@ -75,11 +71,144 @@ def parse_json(raw: bytes) -> dict:
         raise bad_request(f"The request body is not valid JSON: {exc}.") from None
 
 
-def _check_params(body: dict, kind: str) -> int:
+def _check_params(body: dict, kind: str) -> None:
     unknown = sorted(set(body) - ALLOWED[kind])
     if unknown:
         raise bad_request(f"Unsupported parameter: '{unknown[0]}'.", param=unknown[0], code="unsupported_parameter")
-    return sum(1 for p in _UNBOUNDED_PARAMS if body.get(p) is not None)
+
+
+def _unsupported(message: str, *, code: str, param: str | None = None) -> GatewayError:
+    return bad_request(message, code=code, param=param)
+
+
+def _refused_chat_params(body: dict) -> list[str]:
+    """Fields present in a chat body that are refused under a blocking cap."""
+    refused = [f for f in ("audio", "web_search_options", "moderation") if body.get(f) is not None]
+    modalities = body.get("modalities")
+    if modalities is not None:
+        if not isinstance(modalities, list) or not all(isinstance(m, str) for m in modalities):
+            raise bad_request("'modalities' must be an array of strings.", param="modalities")
+        if any(m != "text" for m in modalities):
+            refused.append("modalities")
+    return refused
+
+
+def _service_tier(body: dict, allowed: set[str]) -> str | None:
+    tier = body.get("service_tier")
+    if tier is None:
+        return None
+    if not isinstance(tier, str) or tier not in allowed:
+        raise bad_request(f"'service_tier' must be one of {', '.join(sorted(allowed))}.", param="service_tier")
+    return tier
+
+
+def _has_1h_cache(node: Any) -> bool:
+    """Whether any cache_control in the body asks for a 1-hour TTL (walked without recursion)."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            cc = item.get("cache_control")
+            if isinstance(cc, dict) and cc.get("ttl") not in (None, "5m"):
+                if cc.get("ttl") != "1h":
+                    raise bad_request("cache_control.ttl must be '5m' or '1h'.", param="cache_control")
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _max_uses(tool: dict, i: int, default: int) -> int:
+    uses = tool.get("max_uses", default)
+    if isinstance(uses, bool) or not isinstance(uses, int) or not 1 <= uses <= MAX_SERVER_TOOL_USES:
+        raise bad_request(f"tools[{i}].max_uses must be an integer between 1 and {MAX_SERVER_TOOL_USES}.",
+                          param=f"tools[{i}].max_uses")
+    return uses
+
+
+@dataclass
+class _Tools:
+    refused: list[str]
+    web_searches: int = 0
+    server_tool_uses: int = 0
+    fetch_tokens: int = 0
+    overhead: int = 0
+    patched: list | None = None  # the tools list as sent upstream, when max_uses was injected
+
+
+def _tools(body: dict, kind: str) -> _Tools:
+    """Classify each tool by type (gateway/billing.py TOOL_TYPES). Server tools get a bounded
+    use count: the caller's max_uses, or the configured default injected into the upstream body."""
+    out = _Tools(refused=[])
+    tools = body.get("tools")
+    if tools is None:
+        return out
+    if not isinstance(tools, list):
+        raise bad_request("'tools' must be an array.", param="tools")
+    cfg = settings.CAPGATE
+    known = billing.TOOL_TYPES[kind]
+    patched: list = []
+    injected = False
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict):
+            raise bad_request(f"tools[{i}] must be an object.", param=f"tools[{i}]")
+        raw_type = tool.get("type", "custom")
+        if not isinstance(raw_type, str):
+            raise bad_request(f"tools[{i}].type must be a string.", param=f"tools[{i}].type")
+        name = billing.undated(raw_type)
+        if name not in known:
+            raise _unsupported(f"Unsupported tool type: '{raw_type}'.", code="unsupported_tool", param=f"tools[{i}].type")
+        entry = known[name]
+        if entry.cls == billing.REFUSED:
+            out.refused.append(name)
+        elif name == "web_search":
+            uses = _max_uses(tool, i, cfg["DEFAULT_SERVER_TOOL_MAX_USES"])
+            out.web_searches += uses
+            out.server_tool_uses += uses
+            if "max_uses" not in tool:
+                tool, injected = {**tool, "max_uses": uses}, True
+        elif name == "web_fetch":
+            uses = _max_uses(tool, i, cfg["DEFAULT_SERVER_TOOL_MAX_USES"])
+            content = tool.get("max_content_tokens", cfg["DEFAULT_WEB_FETCH_MAX_CONTENT_TOKENS"])
+            if isinstance(content, bool) or not isinstance(content, int) or not 1 <= content <= MAX_OUTPUT_TOKENS_ACCEPTED:
+                raise bad_request(f"tools[{i}].max_content_tokens must be a positive integer.",
+                                  param=f"tools[{i}].max_content_tokens")
+            out.server_tool_uses += uses
+            out.fetch_tokens += uses * content
+            if "max_uses" not in tool or "max_content_tokens" not in tool:
+                tool, injected = {**tool, "max_uses": uses, "max_content_tokens": content}, True
+        elif kind == "messages" and name != "custom":
+            out.overhead += cfg["BUILTIN_TOOL_OVERHEAD_TOKENS"]  # a client tool's hidden definition
+        patched.append(tool)
+    if tools:
+        out.overhead += cfg["TOOL_USE_OVERHEAD_TOKENS"]  # the provider's tool-use system prompt
+    out.patched = patched if injected else None
+    return out
+
+
+def _anthropic_headers(headers: dict[str, str]) -> tuple[dict[str, str], list[str], set[str]]:
+    """The classified headers to forward, the betas refused under a blocking cap, and every beta."""
+    forward: dict[str, str] = {}
+    for name in billing.HEADERS["messages"]:
+        if name in headers:
+            forward[name] = headers[name]
+    refused: list[str] = []
+    betas: set[str] = set()
+    raw = headers.get("anthropic-beta")
+    if raw is not None:
+        for value in (v.strip() for v in raw.split(",")):
+            if not value:
+                continue
+            name = billing.undated(value)
+            entry = billing.ANTHROPIC_BETAS.get(name)
+            if entry is None:
+                raise _unsupported(f"Unsupported anthropic-beta value: '{value}'.", code="unsupported_beta",
+                                   param="anthropic-beta")
+            betas.add(name)
+            if entry.cls == billing.REFUSED:
+                refused.append("anthropic_beta")
+    return forward, refused, betas
 
 
 def _model(body: dict) -> str:
@@ -151,8 +280,8 @@ def _messages(body: dict, *, allow_system_role: bool = True) -> list:
     return messages
 
 
-def shape_chat(body: dict) -> Shape:
-    unbounded_params = _check_params(body, "chat")
+def shape_chat(body: dict, headers: dict[str, str] | None = None) -> Shape:
+    _check_params(body, "chat")
     model = _model(body)
     messages = _messages(body)
     n = body.get("n", 1)
@@ -164,15 +293,24 @@ def shape_chat(body: dict) -> Shape:
     max_output, param = (max_completion, "max_completion_tokens") if max_completion else (max_tokens, "max_tokens")
     if max_output is None:
         param = None
+    refused = _refused_chat_params(body)
+    tools = _tools(body, "chat")
+    if body.get("functions") is not None:
+        tools.overhead = max(tools.overhead, settings.CAPGATE["TOOL_USE_OVERHEAD_TOKENS"])
+    prediction = body.get("prediction")
+    # Rejected prediction tokens are billed as output: bound them by the prediction's bytes.
+    extra_output = len(json.dumps(prediction, ensure_ascii=False).encode()) if prediction is not None else 0
     parts = _PartCounter()
     billed = {**body, "messages": [{**m, "content": parts.strip(m.get("content"))} for m in messages]}
     return Shape(
-        kind="chat", model=model, text_tokens=_text_tokens(billed, messages), images=parts.images,
-        unbounded_parts=parts.unbounded + unbounded_params, max_output=max_output, output_param=param, choices=n, stream=_stream(body),
+        kind="chat", model=model, text_tokens=_text_tokens(billed, messages) + tools.overhead, images=parts.images,
+        unbounded_parts=parts.unbounded, max_output=max_output, output_param=param, choices=n, stream=_stream(body),
+        refused=tuple(refused + tools.refused), extra_output=extra_output,
+        service_tier=_service_tier(body, {"auto", "default", "flex", "scale", "priority", "fast"}),
     )
 
 
-def shape_messages(body: dict) -> Shape:
+def shape_messages(body: dict, headers: dict[str, str] | None = None) -> Shape:
     _check_params(body, "messages")
     model = _model(body)
     messages = _messages(body)
@@ -180,6 +318,18 @@ def shape_messages(body: dict) -> Shape:
     system = body.get("system")
     if system is not None and not isinstance(system, str | list):
         raise bad_request("'system' must be a string or an array of content blocks.", param="system")
+    forward, refused, betas = _anthropic_headers(headers or {})
+    refused += [f for f in ("container", "mcp_servers") if body.get(f) is not None]
+    geo = body.get("inference_geo")
+    if geo is not None and geo != "global":
+        refused.append("inference_geo")
+    tools = _tools(body, "messages")
+    extra_output = 0
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and "interleaved-thinking" in betas:
+        budget = thinking.get("budget_tokens")
+        if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0:
+            extra_output = budget  # interleaved thinking may spend its budget beyond max_tokens
     parts = _PartCounter()
     billed = {
         **body,
@@ -187,13 +337,17 @@ def shape_messages(body: dict) -> Shape:
         "messages": [{**m, "content": parts.strip(m.get("content"))} for m in messages],
     }
     return Shape(
-        kind="messages", model=model, text_tokens=_text_tokens(billed, messages), images=parts.images,
-        unbounded_parts=parts.unbounded, max_output=max_tokens, output_param="max_tokens" if max_tokens else None,
-        choices=1, stream=_stream(body),
+        kind="messages", model=model, text_tokens=_text_tokens(billed, messages) + tools.overhead,
+        images=parts.images, unbounded_parts=parts.unbounded, max_output=max_tokens,
+        output_param="max_tokens" if max_tokens else None, choices=1, stream=_stream(body),
+        refused=tuple(refused + tools.refused), web_searches=tools.web_searches,
+        server_tool_uses=tools.server_tool_uses, fetch_tokens=tools.fetch_tokens, extra_output=extra_output,
+        cache_1h=_has_1h_cache(body), service_tier=_service_tier(body, {"auto", "standard_only"}),
+        patch={"tools": tools.patched} if tools.patched is not None else {}, forward_headers=forward,
     )
 
 
-def shape_embeddings(body: dict) -> Shape:
+def shape_embeddings(body: dict, headers: dict[str, str] | None = None) -> Shape:
     _check_params(body, "embeddings")
     model = _model(body)
     data = body.get("input")

@@ -13,7 +13,10 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import httpx
+
 from catalog.pricing import Usage
+from gateway import billing
 from gateway.service import Target
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -21,10 +24,13 @@ PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "embeddings
 
 
 def upstream_url(target: Target, kind: str) -> str:
-    base = target.connection.base_url.rstrip("/")
-    if base.endswith("/v1"):  # accept the SDK-style base URL too
-        base = base[: -len("/v1")]
-    return base + PATHS[kind]
+    # Joined as a URL, not a string: a query or fragment in a stored base URL is dropped,
+    # never allowed to turn the endpoint's path into a query string.
+    base = httpx.URL(target.connection.base_url)
+    path = base.path.rstrip("/")
+    if path.endswith("/v1"):  # accept the SDK-style base URL too
+        path = path[: -len("/v1")]
+    return str(base.copy_with(path=path + PATHS[kind], query=None, fragment=None))
 
 
 def upstream_headers(target: Target, client_headers: dict[str, str]) -> dict[str, str]:
@@ -32,9 +38,12 @@ def upstream_headers(target: Target, client_headers: dict[str, str]) -> dict[str
     secret = target.connection.plain_secret
     if target.connection.kind == "anthropic":
         headers["x-api-key"] = secret
-        headers["anthropic-version"] = client_headers.get("anthropic-version", ANTHROPIC_VERSION)
-        if "anthropic-beta" in client_headers:
-            headers["anthropic-beta"] = client_headers["anthropic-beta"]
+        # Only the headers the billing inventory classifies (their values were checked when the
+        # request was shaped); anthropic-version is always sent.
+        for name in billing.HEADERS["messages"]:
+            if name in client_headers:
+                headers[name] = client_headers[name]
+        headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
     elif secret:
         headers["authorization"] = f"Bearer {secret}"
     # The fake upstream used by tests and benchmarks takes its fault knobs from these.
@@ -44,23 +53,55 @@ def upstream_headers(target: Target, client_headers: dict[str, str]) -> dict[str
     return headers
 
 
-def usage_openai(u: dict | None) -> Usage | None:
+def _count(d: object, key: str) -> int:
+    value = d.get(key) if isinstance(d, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _unpriced_counts(d: object, known: set[str], prefix: str) -> list[str]:
+    """Positive counters in a usage sub-object that capgate does not price."""
+    if not isinstance(d, dict):
+        return []
+    return [f"{prefix}.{k}={v}" for k, v in d.items() if k not in known and _count(d, k)]
+
+
+def usage_openai(u: dict | None, service_tier: object = None) -> Usage | None:
     if not isinstance(u, dict):
         return None
-    prompt = int(u.get("prompt_tokens") or 0)
-    cached = int((u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-    return Usage(input_tokens=max(prompt - cached, 0), output_tokens=int(u.get("completion_tokens") or 0),
-                 cache_read_tokens=cached)
+    prompt = _count(u, "prompt_tokens")
+    details = u.get("prompt_tokens_details") or {}
+    out_details = u.get("completion_tokens_details") or {}
+    cached = _count(details, "cached_tokens")
+    unpriced = [f"prompt_tokens_details.{k}={_count(details, k)}" for k in ("audio_tokens",) if _count(details, k)]
+    unpriced += [f"completion_tokens_details.{k}={_count(out_details, k)}" for k in ("audio_tokens",)
+                 if _count(out_details, k)]
+    return Usage(input_tokens=max(prompt - cached, 0), output_tokens=_count(u, "completion_tokens"),
+                 cache_read_tokens=cached, service_tier=service_tier if isinstance(service_tier, str) else None,
+                 unpriced=tuple(unpriced))
+
+
+# server_tool_use counters: priced per use, free (their tokens are in the input), or unknown.
+_PRICED_SERVER_TOOLS = {"web_search_requests"}
+_FREE_SERVER_TOOLS = {"web_fetch_requests"}
 
 
 def usage_anthropic(u: dict | None) -> Usage | None:
     if not isinstance(u, dict):
         return None
+    writes = _count(u, "cache_creation_input_tokens")
+    split = u.get("cache_creation")
+    one_hour = _count(split, "ephemeral_1h_input_tokens")
+    tools = u.get("server_tool_use")
+    tier = u.get("service_tier")
     return Usage(
-        input_tokens=int(u.get("input_tokens") or 0),
-        output_tokens=int(u.get("output_tokens") or 0),
-        cache_read_tokens=int(u.get("cache_read_input_tokens") or 0),
-        cache_write_tokens=int(u.get("cache_creation_input_tokens") or 0),
+        input_tokens=_count(u, "input_tokens"),
+        output_tokens=_count(u, "output_tokens"),
+        cache_read_tokens=_count(u, "cache_read_input_tokens"),
+        cache_write_tokens=max(writes - one_hour, 0),
+        cache_write_1h_tokens=one_hour,
+        web_search_requests=_count(tools, "web_search_requests"),
+        service_tier=tier if isinstance(tier, str) else None,
+        unpriced=tuple(_unpriced_counts(tools, _PRICED_SERVER_TOOLS | _FREE_SERVER_TOOLS, "server_tool_use")),
     )
 
 
@@ -71,8 +112,11 @@ def usage_from_body(kind: str, body: bytes) -> tuple[Usage | None, str]:
         return None, ""
     if not isinstance(data, dict):
         return None, ""
-    reader = usage_anthropic if kind == "messages" else usage_openai
-    return reader(data.get("usage")), str(data.get("model") or "")
+    if kind == "messages":
+        usage = usage_anthropic(data.get("usage"))
+    else:
+        usage = usage_openai(data.get("usage"), data.get("service_tier"))
+    return usage, str(data.get("model") or "")
 
 
 class StreamUsage:
@@ -103,7 +147,7 @@ class StreamUsage:
             return False
         if b'"usage":{' in data or b'"usage": {' in data:
             chunk = json.loads(data)
-            self.usage = usage_openai(chunk.get("usage"))
+            self.usage = usage_openai(chunk.get("usage"), chunk.get("service_tier"))
             self.model = str(chunk.get("model") or self.model)
             return not chunk.get("choices")
         return False
@@ -145,6 +189,23 @@ def _echo_usage(target: Target, prompt_bound: int, max_output: int | None) -> tu
     return prompt, completion
 
 
+def _echo_searches(body: dict) -> int:
+    """Echo bills web search like a provider that uses every search the request allows."""
+    return sum(int(t.get("max_uses") or 0) for t in body.get("tools") or []
+               if isinstance(t, dict) and str(t.get("type", "")).startswith("web_search"))
+
+
+def _echo_tier(target: Target, body: dict, kind: str) -> str:
+    requested = body.get("service_tier")
+    if requested in (None, "auto"):
+        requested = target.connection.options.get("service_tier")
+    if requested == "fast":
+        requested = "priority"
+    if kind == "messages":
+        return "priority" if requested == "priority" else "standard"
+    return str(requested or "default")
+
+
 async def echo_response(target: Target, kind: str, body: dict, prompt_bound: int) -> bytes:
     """A fixed response priced from the catalog, after the connection's configured delay."""
     opts = target.connection.options
@@ -158,7 +219,9 @@ async def echo_response(target: Target, kind: str, body: dict, prompt_bound: int
             "id": f"msg_{rid}", "type": "message", "role": "assistant", "model": body["model"],
             "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
             "usage": {"input_tokens": prompt, "output_tokens": completion,
-                      "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+                      "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                      "server_tool_use": {"web_search_requests": _echo_searches(body)},
+                      "service_tier": _echo_tier(target, body, kind)},
         }).encode()
     if kind == "embeddings":
         items = body["input"] if isinstance(body["input"], list) else [body["input"]]
@@ -170,6 +233,7 @@ async def echo_response(target: Target, kind: str, body: dict, prompt_bound: int
     n = int(body.get("n") or 1)
     return json.dumps({
         "id": f"chatcmpl-{rid}", "object": "chat.completion", "created": int(time.time()), "model": body["model"],
+        "service_tier": _echo_tier(target, body, kind),
         "choices": [{"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
                     for i in range(n)],
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion * n, "total_tokens": prompt + completion * n},
@@ -205,7 +269,8 @@ async def echo_stream(target: Target, kind: str, body: dict, prompt_bound: int) 
                      "content_block_delta")
         yield ev({"type": "content_block_stop", "index": 0}, "content_block_stop")
         yield ev({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                  "usage": {"output_tokens": completion}}, "message_delta")
+                  "usage": {"output_tokens": completion, "server_tool_use": {"web_search_requests": _echo_searches(body)},
+                            "service_tier": _echo_tier(target, body, kind)}}, "message_delta")
         yield ev({"type": "message_stop"}, "message_stop")
         return
     base = {"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk", "created": int(time.time()),
@@ -216,6 +281,6 @@ async def echo_stream(target: Target, kind: str, body: dict, prompt_bound: int) 
         yield ev({**base, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
     yield ev({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
     if (body.get("stream_options") or {}).get("include_usage"):
-        yield ev({**base, "choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                                                    "total_tokens": prompt + completion}})
+        yield ev({**base, "service_tier": _echo_tier(target, body, kind), "choices": [],
+                  "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}})
     yield SSEEvent(raw=b"data: [DONE]", data=b"[DONE]")

@@ -22,11 +22,11 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from budgets.errors import BudgetExceeded, BudgetUnavailable
-from catalog.pricing import Usage, cost_nano, rates_for
+from catalog.pricing import UnpricedFeature, UnpricedModel, Usage, cost_nano, rates_for, usd_str
 from config.errors import CapgateError
-from gateway import runtime
+from gateway import runtime, upstream
 from gateway.errors import GatewayError, render
-from gateway.estimate import SHAPERS, parse_json
+from gateway.estimate import SHAPERS, Shape, parse_json
 from gateway.http import ClientGone, Request
 from gateway.providers import (
     StreamUsage,
@@ -46,7 +46,7 @@ NOT_BILLED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx
 # Several independent pools instead of one: httpcore's pool does per-request bookkeeping over
 # every connection it holds, which at hundreds of concurrent upstream calls dominated the event
 # loop (docs/performance.md). Requests are spread round-robin; each pool reuses its connections.
-CLIENT_SHARDS = 8
+# Each shard dials only allowed addresses and takes the caller's capacity slot (gateway/upstream.py).
 _clients: list[httpx.AsyncClient] = []
 _next_client = itertools.count()
 
@@ -54,10 +54,7 @@ _next_client = itertools.count()
 def client() -> httpx.AsyncClient:
     """A pooled upstream client (one of a few shards, per process)."""
     if not _clients:
-        timeout = httpx.Timeout(connect=5.0, read=settings.CAPGATE["UPSTREAM_READ_TIMEOUT"], write=30.0, pool=10.0)
-        limits = httpx.Limits(max_connections=2000 // CLIENT_SHARDS, max_keepalive_connections=200 // CLIENT_SHARDS)
-        _clients.extend(httpx.AsyncClient(timeout=timeout, limits=limits, follow_redirects=False)
-                        for _ in range(CLIENT_SHARDS))
+        _clients.extend(upstream.new_client() for _ in range(upstream.CLIENT_SHARDS))
     return _clients[next(_next_client) % len(_clients)]
 
 
@@ -90,9 +87,16 @@ class ProxyCall:
         self.prepared: Prepared | None = None
         self.text_tokens = 0  # the input bound; echo reports a quarter of it as prompt tokens
         self.client_stream_options: dict = {}
+        self.shape: Shape | None = None
 
     def _headers(self) -> list[tuple[bytes, bytes]]:
-        return [(b"x-capgate-request-id", self.request_id.encode())]
+        headers = [(b"x-capgate-request-id", self.request_id.encode())]
+        p = self.prepared
+        if p is not None:  # admitted: what it reserved, and the room left under its tightest cap
+            headers.append((b"x-capgate-reserved-usd", usd_str(p.worst_nano).encode()))
+            if p.remaining_nano is not None:
+                headers.append((b"x-capgate-budget-remaining-usd", usd_str(max(p.remaining_nano, 0)).encode()))
+        return headers
 
     async def fail(self, exc: CapgateError) -> None:
         status, headers, body = render(exc, flavor=self.flavor)
@@ -109,7 +113,7 @@ class ProxyCall:
         shape = shape_error = None
         try:
             body = parse_json(raw)
-            shape = SHAPERS[self.kind](body)
+            shape = SHAPERS[self.kind](body, self.req.headers)
         except CapgateError as exc:
             shape_error = exc
         bg = runtime.background
@@ -132,14 +136,21 @@ class ProxyCall:
                 "Budgets cannot be checked right now (database unavailable); the request was not sent."))
         assert shape is not None
         self.text_tokens = shape.text_tokens
+        self.shape = shape
         options = body.get("stream_options")
         self.client_stream_options = options if isinstance(options, dict) else {}
-        await self.forward(body, shape.stream)
+        try:
+            await self.forward(body, shape.stream)
+        except upstream.UpstreamBusy as exc:  # the tenant's upstream share is in use: nothing was sent
+            await self.record(Outcome(status="failed_upstream", error=exc.message))
+            await self.fail(exc)
 
     # --- after admission: exactly one record per request from here on -------------------
 
     def upstream_body(self, body: dict, target: Target) -> dict:
-        out = dict(body)
+        # The provider gets the target's own model id (a route name is capgate's alias) and any
+        # field the billing bound rewrote (server tools' injected max_uses).
+        out = {**body, **(self.shape.patch if self.shape else {}), "model": target.model.name}
         p = self.prepared
         assert p is not None
         if p.inject_max_output is not None:
@@ -226,7 +237,7 @@ class ProxyCall:
             try:
                 resp = await self._race_client(client().post(
                     upstream_url(target, self.kind), content=json.dumps(up_body).encode(),
-                    headers=upstream_headers(target, self.req.headers)))
+                    headers=upstream_headers(target, self.req.headers), extensions=_slot_of(target)))
             except NOT_BILLED as exc:
                 return Attempt(kind="failover", error=f"{type(exc).__name__}: {exc}")
             except httpx.HTTPError as exc:  # sent, then the answer never came: maybe billed
@@ -251,17 +262,37 @@ class ProxyCall:
 
     def _served(self, target: Target, usage: Usage | None, provider_model: str,
                 error: str = "no usage reported") -> Outcome:
+        """The record of a call the provider answered, priced at the model actually called and
+        at the service tier the provider says served it."""
         p = self.prepared
         assert p is not None
         if usage is None:
             return Outcome(status="estimated", cost_nano=p.worst_nano, connection_id=target.connection.id,
                            provider_model=provider_model, error=error)
+        requested = target.tier(self.shape.service_tier if self.shape else None)
+        notes = list(usage.unpriced)
         try:
-            cost = cost_nano(usage=usage, rates=rates_for(model=target.model, connection=target.connection))
-        except Exception:  # an unpriced model allowed through: cost unknown, recorded as 0
+            try:
+                rates = rates_for(model=target.model, connection=target.connection,
+                                  tier=usage.service_tier or requested)
+            except UnpricedFeature as exc:
+                notes.append(f"unpriced {exc.feature}")
+                rates = rates_for(model=target.model, connection=target.connection, tier=requested)
+            cost = cost_nano(usage=usage, rates=rates)
+            if usage.web_search_requests and rates.web_search_per_use is None:
+                notes.append("unpriced web search")
+            if usage.cache_write_1h_tokens and rates.cache_write_1h is None:
+                notes.append("unpriced 1-hour cache writes")
+        except (UnpricedModel, UnpricedFeature):  # unpriced traffic allowed through: cost unknown
             cost = 0
+            notes.append("unpriced model")
+        if notes and p.governed:
+            # A paid feature we cannot price is never dropped: charged no less than the worst
+            # case reserved for it, and the record says what it was.
+            cost = max(cost, p.worst_nano)
         return Outcome(status="served", cost_nano=cost, usage=usage, connection_id=target.connection.id,
-                       provider_model=provider_model or target.model.name)
+                       provider_model=provider_model or target.model.name,
+                       error=("unpriced usage: " + "; ".join(notes)) if notes else "")
 
     async def stream_attempt(self, target: Target, up_body: dict) -> Attempt:
         response: httpx.Response | None = None
@@ -271,12 +302,13 @@ class ProxyCall:
                 return fault
             events = echo_stream(target, self.kind, up_body, self._prompt_bound())
         else:
-            upstream = client()
-            request = upstream.build_request("POST", upstream_url(target, self.kind),
-                                             content=json.dumps(up_body).encode(),
-                                             headers=upstream_headers(target, self.req.headers))
+            upstream_client = client()
+            request = upstream_client.build_request("POST", upstream_url(target, self.kind),
+                                                    content=json.dumps(up_body).encode(),
+                                                    headers=upstream_headers(target, self.req.headers),
+                                                    extensions=_slot_of(target))
             try:
-                response = await self._race_client(upstream.send(request, stream=True))
+                response = await self._race_client(upstream_client.send(request, stream=True))
             except NOT_BILLED as exc:
                 return Attempt(kind="failover", error=f"{type(exc).__name__}: {exc}")
             except httpx.HTTPError as exc:
@@ -379,6 +411,10 @@ def _note_refusal(exc: BudgetExceeded) -> None:
             asyncio.get_running_loop().run_in_executor(runtime.executor("settle"), lambda: note(window_id=exc.window_id))
     except Exception:  # alerts must never break the request path
         log.exception("could not note refusal")
+
+
+def _slot_of(target: Target) -> dict:
+    return upstream.tag(organization_id=target.connection.organization_id, connection_id=target.connection.id)
 
 
 async def close_client() -> None:

@@ -20,7 +20,10 @@ from catalog.models import Connection, Model, Route
 from catalog.pricing import (
     Rates,
     TokenBound,
+    UnpricedFeature,
     UnpricedModel,
+    nano_per_output_token,
+    nano_to_usd,
     rates_for,
     usd_to_nano,
     worst_case_nano,
@@ -28,6 +31,7 @@ from catalog.pricing import (
 from config.errors import CapgateError
 from gateway.errors import GatewayError, bad_request
 from gateway.estimate import Shape
+from gateway.limits import enforce_limits
 from tenants.models import ApiKey, EndCustomer, hash_key
 
 # Which connection kinds can serve which endpoint without translating formats.
@@ -40,6 +44,14 @@ MAX_RUN_BUDGET_USD = Decimal("1000000")
 class Target:
     connection: Connection
     model: Model
+    route_max_output: int | None = None  # the route's default output ceiling
+
+    def tier(self, requested: str | None) -> str | None:
+        """The service tier this target bills a request at: the request's own, or for "auto"
+        (and no tier) the tier the connection declares its provider project uses."""
+        if requested in (None, "auto"):
+            return self.connection.options.get("service_tier") or None
+        return requested
 
 
 @dataclass
@@ -50,6 +62,7 @@ class Prepared:
     inject_max_output: int | None  # send this output ceiling upstream (None: caller's own)
     governed: bool  # False when unpriced traffic is allowed past blocking budgets
     budgets: list[Budget] = field(default_factory=list)
+    remaining_nano: int | None = None  # the tightest ceiling's room after this reservation
 
 
 class _TTLCache:
@@ -112,7 +125,7 @@ def resolve_route(*, key: ApiKey, name: str, kind: str) -> list[Target]:
             raise GatewayError(f"The model '{name}' does not exist or is not routed for this organization.",
                                code="model_not_found", status=404, param="model")
         routed = [
-            Target(connection=t.connection, model=t.model)
+            Target(connection=t.connection, model=t.model, route_max_output=route.default_max_output_tokens)
             for t in route.targets.select_related("connection", "model", "model__provider").order_by("position", "id")
         ]
         lookups.put(cache_key, routed)
@@ -150,18 +163,21 @@ def end_customer(*, key: ApiKey, external_id: str | None) -> EndCustomer | None:
     return customer
 
 
-def run_budget(*, key: ApiKey, run_id: str | None, amount_usd: str | None) -> None:
-    """A run's lifetime budget: created by its first call; a later different amount is a 409."""
+def run_budget(*, key: ApiKey, run_id: str | None, amount_usd: str | None) -> int | None:
+    """Validate a run's headers. Returns the amount of the lifetime budget the run still needs
+    (created by `create_run_budget` in the same transaction as its first admission, so a refused
+    first call leaves no budget behind), or None when it has one or needs none. A later call
+    with a different amount is a 409."""
     if run_id is None:
         if amount_usd is not None:
             raise bad_request("X-Capgate-Run-Budget-Usd needs X-Capgate-Run.", code="invalid_run")
-        return
+        return None
     if not _EXTERNAL_ID.match(run_id):
         raise bad_request("X-Capgate-Run must be 1-200 letters, digits or . _ @ : + -", code="invalid_run")
     if amount_usd is None:
         amount_nano = key.organization.default_run_budget_nano
         if amount_nano is None:
-            return  # a run label without a cap
+            return None  # a run label without a cap
     else:
         try:
             amount = Decimal(amount_usd)
@@ -172,26 +188,54 @@ def run_budget(*, key: ApiKey, run_id: str | None, amount_usd: str | None) -> No
         amount_nano = usd_to_nano(amount)
     existing = Budget.objects.filter(organization_id=key.organization_id, scope=Budget.Scope.RUN, run_id=run_id).first()
     if existing is None:
-        try:
-            with transaction.atomic():
-                Budget.objects.create(
-                    organization_id=key.organization_id, scope=Budget.Scope.RUN, run_id=run_id, period=Budget.Period.LIFETIME,
-                    mode=Budget.Mode.BLOCK, amount_nano=amount_nano, name=f"run {run_id}",
-                )
-            return
-        except IntegrityError:  # a concurrent first call created it: compare with that one
-            existing = Budget.objects.get(organization_id=key.organization_id, scope=Budget.Scope.RUN, run_id=run_id)
-    if amount_usd is not None and existing.amount_nano != amount_nano:
+        return amount_nano
+    _check_run_amount(existing, run_id=run_id, amount_nano=amount_nano if amount_usd is not None else None)
+    return None
+
+
+def _check_run_amount(existing: Budget, *, run_id: str, amount_nano: int | None) -> None:
+    if amount_nano is not None and existing.amount_nano != amount_nano:
         raise GatewayError(
-            f"Run '{run_id}' already has a budget of ${existing.amount_nano / 1e9:.6f}; "
-            f"a different amount (${amount_nano / 1e9:.6f}) cannot be set by a later call.",
+            f"Run '{run_id}' already has a budget of ${nano_to_usd(existing.amount_nano):.6f}; "
+            f"a different amount (${nano_to_usd(amount_nano):.6f}) cannot be set by a later call.",
             code="run_budget_conflict", status=409,
         )
 
 
-def _bound(shape: Shape, target: Target, output_tokens: int) -> TokenBound:
+def create_run_budget(*, key: ApiKey, run_id: str, amount_nano: int, explicit: bool) -> None:
+    """Create a run's lifetime budget; call inside the transaction that admits its first call.
+    A concurrent first call waits on the unique index, then finds this one and compares."""
+    try:
+        with transaction.atomic():
+            Budget.objects.create(
+                organization_id=key.organization_id, scope=Budget.Scope.RUN, run_id=run_id, period=Budget.Period.LIFETIME,
+                mode=Budget.Mode.BLOCK, amount_nano=amount_nano, name=f"run {run_id}",
+            )
+    except IntegrityError:  # a concurrent first call created it: compare with that one
+        existing = Budget.objects.get(organization_id=key.organization_id, scope=Budget.Scope.RUN, run_id=run_id)
+        _check_run_amount(existing, run_id=run_id, amount_nano=amount_nano if explicit else None)
+
+
+def _bound(shape: Shape, target: Target, rates: Rates, output_tokens: int) -> TokenBound:
+    """A target's token bound. Each server-side tool use is another sampling pass over the
+    context, which by then holds every earlier tool result, so the input is bounded by
+    (uses + 1) passes over the body plus every result a use may add."""
+    if shape.web_searches and rates.server_tool_result_tokens is None:
+        raise UnpricedFeature(target.model, "web search results")
     images = shape.images * (target.model.max_image_tokens or 0)
-    return TokenBound(input_tokens=shape.text_tokens + images, output_tokens=output_tokens, choices=shape.choices)
+    results = shape.fetch_tokens + shape.web_searches * (rates.server_tool_result_tokens or 0)
+    per_pass = shape.text_tokens + images + results
+    return TokenBound(
+        input_tokens=per_pass * (1 + shape.server_tool_uses), output_tokens=output_tokens + shape.extra_output,
+        choices=shape.choices, web_searches=shape.web_searches, cache_1h=shape.cache_1h,
+    )
+
+
+def _bound_tokens(shape: Shape, output: int) -> int:
+    """The tokens a request may use, for tokens-per-minute limits: its input bound plus its
+    output ceiling per choice."""
+    passes = 1 + shape.server_tool_uses
+    return (shape.text_tokens + shape.fetch_tokens) * passes + (output + shape.extra_output) * shape.choices
 
 
 def _catalog_max_output(targets: list[Target]) -> int:
@@ -199,18 +243,64 @@ def _catalog_max_output(targets: list[Target]) -> int:
     return min(caps) if caps else settings.CAPGATE["DEFAULT_MAX_OUTPUT_TOKENS"]
 
 
+def _default_output(key: ApiKey, targets: list[Target]) -> int | None:
+    """The configured output ceiling for requests that name none: the tighter of the key's and
+    the route's."""
+    defaults = [d for d in (key.default_max_output_tokens, targets[0].route_max_output) if d]
+    return min(defaults) if defaults else None
+
+
+@dataclass
+class _Priced:
+    target: Target
+    rates: Rates
+
+
+def _price_targets(shape: Shape, targets: list[Target]) -> tuple[list[_Priced], UnpricedModel | None,
+                                                                 UnpricedFeature | None]:
+    """Each target's rates at the tier it would bill this request at, and a bound check; the
+    targets that cannot be priced are set aside with the first reason."""
+    priced: list[_Priced] = []
+    no_model: UnpricedModel | None = None
+    no_feature: UnpricedFeature | None = None
+    for t in targets:
+        try:
+            rates = rates_for(model=t.model, connection=t.connection, tier=t.tier(shape.service_tier))
+            worst_case_nano(bound=_bound(shape, t, rates, 0), rates=rates)
+        except UnpricedModel as exc:
+            no_model = no_model or exc
+            continue
+        except UnpricedFeature as exc:
+            no_feature = no_feature or exc
+            continue
+        priced.append(_Priced(t, rates))
+    return priced, no_model, no_feature
+
+
+_FEATURE_CODES = {"web search": "web_search", "web search results": "web_search", "1-hour cache writes": "cache_control"}
+
+
+def _feature_code(exc: UnpricedFeature) -> str:
+    name = "service_tier" if exc.feature.startswith("service_tier") else _FEATURE_CODES.get(exc.feature, "feature")
+    return f"{name}_under_budget"
+
+
 def prepare(*, key: ApiKey, shape: Shape, targets: list[Target], request_id: str, customer: EndCustomer | None,
             run_id: str | None, owner_id: int | None) -> Prepared:
     """Size the worst case and admit it.
 
     1. Gather the budgets that cover this key, project, member, customer and run.
-    2. Unpriced targets: refused under a blocking budget unless the organization allows
-       unpriced traffic (then blocking budgets do not govern it: worst case 0).
+    2. Under a blocking budget, refuse fields the billing inventory refuses there
+       (docs/billing.md), then price every target at the tier it would bill: a target that
+       cannot be priced (no price, or none for a paid feature the request uses) is not tried,
+       so a failover can never land on a call the cap does not count. With no priced target
+       left: 402 naming the feature, or `unpriced_model_under_budget` unless the organization
+       allows unpriced traffic (then blocking budgets do not govern it: worst case 0).
     3. Parts the catalog cannot bound (audio, files; images on a model without an image
        bound): refused under a blocking budget.
-    4. Output: the caller's max tokens; else, under a blocking budget, the most the tightest
-       ceiling can afford up to the catalog maximum (sent upstream so the response cannot
-       outrun it), refused below the configured floor; else the catalog maximum.
+    4. Output: the caller's max tokens; else the configured default (key, route) or the
+       catalog maximum, and under a blocking budget no more than the tightest ceiling can
+       afford (sent upstream so the response cannot outrun it), refused below the floor.
     5. Admit the worst case over every target the request could fail over to.
     """
     subject = Subject(
@@ -219,19 +309,28 @@ def prepare(*, key: ApiKey, shape: Shape, targets: list[Target], request_id: str
     )
     budgets = matching_budgets(subject)
     blocking = any(b.mode == Budget.Mode.BLOCK for b in budgets)
-    org = key.organization
-    try:
-        rates = [rates_for(model=t.model, connection=t.connection) for t in targets]
-        priced = True
-    except UnpricedModel as exc:
-        if blocking and not org.allow_unpriced:
-            raise GatewayError(
-                f"Model {exc.model} has no price, so a blocking budget cannot bound it. Add a price, or allow "
-                "unpriced traffic for the organization (blocking budgets then do not govern it).",
-                code="unpriced_model_under_budget", status=402,
-            ) from None
-        priced, rates = False, []
-    governed = blocking and priced
+    if blocking and shape.refused:
+        field = shape.refused[0]
+        raise GatewayError(
+            f"'{field}' buys something whose cost the catalog cannot bound (docs/billing.md), so a blocking "
+            "budget cannot admit it.", code=f"{field}_under_budget", status=402, param=field,
+        )
+    priced, no_model, no_feature = _price_targets(shape, targets)
+    if blocking and priced:
+        targets = [p.target for p in priced]  # unpriced fallbacks are not tried under a cap
+    elif blocking and no_feature is not None:
+        raise GatewayError(
+            f"Model {no_feature.model} has no catalog price for {no_feature.feature}, so a blocking budget "
+            "cannot admit a request that uses it.", code=_feature_code(no_feature), status=402,
+        )
+    elif blocking and not key.organization.allow_unpriced:
+        assert no_model is not None
+        raise GatewayError(
+            f"Model {no_model.model} has no price, so a blocking budget cannot bound it. Add a price, or allow "
+            "unpriced traffic for the organization (blocking budgets then do not govern it).",
+            code="unpriced_model_under_budget", status=402,
+        )
+    governed = blocking and bool(priced)
     if governed and (shape.unbounded_parts or (shape.images and any(not t.model.max_image_tokens for t in targets))):
         raise GatewayError(
             "The request has parts (audio, files, or images for a model without an image bound) whose cost the "
@@ -239,44 +338,50 @@ def prepare(*, key: ApiKey, shape: Shape, targets: list[Target], request_id: str
             code="unbounded_input_under_budget", status=402,
         )
 
-    catalog_max = _catalog_max_output(targets)
+    cap = _catalog_max_output(targets)
+    default = _default_output(key, targets)
     inject = None
     if shape.max_output is not None:
         output = shape.max_output
-    elif governed:
-        output = _affordable_output(shape, targets, rates, budgets, catalog_max)
-        inject = output
     else:
-        output = catalog_max
-        if shape.kind == "messages":
-            inject = output  # Anthropic requires max_tokens
+        if default is not None:
+            cap = min(cap, default)
+        output = _affordable_output(shape, priced, budgets, cap) if governed else cap
+        if governed or default is not None or shape.kind == "messages":  # Anthropic requires max_tokens
+            inject = output
     if shape.kind == "embeddings":
         output, inject = 0, None
 
     if priced:
-        worst = max(worst_case_nano(bound=_bound(shape, t, output), rates=r) for t, r in zip(targets, rates, strict=True))
+        worst = max(worst_case_nano(bound=_bound(shape, p.target, p.rates, output), rates=p.rates) for p in priced)
     else:
-        # Allowed unpriced traffic: nothing to reserve, and blocking budgets do not govern it.
-        # It still gets a reservation (zero) so its outcome is recorded and leased like any other.
         worst = 0
-        budgets = [b for b in budgets if b.mode == Budget.Mode.ALERT]
+    if not governed:
+        # Unpriced traffic allowed past blocking budgets: they do not govern it (the dashboard
+        # says so). It still gets a reservation so its outcome is recorded and leased.
+        worst = worst if not blocking else 0
+        budgets = [b for b in budgets if b.mode == Budget.Mode.ALERT] if blocking else budgets
+    enforce_limits(key=key, customer=customer, tokens=_bound_tokens(shape, output), targets=targets)
     admitted = admit(request=AdmissionRequest(
         subject=subject, request_id=request_id, worst_nano=worst, model=shape.model, owner_id=owner_id, budgets=budgets,
     ))
+    remaining = min((c.remaining_nano for c in admitted.ceilings), default=None)
     return Prepared(reservation=admitted.reservation, targets=targets, worst_nano=worst, inject_max_output=inject,
-                    governed=governed, budgets=budgets)
+                    governed=governed, budgets=budgets,
+                    remaining_nano=remaining - worst if remaining is not None else None)
 
 
-def _affordable_output(shape: Shape, targets: list[Target], rates: list, budgets: list[Budget], catalog_max: int) -> int:
+def _affordable_output(shape: Shape, priced: list[_Priced], budgets: list[Budget], cap: int) -> int:
     tightest = headroom(budgets=budgets)
     floor = settings.CAPGATE["MIN_OUTPUT_TOKENS"]
     if tightest is None:
-        return catalog_max
-    input_worst = max(worst_case_nano(bound=_bound(shape, t, 0), rates=r) for t, r in zip(targets, rates, strict=True))
-    per_token = max(r.output for r in rates) * 1000 * shape.choices  # nano-USD per output token
+        return cap
+    bounds = [(p, _bound(shape, p.target, p.rates, 0)) for p in priced]
+    input_worst = max(worst_case_nano(bound=b, rates=p.rates) for p, b in bounds)
+    per_token = max(nano_per_output_token(rates=p.rates, input_tokens=b.input_tokens) for p, b in bounds) * shape.choices
     room = tightest.remaining_nano - input_worst
-    affordable = int(Decimal(room) / per_token) if per_token > 0 and room > 0 else (catalog_max if per_token == 0 else 0)
-    output = min(catalog_max, affordable)
+    affordable = int(Decimal(room) / per_token) if per_token > 0 and room > 0 else (cap if per_token == 0 else 0)
+    output = min(cap, max(affordable - shape.extra_output, 0))
     if output < floor:
         raise BudgetExceeded(code=tightest.code, budget_id=tightest.budget_id, window_id=tightest.window_id,
                              limit_nano=tightest.limit_nano, remaining_nano=tightest.remaining_nano,
@@ -314,7 +419,16 @@ def admit_call(*, raw_key: str | None, shape: Shape | None, shape_error: Capgate
         raise GatewayError(f"Every connection serving '{shape.model}' is failing; retry later.",
                            code="connection_unavailable", status=503)
     customer = end_customer(key=key, external_id=customer_id)
-    run_budget(key=key, run_id=run_id, amount_usd=run_budget_usd)
-    prepared = prepare(key=key, shape=shape, targets=alive, request_id=request_id, customer=customer,
-                       run_id=run_id, owner_id=owner_id)
+    new_run_nano = run_budget(key=key, run_id=run_id, amount_usd=run_budget_usd)
+    if new_run_nano is None:
+        prepared = prepare(key=key, shape=shape, targets=alive, request_id=request_id, customer=customer,
+                           run_id=run_id, owner_id=owner_id)
+        return key, prepared
+    # A run's first call: its budget exists only if the call is admitted (one transaction), so
+    # refused first calls leave nothing behind for the audit to carry.
+    assert run_id is not None
+    with transaction.atomic():
+        create_run_budget(key=key, run_id=run_id, amount_nano=new_run_nano, explicit=run_budget_usd is not None)
+        prepared = prepare(key=key, shape=shape, targets=alive, request_id=request_id, customer=customer,
+                           run_id=run_id, owner_id=owner_id)
     return key, prepared

@@ -169,6 +169,15 @@ CAPGATE = {
     # Per-message framing tokens added to the byte bound of the input.
     "PER_MESSAGE_OVERHEAD_TOKENS": 8,
     "PER_REQUEST_OVERHEAD_TOKENS": 16,
+    # Tokens a provider adds that the body does not show (docs/billing.md): its tool-use system
+    # prompt when tools are present (Anthropic documents 313-346), and each client-side built-in
+    # tool's hidden definition (bash, text editor, computer: up to 735).
+    "TOOL_USE_OVERHEAD_TOKENS": env.int("CAPGATE_TOOL_USE_OVERHEAD_TOKENS", default=1024),
+    "BUILTIN_TOOL_OVERHEAD_TOKENS": env.int("CAPGATE_BUILTIN_TOOL_OVERHEAD_TOKENS", default=1024),
+    # Server-side tools without max_uses get this one, sent upstream, so their count is bounded;
+    # web_fetch without max_content_tokens gets this one.
+    "DEFAULT_SERVER_TOOL_MAX_USES": env.int("CAPGATE_DEFAULT_SERVER_TOOL_MAX_USES", default=5),
+    "DEFAULT_WEB_FETCH_MAX_CONTENT_TOKENS": env.int("CAPGATE_DEFAULT_WEB_FETCH_MAX_CONTENT_TOKENS", default=20_000),
     # Under a blocking budget with no max_tokens, refuse rather than send an output ceiling
     # below this many tokens (a response that short is rarely what the caller wanted).
     "MIN_OUTPUT_TOKENS": env.int("CAPGATE_MIN_OUTPUT_TOKENS", default=256),

@@ -1,0 +1,234 @@
+"""The billing inventory: every request field and forwarded header the gateway accepts, per
+endpoint, in exactly one class (DESIGN §5, docs/billing.md).
+
+- free: cannot change the bill.
+- tokens: bounded by tokens — covered by the byte bound on the input and the output ceiling.
+- priced: priced per use — a catalog price and a count the request bounds.
+- refused: refused under a blocking cap (402, code `<field>_under_budget`); allowed when only
+  alert budgets apply.
+
+A field, header, tool type or beta not listed here is refused with 400: an unknown parameter can
+change what the provider bills in a way the bound cannot see. `tests/gateway/test_billing_inventory.py`
+compares this table with the official SDKs' request types, so a new SDK parameter fails the suite
+until it is classified, and checks that docs/billing.md is this table.
+
+Pure data and string functions, no Django: `python -m gateway.billing` prints docs/billing.md.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+FREE, TOKENS, PRICED, REFUSED = "free", "tokens", "priced", "refused"
+CLASS_TITLES = {
+    FREE: "free",
+    TOKENS: "bounded by tokens",
+    PRICED: "priced per use",
+    REFUSED: "refused under a blocking cap",
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    cls: str
+    why: str
+
+
+def _e(cls: str, why: str) -> Entry:
+    return Entry(cls, why)
+
+
+_IDENT = "an identifier or label; does not change what is billed"
+_SAMPLING = "a sampling setting; output stays within the output ceiling"
+_BODY = "its bytes are part of the input bound"
+
+FIELDS: dict[str, dict[str, Entry]] = {
+    "chat": {
+        "model": _e(TOKENS, "priced at the most expensive route target; the target's own model id is sent upstream"),
+        "messages": _e(TOKENS, "UTF-8 bytes + per-message framing bound the input tokens; images by the model's image bound; audio and files refused under a blocking cap"),
+        "max_tokens": _e(TOKENS, "the output ceiling"),
+        "max_completion_tokens": _e(TOKENS, "the output ceiling; reasoning tokens count inside it"),
+        "n": _e(TOKENS, "the output ceiling is reserved once per choice"),
+        "tools": _e(TOKENS, "function and custom tool schemas are body bytes, plus a fixed tool-use overhead; other tool types are refused"),
+        "functions": _e(TOKENS, _BODY + ", plus the tool-use overhead"),
+        "response_format": _e(TOKENS, _BODY),
+        "prediction": _e(TOKENS, "rejected prediction tokens are billed as output: the prediction's bytes are added to the output bound"),
+        "reasoning_effort": _e(TOKENS, "reasoning tokens are output tokens inside max_completion_tokens"),
+        "verbosity": _e(TOKENS, "output length inside the output ceiling"),
+        "service_tier": _e(PRICED, "priority/fast and flex are priced by the catalog's tier multipliers; auto is the connection's configured tier; a tier without a price is refused under a blocking cap"),
+        "audio": _e(REFUSED, "audio output is priced per audio token, which the catalog cannot bound"),
+        "modalities": _e(REFUSED, "an 'audio' modality buys audio output (refused under a blocking cap); ['text'] is free"),
+        "web_search_options": _e(REFUSED, "search-preview models bill a per-call fee plus search content the body cannot show"),
+        "moderation": _e(REFUSED, "moderation of input and output has no documented price"),
+        "frequency_penalty": _e(FREE, _SAMPLING),
+        "presence_penalty": _e(FREE, _SAMPLING),
+        "logit_bias": _e(FREE, _SAMPLING),
+        "logprobs": _e(FREE, "returns log probabilities of the same tokens"),
+        "top_logprobs": _e(FREE, "returns log probabilities of the same tokens"),
+        "seed": _e(FREE, _SAMPLING),
+        "stop": _e(FREE, "can only end the output sooner"),
+        "temperature": _e(FREE, _SAMPLING),
+        "top_p": _e(FREE, _SAMPLING),
+        "stream": _e(FREE, "same tokens, delivered as events"),
+        "stream_options": _e(FREE, "the gateway always asks for usage"),
+        "tool_choice": _e(FREE, "chooses among tools already in the body"),
+        "function_call": _e(FREE, "chooses among functions already in the body"),
+        "parallel_tool_calls": _e(FREE, "tool calls are output inside the output ceiling"),
+        "metadata": _e(FREE, _IDENT),
+        "store": _e(FREE, "stored completions are not billed"),
+        "user": _e(FREE, _IDENT),
+        "safety_identifier": _e(FREE, _IDENT),
+        "prompt_cache_key": _e(FREE, "routes to a cache; a cache read is cheaper than input"),
+        "prompt_cache_retention": _e(FREE, "OpenAI cache writes cost nothing extra; reads are cheaper than input"),
+        "prompt_cache_options": _e(FREE, "OpenAI cache writes cost nothing extra; reads are cheaper than input"),
+    },
+    "messages": {
+        "model": _e(TOKENS, "priced at the most expensive route target; the target's own model id is sent upstream"),
+        "messages": _e(TOKENS, "UTF-8 bytes + per-message framing bound the input tokens; images by the model's image bound; documents refused under a blocking cap"),
+        "system": _e(TOKENS, _BODY),
+        "max_tokens": _e(TOKENS, "the output ceiling"),
+        "thinking": _e(TOKENS, "budget_tokens sits inside max_tokens (with interleaved thinking it is added to the output bound)"),
+        "output_config": _e(TOKENS, "effort and output format shape output inside max_tokens; a format schema is body bytes"),
+        "tools": _e(PRICED, "custom tools are body bytes plus the tool-use overhead; web_search is priced per use with max_uses (injected when absent) and each use adds a bounded result; web_fetch is bounded by max_uses x max_content_tokens (injected when absent); code_execution and MCP toolsets are refused under a blocking cap"),
+        "cache_control": _e(PRICED, "cache writes are bounded at the cache-write rate; ttl '1h' at the catalog's 1-hour write price"),
+        "service_tier": _e(PRICED, "auto is the connection's configured tier (standard unless set); priority is priced by the catalog's multiplier"),
+        "container": _e(REFUSED, "code-execution containers are billed by the hour"),
+        "mcp_servers": _e(REFUSED, "remote MCP tool results add input the body cannot show"),
+        "inference_geo": _e(REFUSED, "regional inference is priced above the global rate; 'global' is free"),
+        "metadata": _e(FREE, _IDENT),
+        "stop_sequences": _e(FREE, "can only end the output sooner"),
+        "stream": _e(FREE, "same tokens, delivered as events"),
+        "temperature": _e(FREE, _SAMPLING),
+        "top_p": _e(FREE, _SAMPLING),
+        "top_k": _e(FREE, _SAMPLING),
+        "tool_choice": _e(FREE, "chooses among tools already in the body"),
+    },
+    "embeddings": {
+        "model": _e(TOKENS, "priced at the most expensive route target; the target's own model id is sent upstream"),
+        "input": _e(TOKENS, "UTF-8 bytes (or token arrays) bound the input tokens"),
+        "dimensions": _e(FREE, "shortens the returned vector"),
+        "encoding_format": _e(FREE, "how the vector is encoded"),
+        "user": _e(FREE, _IDENT),
+    },
+}
+
+# Request headers forwarded upstream. Everything else the client sends stays at the gateway.
+HEADERS: dict[str, dict[str, Entry]] = {
+    "chat": {},
+    "embeddings": {},
+    "messages": {
+        "anthropic-version": _e(FREE, "the wire-format version"),
+        "anthropic-beta": _e(PRICED, "each beta is classified below; an unknown beta is refused"),
+        "anthropic-user-profile-id": _e(FREE, _IDENT),
+    },
+}
+
+# anthropic-beta values, by name without the date suffix.
+ANTHROPIC_BETAS: dict[str, Entry] = {
+    "prompt-caching": _e(TOKENS, "cache writes are bounded at the cache-write rate"),
+    "extended-cache-ttl": _e(PRICED, "allows ttl '1h' cache writes, priced at the catalog's 1-hour write price"),
+    "token-efficient-tools": _e(FREE, "fewer output tokens for tool calls"),
+    "fine-grained-tool-streaming": _e(FREE, "same tokens, streamed sooner"),
+    "interleaved-thinking": _e(TOKENS, "thinking budget_tokens is added to the output bound"),
+    "output-128k": _e(TOKENS, "output stays within max_tokens"),
+    "context-1m": _e(PRICED, "prompts above the model's long-context threshold are priced at its long-context band"),
+    "context-management": _e(FREE, "clears old context: can only lower the input"),
+    "computer-use": _e(TOKENS, "client-side tool: its definition adds a fixed overhead"),
+    "web-search": _e(PRICED, "see tools: web_search"),
+    "web-fetch": _e(TOKENS, "see tools: web_fetch"),
+    "structured-outputs": _e(TOKENS, "a format schema is body bytes"),
+    "effort": _e(TOKENS, "output stays within max_tokens"),
+    "user-profiles": _e(FREE, _IDENT),
+    "code-execution": _e(REFUSED, "code-execution containers are billed by the hour"),
+    "mcp-client": _e(REFUSED, "remote MCP tool results add input the body cannot show"),
+    "files-api": _e(REFUSED, "file references add input the body cannot show"),
+    "skills": _e(REFUSED, "skills run in billed code-execution containers"),
+}
+
+# Tool `type` values, per endpoint, by name without the date suffix.
+TOOL_TYPES: dict[str, dict[str, Entry]] = {
+    "chat": {
+        "function": _e(TOKENS, "a schema in the body"),
+        "custom": _e(TOKENS, "a definition in the body"),
+    },
+    "messages": {
+        "custom": _e(TOKENS, "a schema in the body (also: no type)"),
+        "web_search": _e(PRICED, "web search: per-use price x max_uses, plus a bounded result per use"),
+        "web_fetch": _e(TOKENS, "fetched content: max_uses x max_content_tokens"),
+        "bash": _e(TOKENS, "client-side tool: a fixed definition overhead"),
+        "text_editor": _e(TOKENS, "client-side tool: a fixed definition overhead"),
+        "computer": _e(TOKENS, "client-side tool: a fixed definition overhead"),
+        "memory": _e(TOKENS, "client-side tool: a fixed definition overhead"),
+        "code_execution": _e(REFUSED, "code-execution containers are billed by the hour"),
+        "mcp_toolset": _e(REFUSED, "remote MCP tool results add input the body cannot show"),
+    },
+}
+
+_DATED = re.compile(r"^(?P<name>.+?)[-_](?P<date>\d{8}|\d{4}-\d{2}-\d{2})$")
+
+
+def undated(value: str) -> str:
+    """'web_search_20250305' -> 'web_search'; 'context-1m-2025-08-07' -> 'context-1m'."""
+    m = _DATED.match(value)
+    return m.group("name") if m else value
+
+
+def counts() -> dict[str, dict[str, int]]:
+    """Fields and forwarded headers per class, per endpoint (for the docs and closing notes)."""
+    out: dict[str, dict[str, int]] = {}
+    for kind, fields in FIELDS.items():
+        c = dict.fromkeys(CLASS_TITLES, 0)
+        for entry in [*fields.values(), *HEADERS[kind].values()]:
+            c[entry.cls] += 1
+        out[kind] = c
+    return out
+
+
+def markdown() -> str:
+    """docs/billing.md, generated from the tables above."""
+    endpoints = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "embeddings": "/v1/embeddings"}
+    lines = [
+        "# Billing inventory",
+        "",
+        "Generated from `gateway/billing.py` by `python -m gateway.billing > docs/billing.md`; a test",
+        "fails when the two differ. Every request field and forwarded header the gateway accepts has",
+        "exactly one class:",
+        "",
+        "- **free**: cannot change the bill.",
+        "- **bounded by tokens**: covered by the byte bound on the input and the output ceiling.",
+        "- **priced per use**: a catalog price and a count the request bounds.",
+        "- **refused under a blocking cap**: 402 with code `<field>_under_budget`; allowed when only",
+        "  alert budgets apply.",
+        "",
+        "Anything not listed is refused with 400 (`unsupported_parameter`, `unsupported_header`,",
+        "`unsupported_tool`, `unsupported_beta`). The actual cost is read from every usage field the",
+        "provider reports: tokens, cache reads, 5-minute and 1-hour cache writes,",
+        "`server_tool_use.web_search_requests`, and the `service_tier` that served the request. A usage",
+        "field that signals a paid feature capgate cannot price (audio tokens, an unknown tier, an",
+        "unknown server tool) is charged at no less than the reserved worst case and flagged in the",
+        "usage record's note, never dropped.",
+        "",
+        "## Counts",
+        "",
+        "| endpoint | " + " | ".join(CLASS_TITLES.values()) + " |",
+        "|---|" + "---:|" * len(CLASS_TITLES),
+    ]
+    for kind, c in counts().items():
+        lines.append(f"| {endpoints[kind]} | " + " | ".join(str(c[k]) for k in CLASS_TITLES) + " |")
+    for kind, fields in FIELDS.items():
+        lines += ["", f"## {endpoints[kind]}", "", "| field | class | why |", "|---|---|---|"]
+        lines += [f"| `{name}` | {CLASS_TITLES[e.cls]} | {e.why} |" for name, e in fields.items()]
+        if HEADERS[kind]:
+            lines += ["", "Forwarded headers:", "", "| header | class | why |", "|---|---|---|"]
+            lines += [f"| `{name}` | {CLASS_TITLES[e.cls]} | {e.why} |" for name, e in HEADERS[kind].items()]
+        if kind in TOOL_TYPES:
+            lines += ["", "Tool types:", "", "| type | class | why |", "|---|---|---|"]
+            lines += [f"| `{name}` | {CLASS_TITLES[e.cls]} | {e.why} |" for name, e in TOOL_TYPES[kind].items()]
+    lines += ["", "## `anthropic-beta` values", "", "| beta | class | why |", "|---|---|---|"]
+    lines += [f"| `{name}` | {CLASS_TITLES[e.cls]} | {e.why} |" for name, e in ANTHROPIC_BETAS.items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
