@@ -44,7 +44,9 @@ BODY = {"model": "bench-up", "messages": [{"role": "user", "content": "Say hello
 
 def env() -> dict[str, str]:
     return {**os.environ, "DATABASE_URL": DB_URL, "DJANGO_SETTINGS_MODULE": "config.settings.prod",
-            "CAPGATE_LOG_LEVEL": "WARNING", "CAPGATE_DB_POOL_MAX": "40", "CAPGATE_DATA_DIR": tempfile.mkdtemp()}
+            "CAPGATE_LOG_LEVEL": "WARNING", "CAPGATE_DB_POOL_MAX": "40", "CAPGATE_DATA_DIR": tempfile.mkdtemp(),
+            # The fake upstream listens on loopback, which production settings refuse to dial.
+            "CAPGATE_UPSTREAM_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128"}
 
 
 def manage(*args: str) -> str:

@@ -3,6 +3,7 @@ list prices — validated and audited."""
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
@@ -10,6 +11,7 @@ from urllib.parse import urlparse
 
 from django.db import transaction
 
+from catalog.destinations import refusal_reason
 from catalog.models import Connection, Model, Provider, Route, RouteTarget
 from tenants.models import Organization
 from tenants.services import Actor, InvalidChange, audit, save_changes, snapshot
@@ -37,10 +39,38 @@ def _check_connection(fields: dict[str, Any]) -> None:
     url = fields.get("base_url") or ""
     if url and (urlparse(url).scheme not in ("http", "https") or not urlparse(url).netloc):
         raise InvalidChange("An http(s) URL.", param="base_url")
+    if url:
+        _check_destination(url)
     if "options" in fields and not isinstance(fields["options"], dict):
         raise InvalidChange("An object.", param="options")
     for name in RATE_FIELDS:
         _check_rate(name, fields.get(name))
+
+
+def _check_destination(url: str) -> None:
+    """A base URL names a host and a path only; the gateway adds the endpoint's path to it.
+    A host given as an address (or localhost) must be one tenants may reach; a name is checked
+    on every connect, on each address it resolves to (gateway/upstream.py)."""
+    parts = urlparse(url)
+    if parts.username is not None or parts.password is not None:
+        raise InvalidChange("A base URL cannot carry a user or password; put the key in the secret.", param="base_url")
+    if parts.query or parts.fragment or url.rstrip().endswith(("?", "#")):
+        raise InvalidChange("A base URL cannot have a query (?) or a fragment (#).", param="base_url")
+    try:
+        host = parts.hostname or ""
+        parts.port  # noqa: B018 — raises on a bad port
+    except ValueError:
+        raise InvalidChange("An http(s) URL with a valid port.", param="base_url") from None
+    if host == "localhost" or host.endswith(".localhost"):
+        host = "127.0.0.1"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return
+    reason = refusal_reason(host)
+    if reason is not None:
+        raise InvalidChange(f"{parts.hostname} is not a public address ({reason}); connections may only reach "
+                            "public addresses unless the operator allows the network.", param="base_url")
 
 
 def create_connection(*, organization: Organization, actor: Actor, secret: str = "", **fields: Any) -> Connection:

@@ -14,21 +14,19 @@ upstream capacity one tenant may hold (docs/security.md, "Upstream destinations/
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import socket
 import ssl
 import threading
 import typing
 from collections.abc import AsyncIterator, Callable, Iterable
-from functools import lru_cache
 
 import httpcore
 import httpx
 from django.conf import settings
 
+from catalog.destinations import allowed_networks, refusal_reason
 from config.errors import CapgateError
 
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 CLIENT_SHARDS = 8
 EXTENSION = "capgate"  # request extension carrying (organization_id, connection_id)
 
@@ -39,51 +37,6 @@ EXTENSION = "capgate"  # request extension carrying (organization_id, connection
 class DestinationRefused(httpcore.ConnectError):
     """The upstream host resolves to an address tenants may not reach. Raised before any socket
     is opened, so nothing was sent: httpx reports it as a ConnectError (not billed)."""
-
-
-@lru_cache(maxsize=8)
-def _networks(spec: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    return tuple(ipaddress.ip_network(s.strip(), strict=False) for s in spec if s.strip())
-
-
-def allowed_networks() -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    """The operator's exceptions (environment only, never tenant-editable)."""
-    return _networks(tuple(settings.CAPGATE["UPSTREAM_ALLOWED_NETWORKS"]))
-
-
-def _embedded_v4(ip: Address) -> ipaddress.IPv4Address | None:
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return ip.ipv4_mapped
-        if ip.sixtofour is not None:
-            return ip.sixtofour
-        if ip.teredo is not None:
-            return ip.teredo[1]
-    return None
-
-
-def refusal_reason(address: str) -> str | None:
-    """Why an upstream may not dial this address, or None if it may.
-
-    Public means `is_global` and none of the special kinds below; that excludes loopback,
-    RFC 1918 and ULA private ranges, link-local (169.254.169.254 and other metadata services),
-    CGNAT 100.64/10 (and 100.100.100.200), multicast, reserved and unspecified addresses, and
-    IPv6 forms that embed such an IPv4 address (mapped, 6to4, Teredo)."""
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return "not an IP address"
-    if any(ip in net for net in allowed_networks()):
-        return None
-    for candidate in (_embedded_v4(ip), ip):  # the embedded IPv4 names the real destination
-        if candidate is None:
-            continue
-        for kind in ("loopback", "link_local", "multicast", "unspecified", "reserved", "private"):
-            if getattr(candidate, f"is_{kind}"):
-                return kind.replace("_", "-")
-        if not candidate.is_global:
-            return "not public"
-    return None
 
 
 async def system_resolve(host: str, port: int) -> list[str]:
@@ -297,3 +250,6 @@ def new_client() -> httpx.AsyncClient:
                             pool=c["UPSTREAM_POOL_TIMEOUT"])
     return httpx.AsyncClient(transport=GuardedTransport(limits=limits, ssl_context=_ssl_context), timeout=timeout,
                              follow_redirects=False, trust_env=False)
+
+
+__all__ = ["allowed_networks", "refusal_reason", "resolve", "slots", "new_client"]

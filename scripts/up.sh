@@ -10,6 +10,9 @@ bash scripts/bootstrap.sh
 bash scripts/services.sh start
 eval "$(bash scripts/services.sh env | sed 's/^/export /')"
 export DJANGO_SETTINGS_MODULE="${DJANGO_SETTINGS_MODULE:-config.settings.dev}"
+# A local run may point connections at model servers or fake upstreams on this machine; a
+# deployment allows only the networks it means (docs/security.md). The demo's echo needs none.
+export CAPGATE_UPSTREAM_ALLOWED_NETWORKS="${CAPGATE_UPSTREAM_ALLOWED_NETWORKS-127.0.0.0/8,::1/128}"
 mkdir -p var/log var/run
 
 bash scripts/down.sh --quiet || true
