@@ -145,6 +145,9 @@ def setup_django(args: argparse.Namespace) -> None:
     max_clients = max([*args.clients, *args.cycle_clients, *(args.whatif_clients if args.whatif else []), 1])
     os.environ["DATABASE_URL"] = args.db_url
     os.environ["DJANGO_SETTINGS_MODULE"] = args.settings
+    # Production settings refuse to start without real secrets; the bench is loopback-only.
+    os.environ.setdefault("DJANGO_SECRET_KEY", "capgate-bench-only-django-secret-key-never-deployed-0")
+    os.environ.setdefault("CAPGATE_SECRET_KEY", "capgate-bench-only-connection-secret-key")
     # Every thread holds its own pooled connection for a whole cell (plus the drainer and main).
     os.environ["CAPGATE_DB_POOL_MAX"] = str(max_clients + 4)
     os.environ["CAPGATE_DB_POOL_MIN"] = "1"

@@ -46,7 +46,11 @@ def env() -> dict[str, str]:
     return {**os.environ, "DATABASE_URL": DB_URL, "DJANGO_SETTINGS_MODULE": "config.settings.prod",
             "CAPGATE_LOG_LEVEL": "WARNING", "CAPGATE_DB_POOL_MAX": "40", "CAPGATE_DATA_DIR": tempfile.mkdtemp(),
             # The fake upstream listens on loopback, which production settings refuse to dial.
-            "CAPGATE_UPSTREAM_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128"}
+            "CAPGATE_UPSTREAM_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",
+            # Production settings refuse to start without real secrets; the bench is loopback-only.
+            "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY",
+                                                "capgate-bench-only-django-secret-key-never-deployed-0"),
+            "CAPGATE_SECRET_KEY": os.environ.get("CAPGATE_SECRET_KEY", "capgate-bench-only-connection-secret-key")}
 
 
 def manage(*args: str) -> str:

@@ -3,6 +3,7 @@ config/jsonlimits.py, so a huge or deeply nested body is a 413/400 in the API's 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -22,7 +23,7 @@ class JSONTooDeep(exceptions.ParseError):
 
 
 class LimitedJSONParser(parsers.JSONParser):
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict | None = None) -> Any:
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
         # Django's DATA_UPLOAD_MAX_MEMORY_SIZE (2.5 MB by default) guards form bodies; DRF reads
         # JSON from the raw stream, past it. Read one byte more than the limit to know.
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE

@@ -14,6 +14,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django.contrib.postgres",
+    "axes",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -34,7 +35,28 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes requires: turns a locked-out login into its lockout response.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# django-axes first: a locked-out username+address is refused before its password is hashed
+# (so a guessing run also stops costing CPU), for the dashboard login, the admin and any other
+# password login that calls authenticate(request, ...).
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# Lock out the pair (username, client address) after this many failures in a row, for the
+# cool-off time. The pair, not the username alone: a stranger cannot lock an owner out of their
+# own account from elsewhere. Attempts are counted in the database (every process agrees).
+AXES_FAILURE_LIMIT = env.int("CAPGATE_LOGIN_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(minutes=env.int("CAPGATE_LOGIN_LOCKOUT_MINUTES", default=15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+# The client address is REMOTE_ADDR (never a header a client could forge). Behind a reverse
+# proxy that sets X-Forwarded-For, name its header and hop count (docs/security.md).
+AXES_IPWARE_META_PRECEDENCE_ORDER = env.list("CAPGATE_CLIENT_IP_HEADERS", default=["REMOTE_ADDR"])
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
@@ -75,9 +97,14 @@ DATABASES = {
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Django's full set, at 12 characters: "93847261" (all digits, short) is refused. They apply where
+# a person chooses a password (reset, set-password forms); `manage.py apply` sets the demo's
+# declared password directly.
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 12}},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
 LANGUAGE_CODE = "en-us"
@@ -132,6 +159,26 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.MultiPartParser",
     ],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # Per API token, else per signed-in user, else per client address (config/throttles.py);
+    # 429 with Retry-After in the API's error shape.
+    "DEFAULT_THROTTLE_CLASSES": ["config.throttles.ApiThrottle", "config.throttles.AnonApiThrottle"],
+    # Client address = REMOTE_ADDR unless proxies are declared (X-Forwarded-For is forgeable).
+    "NUM_PROXIES": env.int("CAPGATE_NUM_PROXIES", default=0),
+    "DEFAULT_THROTTLE_RATES": {
+        "api": env("CAPGATE_API_THROTTLE_RATE", default="600/minute"),
+        "api_anon": env("CAPGATE_API_ANON_THROTTLE_RATE", default="60/minute"),
+    },
+}
+# The API throttles' counters: in Redis, so every process counts against one rate.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "throttle": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": env("CAPGATE_THROTTLE_CACHE_URL", default=env("REDIS_URL", default="redis://127.0.0.1:16379/0")),
+        "KEY_PREFIX": "capgate-throttle",
+        "TIMEOUT": 3600,
+        "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
+    },
 }
 SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
