@@ -42,6 +42,11 @@ DEFAULTS: dict[str, Any] = {
     "fail_every": 0,
     "overbill": 1,
     "ignore_max_tokens": False,
+    # Paid features, billed the way the providers document them:
+    "search_result_tokens": 0,  # input tokens each web search adds to the context
+    "tier": "",  # the tier a request without one (or "auto") is served at ("" = standard)
+    "cache_write_1h_tokens": 0,  # of the input, written to the 1-hour cache when ttl "1h" is asked
+    "audio_tokens": 0,  # completion audio tokens reported (a paid field capgate cannot price)
 }
 FAIL_MODES = {"", "500", "503", "429", "400", "close", "stall", "drop_mid_stream", "no_usage"}
 STALL_CAP_S = 300.0
@@ -77,6 +82,8 @@ def _coerce(knob: str, value: Any) -> Any:
         return "max"
     if knob == "overbill":
         return float(value)
+    if knob == "tier":
+        return str(value)
     if knob == "ignore_max_tokens":
         truthy = {"1", "true", "yes", "on"}
         return value if isinstance(value, bool) else str(value).strip().lower() in truthy
@@ -209,18 +216,44 @@ class _Exchange:
 # -- provider endpoints (the parsed request, knobs and failure mode live on the exchange) ---
 
 
+def _served_tier(knobs: dict[str, Any], body: dict[str, Any], dialect: str) -> str:
+    """The tier a provider reports: the requested one (fast is priority), else the project's."""
+    tier = body.get("service_tier")
+    if tier in (None, "auto"):
+        tier = knobs["tier"] or None
+    if tier == "fast":
+        tier = "priority"
+    if dialect == "anthropic":
+        return "priority" if tier == "priority" else "standard"
+    return str(tier or "default")
+
+
+def _web_searches(body: dict[str, Any]) -> int:
+    """Like a provider whose model searches as often as it may: every allowed use."""
+    tools = body.get("tools") or []
+    return sum(int(t.get("max_uses") or 0) for t in tools
+               if isinstance(t, dict) and str(t.get("type", "")).startswith("web_search"))
+
+
+def _wants_1h_cache(body: dict[str, Any]) -> bool:
+    return '"ttl": "1h"' in json.dumps(body) or '"ttl":"1h"' in json.dumps(body)
+
+
 async def _chat(ex: _Exchange) -> None:
     body, knobs = ex.body, ex.knobs
     model = body.get("model", "fake-model")
     n = max(1, int(body.get("n") or 1))
     pieces = _pieces(knobs["chunks"])
     prompt, completion = knobs["prompt_tokens"], _completion_tokens(knobs, body)
-    usage = {"prompt_tokens": prompt, "completion_tokens": completion}
+    usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion}
     usage["total_tokens"] = prompt + completion
+    if knobs["audio_tokens"]:
+        usage["completion_tokens_details"] = {"audio_tokens": knobs["audio_tokens"]}
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+    tier = _served_tier(knobs, body, "openai")
 
     def head(kind: str) -> dict[str, Any]:
-        return {"id": cid, "object": kind, "created": created, "model": model}
+        return {"id": cid, "object": kind, "created": created, "model": model, "service_tier": tier}
 
     if not body.get("stream"):
         message = {"role": "assistant", "content": "".join(pieces), "refusal": None}
@@ -256,8 +289,16 @@ async def _messages(ex: _Exchange) -> None:
     body, knobs = ex.body, ex.knobs
     pieces = _pieces(knobs["chunks"])
     output = _completion_tokens(knobs, body)
-    usage = {"input_tokens": knobs["prompt_tokens"], "cache_creation_input_tokens": 0}
+    searches = _web_searches(body)
+    # Each search's results join the context, and each search is another pass over it.
+    passes = searches + 1
+    context = knobs["prompt_tokens"] + searches * knobs["search_result_tokens"]
+    one_hour = knobs["cache_write_1h_tokens"] if _wants_1h_cache(body) else 0
+    usage: dict[str, Any] = {"input_tokens": context * passes - one_hour, "cache_creation_input_tokens": one_hour}
     usage |= {"cache_read_input_tokens": 0, "output_tokens": output}
+    usage["cache_creation"] = {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": one_hour}
+    usage["server_tool_use"] = {"web_search_requests": searches}
+    usage["service_tier"] = _served_tier(knobs, body, "anthropic")
     message: dict[str, Any] = {
         "id": f"msg_{uuid.uuid4().hex[:24]}",
         "type": "message",
@@ -275,7 +316,7 @@ async def _messages(ex: _Exchange) -> None:
     start = {**message, "content": [], "stop_reason": None, "usage": usage | {"output_tokens": 1}}
     delta = {"stop_reason": "end_turn", "stop_sequence": None}
     stop: dict[str, Any] = {"type": "message_delta", "delta": delta}
-    stop["usage"] = {"output_tokens": output}
+    stop["usage"] = {"output_tokens": output, "server_tool_use": usage["server_tool_use"]}
     if ex.fail == "no_usage":
         del start["usage"], stop["usage"]
     text_block = {"type": "text", "text": ""}
