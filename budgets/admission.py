@@ -16,15 +16,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.apps import apps
 from django.conf import settings
 from django.db import connection
-from django.db.models import QuerySet, Sum
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from budgets.errors import BudgetExceeded, BudgetUnavailable
 from budgets.models import Budget, Reservation, Window
 from budgets.periods import period_bounds
+from budgets.windows import create_windows
 
 # Narrowest first: when several ceilings refuse, the user is told the most specific one.
 _SCOPE_ORDER = {s: i for i, s in enumerate(["run", "end_customer", "key", "member", "project", "organization"])}
@@ -52,6 +52,7 @@ class AdmissionRequest:
     lease: timedelta | None = None
     now: datetime | None = None  # tests pin the clock (e.g. 23:59:59)
     budgets: Sequence[Budget] | None = None  # matching budgets, when the caller already has them
+    origin: str = Reservation.Origin.GATEWAY  # who may settle it (Reservation.origin)
 
 
 @dataclass
@@ -113,7 +114,9 @@ def current_windows(*, budgets: Sequence[Budget], now: datetime) -> dict[int, Wi
     windows. The counters come from one unlocked statement: a consistent snapshot.
 
     Creation is INSERT .. ON CONFLICT DO NOTHING, so racing first requests agree on one row.
-    A window created mid-period starts with the period's already-recorded spend for its scope.
+    A window created mid-life starts with the period's whole truth for its scope: recorded spend
+    plus the holds of requests in flight (budgets/windows.py). A budget deleted or reconfigured
+    since it was read has no window here: the caller reads the budgets again.
     Runs outside the admission statement: it takes no lock the admission needs.
     """
     if not budgets:
@@ -122,20 +125,7 @@ def current_windows(*, budgets: Sequence[Budget], now: datetime) -> dict[int, Wi
     found = _read_windows(budgets, bounds)
     missing = [b for b in budgets if b.id not in found]
     if missing:
-        seeds = {b.id: _recorded_spend(b, *bounds[b.id]) for b in missing}
-        Window.objects.bulk_create(
-            [
-                Window(
-                    budget_id=b.id,
-                    period_start=bounds[b.id][0],
-                    period_end=bounds[b.id][1],
-                    spent_nano=seeds[b.id],
-                    seed_spent_nano=seeds[b.id],
-                )
-                for b in missing
-            ],
-            ignore_conflicts=True,
-        )
+        create_windows(budgets=missing, bounds=bounds)
         found.update(_read_windows(missing, bounds))
     return found
 
@@ -147,10 +137,10 @@ def _read_windows(budgets: Sequence[Budget], bounds: dict) -> dict[int, WindowSt
             """
             SELECT w.budget_id, w.id, w.spent_nano, w.reserved_nano
               FROM budgets_window w
-              JOIN unnest(%s::bigint[], %s::timestamptz[]) AS k(budget_id, period_start)
-                ON w.budget_id = k.budget_id AND w.period_start = k.period_start
+              JOIN unnest(%s::bigint[], %s::int[], %s::timestamptz[]) AS k(budget_id, version, period_start)
+                ON w.budget_id = k.budget_id AND w.budget_version = k.version AND w.period_start = k.period_start
             """,
-            [[b.id for b in budgets], [bounds[b.id][0] for b in budgets]],
+            [[b.id for b in budgets], [b.version for b in budgets], [bounds[b.id][0] for b in budgets]],
         )
         rows = cursor.fetchall()
     return {budget_id: WindowState(wid, spent, reserved) for budget_id, wid, spent, reserved in rows}
@@ -159,24 +149,6 @@ def _read_windows(budgets: Sequence[Budget], bounds: dict) -> dict[int, WindowSt
 def ensure_windows(*, budgets: Sequence[Budget], now: datetime) -> dict[int, int]:
     """{budget_id: window_id} for the period containing `now` (see current_windows)."""
     return {bid: w.id for bid, w in current_windows(budgets=budgets, now=now).items()}
-
-
-def _recorded_spend(budget: Budget, start: datetime, end: datetime | None) -> int:
-    # Looked up by name: usage builds on budgets, not the reverse (imports flow one way).
-    usage_record = apps.get_model("usage", "UsageRecord")
-    filters: dict[str, dict[str, object]] = {
-        Budget.Scope.ORGANIZATION: {},
-        Budget.Scope.PROJECT: {"project_id": budget.project_id},
-        Budget.Scope.MEMBER: {"member_id": budget.member_id},
-        Budget.Scope.KEY: {"api_key_id": budget.api_key_id},
-        Budget.Scope.END_CUSTOMER: {"end_customer_id": budget.end_customer_id},
-        Budget.Scope.RUN: {"run_id": budget.run_id},
-    }
-    scope_filter = filters[Budget.Scope(budget.scope)]
-    qs = usage_record.objects.filter(organization_id=budget.organization_id, admitted_at__gte=start, **scope_filter)
-    if end is not None:
-        qs = qs.filter(admitted_at__lt=end)
-    return qs.aggregate(total=Sum("cost_nano"))["total"] or 0
 
 
 def windows_for_update(ids: Sequence[int]) -> QuerySet[Window]:
@@ -214,17 +186,33 @@ def _refusal(ceilings: list[Ceiling], worst_nano: int) -> BudgetExceeded | None:
 LOCK_CLAUSE = "FOR NO KEY UPDATE OF w"  # why NO KEY: see windows_for_update
 COUNT_RESERVED = True
 RACE_DELAY_SECONDS = 0.0  # > 0 sleeps between the read and the write (race tests only)
+CHECK_STALE_BUDGETS = True  # refuse (and retry) an admission that read the budgets before an edit
 
 _ADMIT_SQL = """
 WITH ceilings AS (
-    SELECT w.id, w.budget_id, b.scope, b.amount_nano, w.spent_nano, {reserved} AS reserved_nano
+    SELECT w.id, w.budget_id, b.scope, b.amount_nano, w.spent_nano, {reserved} AS reserved_nano,
+           w.retired_at IS NULL AS current
       FROM budgets_window w
       JOIN budgets_budget b ON b.id = w.budget_id
      WHERE w.id = ANY(%(blocking)s::bigint[])
      ORDER BY w.id
      {lock}
+), stale AS (
+    -- A blocking budget this admission does not know at the version it read: created, or
+    -- reconfigured, since its budgets were read. Its window may not hold this request: retry.
+    SELECT 1 FROM budgets_budget b
+     WHERE b.organization_id = %(organization_id)s AND b.mode = 'block'
+       AND (b.scope = 'organization'
+            OR (b.scope = 'project' AND b.project_id = %(project_id)s)
+            OR (b.scope = 'member' AND b.member_id = %(member_id)s)
+            OR (b.scope = 'key' AND b.api_key_id = %(api_key_id)s)
+            OR (b.scope = 'end_customer' AND b.end_customer_id = %(end_customer_id)s)
+            OR (b.scope = 'run' AND b.run_id = %(run_id)s))
+       AND (b.id, b.version) NOT IN (SELECT * FROM unnest(%(known_ids)s::bigint[], %(known_versions)s::int[]))
 ), verdict AS (
     SELECT count(*) = cardinality(%(blocking)s::bigint[])
+           AND coalesce(bool_and(current), true)
+           AND ({check_stale} NOT EXISTS (SELECT 1 FROM stale))
            AND coalesce(bool_and(spent_nano + reserved_nano + %(worst)s <= amount_nano), true) AS fits
       FROM ceilings
      WHERE {delay}
@@ -236,10 +224,10 @@ WITH ceilings AS (
 ), reservation AS (
     INSERT INTO budgets_reservation (id, request_id, organization_id, project_id, member_id, api_key_id,
                                      end_customer_id, run_id, model, amount_nano, owner_id, created_at,
-                                     expires_at, deadline_at, job_id)
+                                     expires_at, deadline_at, job_id, origin)
     SELECT %(id)s, %(request_id)s, %(organization_id)s, %(project_id)s, %(member_id)s, %(api_key_id)s,
            %(end_customer_id)s, %(run_id)s, %(model)s, %(worst)s, %(owner_id)s, %(now)s,
-           %(expires_at)s, %(deadline_at)s, NULL
+           %(expires_at)s, %(deadline_at)s, NULL, %(origin)s
       FROM verdict
      WHERE verdict.fits
     RETURNING id
@@ -248,7 +236,7 @@ WITH ceilings AS (
     SELECT reservation.id, h.window_id, h.amount_nano
       FROM reservation, unnest(%(hold_windows)s::bigint[], %(hold_amounts)s::bigint[]) AS h(window_id, amount_nano)
 )
-SELECT verdict.fits, c.id, c.budget_id, c.scope, c.amount_nano, c.spent_nano, c.reserved_nano
+SELECT verdict.fits, c.id, c.budget_id, c.scope, c.amount_nano, c.spent_nano, c.reserved_nano, c.current
   FROM verdict LEFT JOIN ceilings c ON true
 """
 
@@ -262,6 +250,7 @@ def _admit_statement(params: dict) -> tuple[bool, list[Ceiling]]:
         lock=LOCK_CLAUSE,
         reserved="w.reserved_nano" if COUNT_RESERVED else "0",
         delay=f"pg_sleep({float(RACE_DELAY_SECONDS)})::text = ''" if RACE_DELAY_SECONDS else "true",
+        check_stale="" if CHECK_STALE_BUDGETS else "true OR",
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
@@ -270,7 +259,7 @@ def _admit_statement(params: dict) -> tuple[bool, list[Ceiling]]:
     ceilings = [
         Ceiling(window_id=wid, budget_id=bid, scope=scope, code=_code(scope), limit_nano=amount,
                 spent_nano=spent, reserved_nano=reserved)
-        for _, wid, bid, scope, amount, spent, reserved in rows
+        for _, wid, bid, scope, amount, spent, reserved, _current in rows
         if wid is not None
     ]
     return fits, ceilings
@@ -294,9 +283,11 @@ def admit(*, request: AdmissionRequest) -> Admitted:
     if worst < 0:
         raise ValueError("worst case must be >= 0")
     lease = request.lease or settings.CAPGATE["LEASE"]
-    for _attempt in range(2):
+    for _attempt in range(3):
         budgets = list(request.budgets) if request.budgets is not None and _attempt == 0 else matching_budgets(subject)
         windows = current_windows(budgets=budgets, now=now)
+        if any(b.id not in windows for b in budgets):
+            continue  # a budget was deleted or reconfigured since it was read: read them again
         blocking_budgets = [b for b in budgets if b.mode == Budget.Mode.BLOCK]
         blocking = sorted(windows[b.id].id for b in blocking_budgets)
         seen = [
@@ -326,6 +317,8 @@ def admit(*, request: AdmissionRequest) -> Admitted:
             "expires_at": reservation.expires_at, "deadline_at": reservation.deadline_at,
             "hold_windows": hold_windows,
             "hold_amounts": [worst if wid in blocking_set else 0 for wid in hold_windows],
+            "origin": request.origin,
+            "known_ids": [b.id for b in blocking_budgets], "known_versions": [b.version for b in blocking_budgets],
         })
         if fits:
             reservation._state.adding = False
@@ -335,7 +328,7 @@ def admit(*, request: AdmissionRequest) -> Admitted:
         if refusal is not None:
             raise refusal
         # No ceiling is full, yet the statement refused: a window vanished under it (its budget
-        # was deleted). Match the budgets again, once.
+        # was deleted), was retired, or a budget appeared or changed. Match the budgets again.
     raise BudgetUnavailable("The request's budgets changed while it was being admitted; retry it.")
 
 
@@ -365,5 +358,8 @@ def headroom(*, budgets: Sequence[Budget], now: datetime | None = None) -> Ceili
                 limit_nano=b.amount_nano, spent_nano=windows[b.id].spent_nano,
                 reserved_nano=windows[b.id].reserved_nano)
         for b in blocking
+        if b.id in windows  # deleted or reconfigured meanwhile: admission reads them again
     ]
+    if not ceilings:
+        return None
     return min(ceilings, key=lambda c: c.remaining_nano)

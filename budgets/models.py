@@ -9,6 +9,8 @@ import uuid
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
+from django.utils.timezone import now
 
 from tenants.models import ApiKey, EndCustomer, Member, Organization, Project
 
@@ -52,6 +54,13 @@ class Budget(models.Model):
     amount_nano = models.BigIntegerField()
     thresholds = models.JSONField(default=default_thresholds, blank=True)  # percent of amount
     recipients = models.JSONField(default=list, blank=True)  # empty: the organization's owners
+    # Bumped when period, timezone or mode changes: windows belong to one version, so a new
+    # configuration starts a fresh window that carries the period's whole truth (applied spend
+    # plus live holds), and switching back never reuses a window that missed the spend between.
+    version = models.PositiveIntegerField(default=1, db_default=1)
+    # When the current version took effect (creation or the last such edit). A window whose
+    # period started before it is created mid-life and carries in-flight holds.
+    version_at = models.DateTimeField(default=now, db_default=Now())
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -98,10 +107,19 @@ class Window(models.Model):
     # Spend recorded in this period before the window existed (a budget created mid-period):
     # counted in spent_nano from the start, and kept apart so the audit can reconcile.
     seed_spent_nano = models.BigIntegerField(default=0)
+    budget_version = models.PositiveIntegerField(default=1, db_default=1)  # Budget.version it counts for
+    # Set when the budget's version moves on: an admission that still names this window (it read
+    # the budget before the edit) is refused by the admission statement and retries.
+    retired_at = models.DateTimeField(null=True, blank=True)
+    # Last time the drain charged it: a lifetime window idle past CAPGATE["AUDIT_IDLE_LIFETIME"]
+    # with no holds leaves the live audit set (it stays in history).
+    touched_at = models.DateTimeField(default=now, db_default=Now())
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["budget", "period_start"], name="window_unique_per_period"),
+            models.UniqueConstraint(
+                fields=["budget", "budget_version", "period_start"], name="window_unique_per_period"
+            ),
             models.CheckConstraint(condition=Q(spent_nano__gte=0), name="window_spent_nonnegative"),
             models.CheckConstraint(condition=Q(reserved_nano__gte=0), name="window_reserved_nonnegative"),
             # Deliberately no `spent <= amount`: a provider may bill above the worst case and that
@@ -125,6 +143,10 @@ class GatewayInstance(models.Model):
 class Reservation(models.Model):
     """A request's worst case, held on its windows until its usage record is applied."""
 
+    class Origin(models.TextChoices):
+        GATEWAY = "gateway"  # a proxied call
+        API = "api"  # POST /v1/reservations
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     request_id = models.CharField(max_length=100, unique=True)
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="reservations")
@@ -145,6 +167,10 @@ class Reservation(models.Model):
     deadline_at = models.DateTimeField()  # hard maximum lifetime: never renewed past it
     # Room for provider-side jobs (DESIGN §12): a job's reservation is metered by its job id.
     job_id = models.CharField(max_length=200, null=True, blank=True)
+    # Who may settle it: a proxied call's reservation is settled only by that call; one made
+    # through the reservation API by the key that made it (or a write-scope organization token).
+    origin = models.CharField(max_length=10, choices=Origin.choices, default=Origin.GATEWAY,
+                              db_default=Origin.GATEWAY)
 
     class Meta:
         constraints = [

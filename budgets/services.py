@@ -12,8 +12,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import validate_email
+from django.db import transaction
+from django.utils import timezone
 
-from budgets.models import Budget
+from budgets.admission import windows_for_update
+from budgets.models import Budget, Window
 from tenants.models import ApiKey, EndCustomer, Member, Organization, Project
 from tenants.services import Actor, InvalidChange, audit, save_changes, snapshot
 
@@ -27,6 +30,8 @@ SUBJECT_FIELD = {
     Budget.Scope.RUN: "run_id",
 }
 SUBJECT_FIELDS = ("project", "member", "api_key", "end_customer", "run_id")
+# Changing one of these starts a new version of the budget (see update_budget).
+VERSIONED_FIELDS = ("period", "timezone", "mode")
 EDITABLE_FIELDS = ("name", "period", "timezone", "mode", "amount_nano", "thresholds", "recipients")
 AUDITED_FIELDS = ("name", "scope", *SUBJECT_FIELDS, *EDITABLE_FIELDS)
 MAX_AMOUNT_NANO = 2**62
@@ -114,7 +119,17 @@ def create_budget(
 
 
 def update_budget(*, budget: Budget, actor: Actor, **fields: Any) -> dict[str, list[Any]]:
-    """Change editable fields; scope and subject cannot change (see the module docstring)."""
+    """Change editable fields; scope and subject cannot change (see the module docstring).
+
+    A new period, timezone or mode is a new version of the budget (decisions.md, 2026-12-01):
+    1. Lock the budget row, then its current windows in id order (admissions in progress on
+       them finish first; later ones wait).
+    2. Retire those windows: an admission that read the old version and reaches them after this
+       commits is refused by its own statement and reads the budget again.
+    3. Bump the version. The next admission creates the new version's window with the period's
+       whole truth: applied spend in the new range plus the holds of requests in flight.
+    Amount, thresholds and the rest apply to the current window on the next request.
+    """
     fixed = set(fields) & {"scope", *SUBJECT_FIELDS}
     for name in fixed:
         current = budget.scope if name == "scope" else getattr(budget, name)
@@ -126,11 +141,34 @@ def update_budget(*, budget: Budget, actor: Actor, **fields: Any) -> dict[str, l
     if unknown:
         raise TypeError(f"unexpected fields: {', '.join(sorted(unknown))}")
     _check_fields(fields)
-    return save_changes(obj=budget, organization=budget.organization, actor=actor, fields=fields)
+    with transaction.atomic():
+        locked = Budget.objects.select_for_update().get(pk=budget.pk)
+        if any(f in fields and fields[f] != getattr(locked, f) for f in VERSIONED_FIELDS):
+            _retire_windows(locked)
+            budget.version = locked.version + 1
+            budget.version_at = timezone.now()
+            Budget.objects.filter(pk=budget.pk).update(version=budget.version, version_at=budget.version_at)
+        return save_changes(obj=budget, organization=budget.organization, actor=actor, fields=fields)
+
+
+def _retire_windows(budget: Budget) -> None:
+    ids = list(Window.objects.filter(budget=budget, budget_version=budget.version, retired_at__isnull=True)
+               .values_list("id", flat=True))
+    if ids:
+        list(windows_for_update(ids).values_list("id", flat=True))
+        Window.objects.filter(id__in=ids).update(retired_at=timezone.now())
 
 
 def delete_budget(*, budget: Budget, actor: Actor) -> None:
-    # Its windows and holds go with it; live reservations keep their other holds and settle as usual.
-    audit(organization=budget.organization, actor=actor, action="delete", obj=budget,
-          changes={"amount_nano": [budget.amount_nano, None]})
-    budget.delete()
+    """Delete the budget with its windows and holds; live reservations keep their other holds and
+    settle as usual. Its windows are locked first (in id order), so an admission holding on one
+    either committed before (its hold is deleted with it) or finds it gone and reads the budgets
+    again. A budget recreated for the same scope starts mid-life: its first window carries the
+    period's applied spend and the holds of requests in flight (budgets/windows.py)."""
+    with transaction.atomic():
+        ids = list(Window.objects.filter(budget=budget).values_list("id", flat=True))
+        if ids:
+            list(windows_for_update(ids).values_list("id", flat=True))
+        audit(organization=budget.organization, actor=actor, action="delete", obj=budget,
+              changes={"amount_nano": [budget.amount_nano, None]})
+        budget.delete()

@@ -7,16 +7,18 @@ so each change is validated and audited once, in one place.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
+from django.apps import apps
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import validate_email, validate_slug
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from config.errors import CapgateError
@@ -54,17 +56,26 @@ class Actor:
 
     label: str
     user_id: int | None = None
+    # The acting membership, when a person acts in an organization (owner checks read it); tokens
+    # have none. `operator`: the deployment's operator (`manage.py apply`), above every role.
+    member_id: int | None = None
+    operator: bool = False
 
     @classmethod
     def of_user(cls, user: Any) -> Actor:
         return cls(label=user.email or user.get_username(), user_id=user.pk)
 
     @classmethod
+    def of_member(cls, member: Member) -> Actor:
+        user = member.user
+        return cls(label=user.email or user.get_username(), user_id=user.pk, member_id=member.pk)
+
+    @classmethod
     def of_token(cls, token: ApiToken) -> Actor:
         return cls(label=f"token {token.name} ({token.prefix}…)", user_id=token.created_by_id)
 
 
-APPLY = Actor(label="apply")
+APPLY = Actor(label="apply", operator=True)
 
 
 # --- audit ------------------------------------------------------------------------------------
@@ -196,8 +207,12 @@ def update_project(*, project: Project, actor: Actor, **fields: Any) -> dict[str
 
 
 def delete_project(*, project: Project, actor: Actor) -> None:
-    audit(organization=project.organization, actor=actor, action="delete", obj=project)
-    project.delete()
+    with transaction.atomic():
+        freeze_subject_name(organization_id=project.organization_id, name="project", pk=project.pk, label=str(project))
+        for key in project.api_keys.all():  # deleted with the project
+            freeze_subject_name(organization_id=project.organization_id, name="api_key", pk=key.pk, label=str(key))
+        audit(organization=project.organization, actor=actor, action="delete", obj=project)
+        project.delete()
 
 
 # --- members ------------------------------------------------------------------------------------
@@ -212,8 +227,12 @@ def add_member(
     user = find_or_create_user(email=email, password=password)
     if organization.members.filter(user=user).exists():
         raise InvalidChange(f"{email} is already a member.", param="email")
-    member = Member.objects.create(organization=organization, user=user, role=role)
-    audit(organization=organization, actor=actor, action="create", obj=member, changes={"role": [None, role]})
+    with transaction.atomic():
+        if role == Member.Role.OWNER:
+            _lock_roles(organization.pk)
+            _require_owner(actor, organization.pk)
+        member = Member.objects.create(organization=organization, user=user, role=role)
+        audit(organization=organization, actor=actor, action="create", obj=member, changes={"role": [None, role]})
     return member
 
 
@@ -245,26 +264,76 @@ def _check_role(role: str) -> None:
 def change_member_role(*, member: Member, role: str, actor: Actor) -> dict[str, list[Any]]:
     _check_role(role)
     with transaction.atomic():
-        if member.role == Member.Role.OWNER and role != Member.Role.OWNER:
-            _keep_an_owner(member)
+        _lock_owner_change(member=member, new_role=role, actor=actor)
         return save_changes(obj=member, organization=member.organization, actor=actor, fields={"role": role})
 
 
 def remove_member(*, member: Member, actor: Actor) -> None:
+    """Remove a member, in one audited transaction:
+    1. keep an owner; 2. revoke every key the member holds (each revocation audited): a removed
+    member's keys stop working; 3. freeze the member's name on their usage records, so their
+    spend history stays attributed after the reference goes; 4. delete the membership."""
     with transaction.atomic():
-        if member.role == Member.Role.OWNER:
-            _keep_an_owner(member)
+        _lock_owner_change(member=member, new_role=None, actor=actor)
+        for key in ApiKey.objects.select_for_update().filter(member=member, revoked_at__isnull=True).order_by("id"):
+            revoke_key(key=key, actor=actor)
+        freeze_subject_name(organization_id=member.organization_id, name="member", pk=member.pk, label=str(member))
         audit(organization=member.organization, actor=actor, action="delete", obj=member)
         member.delete()
 
 
-def _keep_an_owner(member: Member) -> None:
-    # Lock the org's owner rows so two admins demoting the last two owners at once cannot both pass.
-    owners = list(
-        Member.objects.select_for_update().filter(organization_id=member.organization_id, role=Member.Role.OWNER)
-    )
-    if len(owners) <= 1:
-        raise InvalidChange("An organization keeps at least one owner.", param="role")
+def freeze_subject_name(*, organization_id: int, name: str, pk: int, label: str) -> None:
+    """Write a subject's name into the `subject` of its usage records before it is deleted (their
+    foreign key then goes NULL; the id and name stay). Records of requests still in flight get
+    it from the deletion's audit entry when they are written (usage.recording)."""
+    usage_record = apps.get_model("usage", "UsageRecord")  # by name: usage builds on tenants
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {usage_record._meta.db_table} SET subject = jsonb_set(subject, %s, %s::jsonb)"
+            f" WHERE organization_id = %s AND {name}_id = %s",
+            [[name], json.dumps({"id": pk, "name": label[:300]}), organization_id, pk],
+        )
+
+
+# Tests widen the window between the owner checks and the write (the guard-removal test).
+RACE_DELAY_SECONDS = 0.0
+
+
+def _lock_roles(organization_id: int) -> None:
+    # Every change that grants or takes the owner role locks its organization's row first, so
+    # they run one at a time per organization and each reads the roles the last one committed.
+    # NO KEY: rows that merely reference the organization (usage records) are not blocked.
+    Organization.objects.select_for_update(no_key=True).filter(pk=organization_id).values_list("pk").first()
+
+
+def _require_owner(actor: Actor, organization_id: int) -> None:
+    if actor.operator:
+        return
+    if actor.member_id is None or not Member.objects.filter(
+        pk=actor.member_id, organization_id=organization_id, role=Member.Role.OWNER
+    ).exists():
+        raise NotAllowed("Only an owner can grant or revoke the owner role.", param="role")
+
+
+def _lock_owner_change(*, member: Member, new_role: str | None, actor: Actor) -> None:
+    """Check a role change (new_role None: removal) against the owner rules, inside the caller's
+    transaction: 1. lock the organization's roles; 2. re-read the member's role as committed;
+    3. granting or taking owner needs an owner (or the operator); 4. the last owner stays."""
+    _lock_roles(member.organization_id)
+    member.refresh_from_db(fields=["role"])
+    was_owner, is_owner = member.role == Member.Role.OWNER, new_role == Member.Role.OWNER
+    if was_owner == is_owner:
+        return
+    _require_owner(actor, member.organization_id)
+    if was_owner and not Member.objects.filter(
+        organization_id=member.organization_id, role=Member.Role.OWNER
+    ).exclude(pk=member.pk).exists():
+        raise InvalidChange("An organization keeps at least one owner: make another member owner first.",
+                            param="role")
+    if RACE_DELAY_SECONDS:
+        import time
+
+        time.sleep(RACE_DELAY_SECONDS)
 
 
 # --- gateway keys -------------------------------------------------------------------------------
@@ -350,8 +419,11 @@ def create_end_customer(*, project: Project, external_id: str, actor: Actor) -> 
 
 
 def delete_end_customer(*, customer: EndCustomer, actor: Actor) -> None:
-    audit(organization=customer.project.organization, actor=actor, action="delete", obj=customer)
-    customer.delete()
+    org = customer.project.organization
+    with transaction.atomic():
+        freeze_subject_name(organization_id=org.id, name="end_customer", pk=customer.pk, label=str(customer))
+        audit(organization=org, actor=actor, action="delete", obj=customer)
+        customer.delete()
 
 
 # --- management API tokens ----------------------------------------------------------------------

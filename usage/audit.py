@@ -6,6 +6,19 @@
 where the seed is the spend a window was created with (a budget created mid-period starts with
 the period's already-recorded spend; budgets.admission.ensure_windows).
 
+A window can agree with its own rows and still be wrong about the request behind them (a
+proxied call's cost replaced by someone else's $0 settle). So beside the windows there is a
+check per request:
+
+    every record's cost_nano == what was reported for it (reported_cost_nano), where reported
+
+A report that reaches an already-final record is kept on it rather than dropped
+(usage.recording), so a lost cost shows here.
+
+Live windows: those with holds, and those not retired whose period is not over; a lifetime
+window with no holds leaves the set after CAPGATE["AUDIT_IDLE_LIFETIME"] without a charge (a
+finished run's), and stays in history.
+
 The audit proves the cap; it is never needed to keep it, and it repairs nothing: drift means a
 bug, and a bug is for a person to read. It is logged, stored (AuditRun) and alerted
 (an `audit_drift` AlertEvent per window, shown on the dashboard and emailed).
@@ -17,8 +30,9 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Exists, OuterRef, Q, Sum
+from django.db.models import Exists, F, OuterRef, Q, Sum
 from django.utils import timezone
 
 from budgets.models import Budget, Hold, Window
@@ -74,17 +88,33 @@ class Drift:
         }
 
 
+@dataclass(frozen=True)
+class RequestDrift:
+    """A request whose recorded cost is not what was reported for it."""
+
+    record_id: int
+    request_id: str
+    organization_id: int
+    reported_nano: int
+    recorded_nano: int
+
+    def as_dict(self) -> dict:
+        return {"record_id": self.record_id, "request_id": self.request_id, "organization_id": self.organization_id,
+                "counter": "request_cost", "expected_nano": self.reported_nano, "actual_nano": self.recorded_nano}
+
+
 @dataclass
 class AuditReport:
     started_at: datetime
     finished_at: datetime | None = None
     checks: list[WindowCheck] = field(default_factory=list)
     drifts: list[Drift] = field(default_factory=list)
+    request_drifts: list[RequestDrift] = field(default_factory=list)
     run_id: int | None = None
 
     @property
     def ok(self) -> bool:
-        return not self.drifts
+        return not self.drifts and not self.request_drifts
 
     @property
     def windows_checked(self) -> int:
@@ -126,6 +156,7 @@ def audit_counters(*, now: datetime | None = None, record: bool = True) -> Audit
                     c.reserved_nano,
                 )
             )
+    report.request_drifts = request_drifts()
     report.finished_at = timezone.now()
     if record:
         _record(report)
@@ -137,10 +168,11 @@ def _read_checks(now: datetime) -> list[WindowCheck]:
     with transaction.atomic():
         if not outer:
             _snapshot()
+        idle_since = now - settings.CAPGATE["AUDIT_IDLE_LIFETIME"]
         live = (
             Window.objects.filter(
-                Q(period_end__isnull=True)
-                | Q(period_end__gt=now)
+                Q(retired_at__isnull=True, period_end__isnull=True, touched_at__gt=idle_since)
+                | Q(retired_at__isnull=True, period_end__gt=now)
                 | Exists(Hold.objects.filter(window=OuterRef("pk")))
             )
             .select_related("budget")
@@ -170,6 +202,14 @@ def _read_checks(now: datetime) -> list[WindowCheck]:
         )
         for w in windows
     ]
+
+
+def request_drifts(*, limit: int = 1000) -> list[RequestDrift]:
+    """Applied records whose cost differs from what was reported for them (partial index)."""
+    rows = (UsageRecord.objects.filter(applied=True, reported_cost_nano__isnull=False)
+            .exclude(reported_cost_nano=F("cost_nano")).order_by("id")
+            .values_list("id", "request_id", "organization_id", "reported_cost_nano", "cost_nano")[:limit])
+    return [RequestDrift(rid, request_id, org, reported or 0, cost) for rid, request_id, org, reported, cost in rows]
 
 
 def _snapshot() -> None:
@@ -202,9 +242,12 @@ def _record(report: AuditReport) -> None:
         started_at=report.started_at,
         finished_at=report.finished_at,
         windows_checked=report.windows_checked,
-        drift_count=len(report.drifts),
-        drifts=[d.as_dict() for d in report.drifts],
+        drift_count=len(report.drifts) + len(report.request_drifts),
+        drifts=[d.as_dict() for d in report.drifts] + [d.as_dict() for d in report.request_drifts],
     )
+    for rd in report.request_drifts:
+        log.error("audit: request %s (organization %s) recorded at %s nano, reported at %s nano",
+                  rd.request_id, rd.organization_id, rd.recorded_nano, rd.reported_nano)
     report.run_id = run.id
     by_window: dict[int, list[Drift]] = {}
     for d in report.drifts:

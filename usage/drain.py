@@ -85,7 +85,8 @@ def _apply_deltas(rows: list[tuple[int, int, int]]) -> None:
         cursor.execute(
             f"""
             UPDATE budgets_window AS w
-               SET spent_nano = w.spent_nano + d.spent, reserved_nano = w.reserved_nano - d.released
+               SET spent_nano = w.spent_nano + d.spent, reserved_nano = w.reserved_nano - d.released,
+                   touched_at = now()
               FROM (VALUES {values}) AS d(id, spent, released)
              WHERE w.id = d.id
             """,

@@ -3,7 +3,7 @@ that usage/drain.py applies to the budget windows."""
 
 from django.contrib.postgres.fields import ArrayField
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from budgets.models import Budget, Window
@@ -27,6 +27,10 @@ class UsageRecord(models.Model):
         EndCustomer, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )
     run_id = models.CharField(max_length=200, null=True, blank=True)
+    # Who was charged, frozen: {"project": {"id", "name"}, "member": ..., "api_key": ...,
+    # "end_customer": ...}. The foreign keys above go NULL when a subject is deleted; this stays,
+    # so spend history remains attributed (names are filled in when the subject is deleted).
+    subject = models.JSONField(default=dict, blank=True)
     reservation_id = models.UUIDField(null=True, blank=True)
     connection = models.ForeignKey(Connection, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     model = models.CharField(max_length=200, blank=True)  # the name the caller asked for
@@ -40,6 +44,11 @@ class UsageRecord(models.Model):
     reserved_nano = models.BigIntegerField(default=0)  # the worst case admitted for it
     # What the provider billed above the reserved worst case: the only way past a cap, measured.
     excess_nano = models.BigIntegerField(default=0)
+    # What the provider reported this request cost, when a report came from the call itself
+    # (the gateway) or its caller (the reservation API's settle). Usually equal to cost_nano; a
+    # report that reached an already-final record is kept here instead of being lost, and the
+    # per-request audit (usage/audit.py) flags every record where the two differ.
+    reported_cost_nano = models.BigIntegerField(null=True, blank=True)
     error = models.TextField(blank=True)
     latency_ms = models.PositiveIntegerField(null=True, blank=True)
     admitted_at = models.DateTimeField()  # usage belongs to the windows of this moment
@@ -61,6 +70,9 @@ class UsageRecord(models.Model):
             models.Index(fields=["organization", "admitted_at"]),
             models.Index(fields=["end_customer", "admitted_at"]),
             models.Index(fields=["api_key", "admitted_at"]),
+            # The per-request audit: records whose cost differs from what was reported for them.
+            models.Index(fields=["id"], condition=Q(reported_cost_nano__isnull=False) & ~Q(reported_cost_nano=F("cost_nano")),
+                         name="usage_report_mismatch_idx"),
         ]
 
 

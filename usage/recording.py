@@ -5,6 +5,7 @@ No locks here: the drain (usage/drain.py) applies records to windows in batches.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,6 +20,20 @@ from catalog.pricing import Usage
 from usage.models import UsageRecord
 
 Status = UsageRecord.Status
+log = logging.getLogger(__name__)
+
+# Outcomes that carry a report of what the call cost (from the provider, or the caller who
+# called it): the per-request audit compares them with the recorded cost.
+REPORTED = (Status.SERVED, Status.FAILED_UPSTREAM)
+# The record's subject references, with the model name the tenants audit log uses for each.
+SUBJECT_REFS = (("project", "project"), ("member", "member"), ("api_key", "apikey"), ("end_customer", "endcustomer"))
+
+
+class RecordRejected(Exception):
+    """A usage record the database refused for a reason other than being unreachable.
+
+    Deliberately not a DatabaseError: the gateway spools DatabaseErrors to disk for replay, and
+    replaying a record the database will always refuse would retry it forever."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +70,9 @@ def build_record(*, reservation: Reservation, outcome: Outcome) -> UsageRecord:
         cache_read_tokens=outcome.usage.cache_read_tokens,
         cache_write_tokens=outcome.usage.cache_write_tokens,
         cost_nano=outcome.cost_nano,
+        reported_cost_nano=outcome.cost_nano if outcome.status in REPORTED else None,
+        subject={name: {"id": getattr(reservation, f"{name}_id")} for name, _ in SUBJECT_REFS
+                 if getattr(reservation, f"{name}_id") is not None},
         reserved_nano=reservation.amount_nano,
         excess_nano=max(0, outcome.cost_nano - reservation.amount_nano),
         error=outcome.error,
@@ -68,19 +86,87 @@ def record(*, reservation: Reservation, outcome: Outcome) -> UsageRecord:
 
     If a record already exists: an `estimated` one (expiry charged the worst case first) is
     corrected by this true report; anything else is returned unchanged — settling twice
-    returns the first result.
+    returns the first result — and a report that disagrees with it is kept on it
+    (`reported_cost_nano`) for the per-request audit, never silently dropped.
+
+    A subject (project, member, key, end customer) or connection deleted while the request was
+    in flight does not lose the record: its reference is cleared, its id and name stay frozen in
+    `subject`. Any other refusal is logged once and raised as RecordRejected (never spooled).
     """
     row = build_record(reservation=reservation, outcome=outcome)
-    try:
-        with transaction.atomic():  # a savepoint when called inside a transaction
-            relaxed_commit()
-            row.save(force_insert=True)
-        return row
-    except IntegrityError:
-        existing = UsageRecord.objects.filter(request_id=row.request_id).first()
-        if existing is None:
-            raise  # some other constraint: a bug, not a duplicate
-    return correct_estimate(record_id=existing.pk, outcome=outcome)
+    for attempt in range(2):
+        try:
+            with transaction.atomic():  # a savepoint when called inside a transaction
+                relaxed_commit()
+                row.save(force_insert=True)
+            return row
+        except IntegrityError as exc:
+            existing = UsageRecord.objects.filter(request_id=row.request_id).first()
+            if existing is not None:
+                return _second_report(existing, outcome)
+            if attempt == 0 and _is_foreign_key_violation(exc) and _detach_deleted(row):
+                row.pk = None
+                continue
+            log.error("usage record %s rejected by the database (not spooled): %s", row.request_id, exc)
+            raise RecordRejected(f"usage record {row.request_id} rejected: {exc}") from exc
+    raise AssertionError("unreachable")
+
+
+def _second_report(existing: UsageRecord, outcome: Outcome) -> UsageRecord:
+    if existing.status == Status.ESTIMATED:
+        return correct_estimate(record_id=existing.pk, outcome=outcome)
+    if outcome.status in REPORTED and outcome.cost_nano != existing.cost_nano:
+        log.warning("usage record %s is final at %s nano; a later report of %s nano is kept for the audit",
+                    existing.request_id, existing.cost_nano, outcome.cost_nano)
+        UsageRecord.objects.filter(pk=existing.pk).update(reported_cost_nano=outcome.cost_nano)
+        existing.reported_cost_nano = outcome.cost_nano
+    return existing
+
+
+def _is_foreign_key_violation(exc: IntegrityError) -> bool:
+    return getattr(exc.__cause__, "sqlstate", None) == "23503"
+
+
+# Guard point: the tests set it to False to show that without it a record whose subject was
+# deleted in flight is lost (the leak of issue 15, item 4).
+DETACH_DELETED_SUBJECTS = True
+
+
+def _detach_deleted(row: UsageRecord) -> bool:
+    """Clear references to subjects (and the connection) deleted since admission, keeping each
+    one's id and name frozen in `row.subject`. False if nothing was missing or the organization
+    itself is gone (then there is nothing left to charge)."""
+    from django.apps import apps
+
+    if not DETACH_DELETED_SUBJECTS:
+        return False
+    from catalog.models import Connection
+    from tenants.models import Organization
+
+    if not Organization.objects.filter(pk=row.organization_id).exists():
+        return False
+    detached = False
+    for name, model_name in SUBJECT_REFS:
+        ref = getattr(row, f"{name}_id")
+        model = apps.get_model("tenants", model_name)
+        if ref is not None and not model.objects.filter(pk=ref).exists():
+            setattr(row, f"{name}_id", None)
+            row.subject[name] = {"id": ref, "name": deleted_name(row.organization_id, model_name, ref)}
+            detached = True
+    if row.connection_id is not None and not Connection.objects.filter(pk=row.connection_id).exists():
+        row.connection_id = None
+        detached = True
+    return detached
+
+
+def deleted_name(organization_id: int, model_name: str, pk: int) -> str:
+    """The name a deleted subject had, from the audit entry of its deletion."""
+    from django.apps import apps
+
+    entry = (apps.get_model("tenants", "AuditLogEntry").objects
+             .filter(organization_id=organization_id, object_type=model_name, object_id=str(pk), action="delete")
+             .order_by("-id").first())
+    return entry.object_repr if entry is not None else ""
 
 
 def relaxed_commit() -> None:
@@ -116,6 +202,7 @@ def correct_estimate(*, record_id: int, outcome: Outcome) -> UsageRecord:
         rec.status = outcome.status
         rec.cost_nano = outcome.cost_nano
         rec.excess_nano = max(0, outcome.cost_nano - rec.reserved_nano)
+        rec.reported_cost_nano = outcome.cost_nano if outcome.status in REPORTED else None
         rec.input_tokens = outcome.usage.input_tokens
         rec.output_tokens = outcome.usage.output_tokens
         rec.cache_read_tokens = outcome.usage.cache_read_tokens

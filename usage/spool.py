@@ -5,6 +5,11 @@ is either in the outbox or on disk — never nowhere. `replay()` moves spooled r
 outbox; inserting is idempotent by request id, so a replay interrupted half-way and run
 again counts each record once, and a reservation that expired first (charged at worst case as
 `estimated`) is corrected by its late record.
+
+Only an unreachable database (OperationalError, InterfaceError) stops a replay to retry later.
+A record the database refuses for any other reason would be refused forever: it goes to the
+dead letter (`dead-*.jsonl`, each line the entry plus the error), is logged once, and is counted
+on the dashboard and by `manage.py spool_status`. Nothing is retried forever.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 
 from django.conf import settings
-from django.db import DatabaseError
+from django.db import InterfaceError, OperationalError
 
 from budgets.models import Reservation
 from catalog.pricing import Usage
@@ -96,14 +101,27 @@ def _replay_file(path: Path) -> int:
             continue
         try:
             record(reservation=_reservation(entry["reservation"]), outcome=_outcome(entry["outcome"]))
-        except DatabaseError:
+        except (OperationalError, InterfaceError):
             log.warning("spool replay stopped at %s line %d: database unavailable", path, i + 1)
             _write_rest(path.with_name(f"spool-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"), lines[i:])
             path.unlink()
             return done
+        except Exception as exc:  # refused for good (RecordRejected, bad data): dead letter
+            log.error("spool %s line %d moved to the dead letter: %s", path, i + 1, exc)
+            _write_rest(spool_dir() / f"dead-{os.getpid()}.jsonl", [json.dumps({**entry, "error": str(exc)})])
+            continue
         done += 1
     path.unlink()
     return done
+
+
+def dead_letter_count() -> int:
+    """Spooled records the database refused for good (see the module docstring)."""
+    total = 0
+    for path in sorted(spool_dir().glob("dead-*.jsonl")):
+        with open(path, encoding="utf-8") as fh:
+            total += sum(1 for line in fh if line.strip())
+    return total
 
 
 def _write_rest(path: Path, lines: list[str]) -> None:

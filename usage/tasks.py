@@ -62,7 +62,7 @@ def replay_spool() -> int:
 @shared_task
 def audit_counters() -> dict[str, int]:
     report = run_audit()
-    return {"windows_checked": report.windows_checked, "drifts": len(report.drifts)}
+    return {"windows_checked": report.windows_checked, "drifts": len(report.drifts) + len(report.request_drifts)}
 
 
 @shared_task

@@ -211,6 +211,9 @@ CAPGATE = {
     "LEASE": timedelta(seconds=env.int("CAPGATE_LEASE_SECONDS", default=120)),
     # A request's hard maximum lifetime; its reservation's deadline.
     "MAX_REQUEST_LIFETIME": timedelta(seconds=env.int("CAPGATE_MAX_REQUEST_SECONDS", default=7200)),
+    # A lifetime window (a finished run's) with no holds and no charge for this long leaves the
+    # live audit set; it stays in history and rejoins it when charged again.
+    "AUDIT_IDLE_LIFETIME": timedelta(hours=env.int("CAPGATE_AUDIT_IDLE_LIFETIME_HOURS", default=72)),
     # Output ceiling used when neither the request nor the catalog gives one.
     "DEFAULT_MAX_OUTPUT_TOKENS": 32_768,
     # Per-message framing tokens added to the byte bound of the input.

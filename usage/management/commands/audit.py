@@ -47,7 +47,8 @@ class Command(BaseCommand):
         if not report.ok:
             windows = len({d.window_id for d in report.drifts})
             raise CommandError(
-                f"counter drift in {windows} of {report.windows_checked} live windows"
+                f"counter drift in {windows} of {report.windows_checked} live windows; "
+                f"{len(report.request_drifts)} requests recorded at other than their reported cost"
             )
 
     def _table(self, report: AuditReport, *, drift_only: bool) -> None:
@@ -62,9 +63,13 @@ class Command(BaseCommand):
                 f"{c.window_id:>7}  {c.budget_label[:32]:<32} {_usd(c.spent_nano):>20} {_usd(c.expected_spent_nano):>20}"
                 f" {_usd(c.reserved_nano):>20} {_usd(c.expected_reserved_nano):>20}  {status}"
             )
+        for rd in report.request_drifts:
+            self.stdout.write(f"request {rd.request_id}: recorded {_usd(rd.recorded_nano)}, "
+                              f"reported {_usd(rd.reported_nano)}  DRIFT")
         summary = (
             f"{report.windows_checked} live windows checked, "
-            f"{len({d.window_id for d in report.drifts})} drifting"
+            f"{len({d.window_id for d in report.drifts})} drifting; "
+            f"{len(report.request_drifts)} requests off their reported cost"
         )
         self.stdout.write(self.style.SUCCESS(summary) if report.ok else self.style.ERROR(summary))
 
@@ -76,6 +81,7 @@ def _as_json(report: AuditReport) -> str:
             "run_id": report.run_id,
             "windows_checked": report.windows_checked,
             "drifts": [d.as_dict() for d in report.drifts],
+            "request_drifts": [d.as_dict() for d in report.request_drifts],
         },
         indent=2,
     )
