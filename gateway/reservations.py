@@ -2,6 +2,18 @@
 reserve a worst case, then settle it with the actual usage or cost, or release it.
 
 Request ids are namespaced by organization, so one org's ids never collide with another's.
+
+Who may act on a reservation (issue 15):
+- one the gateway made for a proxied call is settled by that call only: 409
+  `reservation_owned_by_gateway` here;
+- one made here, by the key that made it, or by a management-API token of the organization
+  with write scope (sent as the bearer key); a read token gets 403 `read_only_token`, another
+  key 403 `not_reservation_owner`. Every settle and release is written to the audit log.
+
+Release and settle, after expiry and after each other (decisions.md, 2026-12-01): the first
+settle or release is final and repeating it returns that first result; the other action after
+it is 409 (`reservation_settled` / `reservation_released`). An expiry's worst-case charge is not
+final: the first settle or release after it corrects it (a release to zero), once.
 """
 
 from __future__ import annotations
@@ -27,8 +39,16 @@ from catalog.pricing import rates_for as _rates_for
 from gateway.errors import GatewayError, bad_request
 from gateway.estimate import shape_chat
 from gateway.service import authenticate, end_customer, resolve_route, run_budget, settle_rates
+from tenants.models import TOKEN_PREFIX, ApiKey, ApiToken
+from tenants.services import Actor, audit, authenticate_token
 from usage.models import UsageRecord
 from usage.recording import Outcome, record, release
+
+# The reservation API's own fields: everything else in a chat-shaped body is the chat request.
+OWN_FIELDS = ("request_id", "ttl_seconds", "amount_usd")
+# Guard point: the tests set it to False to show that without it any key of the organization
+# can zero the cost of another request's proxied call (issue 15, item 1).
+CHECK_OWNER = True
 
 MAX_USD = Decimal("1000000")
 
@@ -98,7 +118,7 @@ def create(*, raw_key: str | None, body: dict, headers: dict[str, str], owner_id
             raise bad_request("Give 'amount_usd', or a 'model' with 'messages' or token bounds.", param="model")
         targets = resolve_route(key=key, name=model, kind="chat")
         if "messages" in body:
-            shape = shape_chat(body)
+            shape = shape_chat({k: v for k, v in body.items() if k not in OWN_FIELDS})
             bound_in, bound_out, n = shape.text_tokens, shape.max_output, shape.choices
         else:
             bound_in, bound_out, n = _int(body, "input_tokens"), _int(body, "max_output_tokens", low=1), 1
@@ -119,7 +139,7 @@ def create(*, raw_key: str | None, body: dict, headers: dict[str, str], owner_id
     try:
         admitted = admit(request=AdmissionRequest(
             subject=subject, request_id=request_id, worst_nano=worst, model=model, owner_id=None,
-            lease=timedelta(seconds=ttl), budgets=matching_budgets(subject),
+            lease=timedelta(seconds=ttl), budgets=matching_budgets(subject), origin=Reservation.Origin.API,
         ))
     except IntegrityError:
         # The same request id admitted concurrently: the unique request id kept it to one
@@ -131,25 +151,76 @@ def create(*, raw_key: str | None, body: dict, headers: dict[str, str], owner_id
     return 201, view(admitted.reservation)
 
 
-def _find(key, reservation_id: str) -> tuple[Reservation | None, UsageRecord | None]:
+def _caller(raw_key: str | None) -> ApiKey | ApiToken:
+    """A gateway key, or a management-API token of the organization (write scope to act)."""
+    if raw_key and raw_key.startswith(TOKEN_PREFIX):
+        token = authenticate_token(raw_key)
+        if token is None:
+            raise GatewayError("Invalid API token.", code="invalid_api_key", status=401)
+        if not token.can_write:
+            raise GatewayError("A read-only token cannot settle or release reservations.",
+                               code="read_only_token", status=403)
+        return token
+    return authenticate(raw_key)
+
+
+def _find(caller: ApiKey | ApiToken, reservation_id: str) -> tuple[Reservation | None, UsageRecord | None]:
+    """The reservation (live) or its record (settled), after checking the caller may act on it."""
     try:
         rid = uuid.UUID(reservation_id)
     except ValueError:
         raise GatewayError("No such reservation.", code="reservation_not_found", status=404) from None
-    reservation = Reservation.objects.filter(id=rid, organization_id=key.organization_id).first()
-    rec = UsageRecord.objects.filter(reservation_id=rid, organization_id=key.organization_id).first()
+    org_id = caller.organization_id
+    reservation = Reservation.objects.filter(id=rid, organization_id=org_id).first()
+    rec = UsageRecord.objects.filter(reservation_id=rid, organization_id=org_id).first()
     if reservation is None and rec is None:
         raise GatewayError("No such reservation.", code="reservation_not_found", status=404)
+    if CHECK_OWNER:
+        if reservation is not None:
+            from_api, key_id = reservation.origin == Reservation.Origin.API, reservation.api_key_id
+        else:
+            assert rec is not None
+            # The API namespaces its request ids by organization; the gateway's start with "req_".
+            from_api, key_id = rec.request_id.startswith(f"{org_id}:"), rec.api_key_id
+        if not from_api:
+            raise GatewayError("This reservation belongs to a call the gateway proxies; only that call settles it.",
+                               code="reservation_owned_by_gateway", status=409)
+        if isinstance(caller, ApiKey) and key_id != caller.id:
+            raise GatewayError("Only the key that made this reservation (or a write token) can settle or release it.",
+                               code="not_reservation_owner", status=403)
     return reservation, rec
+
+
+def _audited(caller: ApiKey | ApiToken, action: str, rec: UsageRecord) -> None:
+    if isinstance(caller, ApiToken):
+        actor = Actor.of_token(caller)
+    else:
+        actor = Actor(label=f"key {caller.name} ({caller.prefix}…)")
+    entry = Reservation(id=rec.reservation_id, request_id=rec.request_id)
+    audit(organization=caller.organization, actor=actor, action="update", obj=entry,
+          changes={"status": ["reserved", rec.status], "cost_nano": [rec.reserved_nano, rec.cost_nano],
+                   "request_id": [None, rec.request_id.split(":", 1)[-1]], "by": [None, action]})
+
+
+def _already(rec: UsageRecord, action: str) -> tuple[int, dict]:
+    """The first settle or release is final: the same again returns it, the other is a 409."""
+    released = rec.status == UsageRecord.Status.RELEASED
+    if (action == "release") == released:
+        return 200, record_view(rec)
+    if released:
+        raise GatewayError("This reservation was released; it cannot be settled now.",
+                           code="reservation_released", status=409)
+    raise GatewayError("This reservation was settled; it cannot be released now.",
+                       code="reservation_settled", status=409)
 
 
 def settle(*, raw_key: str | None, reservation_id: str, body: dict) -> tuple[int, dict]:
     """Settle with `usage` (priced at the route's first target) or `cost_usd`. Settling twice
-    returns the first result."""
-    key = authenticate(raw_key)
-    reservation, rec = _find(key, reservation_id)
+    returns the first result; settling a released reservation is a 409."""
+    caller = _caller(raw_key)
+    reservation, rec = _find(caller, reservation_id)
     if rec is not None and rec.status != UsageRecord.Status.ESTIMATED:
-        return 200, record_view(rec)
+        return _already(rec, "settle")
     if reservation is None:
         assert rec is not None  # _find raises when both are missing
         # Expired and charged at worst case: a true report corrects it (record() handles it).
@@ -172,13 +243,25 @@ def settle(*, raw_key: str | None, reservation_id: str, body: dict) -> tuple[int
 
     drain(request_ids=[rec.request_id])
     rec.refresh_from_db()
+    if rec.status == UsageRecord.Status.RELEASED:  # a release won the race
+        return _already(rec, "settle")
+    _audited(caller, "settle", rec)
     return 200, record_view(rec)
 
 
 def release_reservation(*, raw_key: str | None, reservation_id: str) -> tuple[int, dict]:
-    key = authenticate(raw_key)
-    reservation, rec = _find(key, reservation_id)
-    if rec is not None:
-        return 200, record_view(rec)
-    assert reservation is not None
-    return 200, record_view(release(reservation=reservation, error="released by caller"))
+    """Release unused: a zero-cost record. After expiry it corrects the worst-case charge to zero
+    (once); after a settle it is a 409."""
+    caller = _caller(raw_key)
+    reservation, rec = _find(caller, reservation_id)
+    if rec is not None and rec.status != UsageRecord.Status.ESTIMATED:
+        return _already(rec, "release")
+    if reservation is None:
+        assert rec is not None
+        reservation = Reservation(id=rec.reservation_id, request_id=rec.request_id, organization_id=rec.organization_id,
+                                  amount_nano=rec.reserved_nano, created_at=rec.admitted_at, model=rec.model)
+    rec = release(reservation=reservation, error="released by caller")
+    if rec.status != UsageRecord.Status.RELEASED:  # a settle won the race
+        return _already(rec, "release")
+    _audited(caller, "release", rec)
+    return 200, record_view(rec)
