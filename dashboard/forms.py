@@ -12,7 +12,7 @@ from budgets.models import Budget
 from catalog.models import Connection
 from catalog.pricing import usd_to_nano
 from tenants.models import ApiKey, ApiToken, EndCustomer, Member, Organization, Project
-from tenants.services import InvalidChange
+from tenants.services import InvalidChange, NotAllowed
 
 MAX_USD = Decimal("4611686018")
 
@@ -26,7 +26,7 @@ def nano(value: Decimal | None) -> int | None:
     return None if value is None else usd_to_nano(value)
 
 
-def add_service_error(form: forms.Form, exc: InvalidChange) -> None:
+def add_service_error(form: forms.Form, exc: InvalidChange | NotAllowed) -> None:
     """Show a service's error next to its field (or on the form if it names none we show)."""
     field = exc.param if exc.param in form.fields else None
     form.add_error(field, exc.message)

@@ -55,7 +55,7 @@ def access_for_user(*, user: Any, slug: str) -> Access:
     )
     if member is None:
         raise Http404("No such organization.")
-    return Access(organization=member.organization, role=member.role, actor=Actor.of_user(user), member=member)
+    return Access(organization=member.organization, role=member.role, actor=Actor.of_member(member), member=member)
 
 
 def access_for_token(*, token: ApiToken, slug: str) -> Access:

@@ -318,18 +318,17 @@ def _require_owner(actor: Actor, organization_id: int) -> None:
 def _lock_owner_change(*, member: Member, new_role: str | None, actor: Actor) -> None:
     """Check a role change (new_role None: removal) against the owner rules, inside the caller's
     transaction: 1. lock the organization's roles; 2. re-read the member's role as committed;
-    3. granting or taking owner needs an owner (or the operator); 4. the last owner stays."""
+    3. the last owner stays; 4. granting or taking owner needs an owner (or the operator)."""
     _lock_roles(member.organization_id)
     member.refresh_from_db(fields=["role"])
     was_owner, is_owner = member.role == Member.Role.OWNER, new_role == Member.Role.OWNER
     if was_owner == is_owner:
         return
-    _require_owner(actor, member.organization_id)
     if was_owner and not Member.objects.filter(
         organization_id=member.organization_id, role=Member.Role.OWNER
     ).exclude(pk=member.pk).exists():
-        raise InvalidChange("An organization keeps at least one owner: make another member owner first.",
-                            param="role")
+        raise InvalidChange("An organization keeps at least one owner.", param="role")
+    _require_owner(actor, member.organization_id)
     if RACE_DELAY_SECONDS:
         import time
 

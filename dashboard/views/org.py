@@ -43,7 +43,7 @@ def members(request: HttpRequest, access: Access) -> HttpResponse:
             try:
                 member = services.add_member(organization=org, email=form.cleaned_data["email"],
                                              role=form.cleaned_data["role"], actor=access.actor)
-            except services.InvalidChange as exc:
+            except (services.InvalidChange, services.NotAllowed) as exc:
                 add_service_error(form, exc)
             else:
                 _send_invite(request, member)
@@ -77,7 +77,7 @@ def member_role(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
         try:
             services.change_member_role(member=member, role=form.cleaned_data["role"], actor=access.actor)
             messages.success(request, f"{member.user.email} is now {member.role}.")
-        except services.InvalidChange as exc:
+        except (services.InvalidChange, services.NotAllowed) as exc:
             messages.error(request, exc.message)
     return redirect("dashboard:members", access.organization.slug)
 
@@ -89,7 +89,7 @@ def member_remove(request: HttpRequest, access: Access, pk: int) -> HttpResponse
     try:
         services.remove_member(member=member, actor=access.actor)
         messages.success(request, f"{member.user.email} removed.")
-    except services.InvalidChange as exc:
+    except (services.InvalidChange, services.NotAllowed) as exc:
         messages.error(request, exc.message)
     return redirect("dashboard:members", access.organization.slug)
 
