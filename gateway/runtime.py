@@ -24,8 +24,10 @@ SETTLE_THREADS = 4
 
 def _pool_size() -> int:
     pool = settings.DATABASES["default"].get("OPTIONS", {}).get("pool") or {}
-    # Leave two pool connections for Django's own (dashboard) thread and a management command.
-    return int(pool.get("max_size", 20)) - 2 if pool else 20
+    # Each gateway thread holds a pool connection for the life of the process; leave the
+    # dashboard/API's reserved slice (CAPGATE_DB_WEB_CONNECTIONS) to Django's request threads.
+    reserved = int(getattr(settings, "CAPGATE_DB_WEB_CONNECTIONS", 6))
+    return max(SETTLE_THREADS + 1, int(pool.get("max_size", 26)) - reserved) if pool else 20
 
 
 _executors: dict[str, ThreadPoolExecutor] = {}

@@ -87,7 +87,11 @@ DATABASES = {
         "OPTIONS": {
             "pool": {
                 "min_size": env.int("CAPGATE_DB_POOL_MIN", default=2),
-                "max_size": env.int("CAPGATE_DB_POOL_MAX", default=20),
+                # CAPGATE_DB_POOL_MAX for the gateway's database threads (each holds one for the
+                # process's life), plus a slice only the dashboard, the API and commands can use,
+                # so gateway load cannot time them out (gateway/runtime.py sizes its threads).
+                "max_size": env.int("CAPGATE_DB_POOL_MAX", default=20)
+                + env.int("CAPGATE_DB_WEB_CONNECTIONS", default=6),
                 # Short: gateway threads never outnumber the pool, so a wait here means the
                 # database is unreachable, and admission should fail closed quickly.
                 "timeout": env.float("CAPGATE_DB_POOL_TIMEOUT", default=3.0),
@@ -96,6 +100,8 @@ DATABASES = {
     }
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# The pool connections the gateway's threads leave for Django's own requests (see above).
+CAPGATE_DB_WEB_CONNECTIONS = env.int("CAPGATE_DB_WEB_CONNECTIONS", default=6)
 
 # Django's full set, at 12 characters: "93847261" (all digits, short) is refused. They apply where
 # a person chooses a password (reset, set-password forms); `manage.py apply` sets the demo's
