@@ -102,10 +102,13 @@ class RouteTargetSerializer(serializers.Serializer):
 class RouteSerializer(serializers.ModelSerializer):
     targets = RouteTargetSerializer(many=True, help_text="Tried in order (failover).")
     name = serializers.CharField(max_length=200)
+    default_max_output_tokens = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=1_000_000,
+        help_text="Output ceiling sent upstream when a request names none (the tighter of this and the key's).")
 
     class Meta:
         model = Route
-        fields = ["id", "name", "targets"]
+        fields = ["id", "name", "targets", "default_max_output_tokens"]
         read_only_fields = ["id"]
         validators: list = []
 
@@ -113,6 +116,7 @@ class RouteSerializer(serializers.ModelSerializer):
         return {
             "id": route.id,
             "name": route.name,
+            "default_max_output_tokens": route.default_max_output_tokens,
             "targets": [{"connection": t.connection_id, "model": str(t.model)}
                         for t in route.targets.select_related("model__provider").order_by("position")],
         }
@@ -130,9 +134,15 @@ class RouteViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
         return Route.objects.filter(organization=self.organization).order_by("id")
 
     def _set(self, serializer, name: str):
-        targets = [(t["connection"], t["model"]) for t in serializer.validated_data["targets"]]
+        data = serializer.validated_data
+        route = serializer.instance
+        if "targets" in data:
+            targets = [(t["connection"], t["model"]) for t in data["targets"]]
+        else:
+            targets = [(t.connection, t.model) for t in route.targets.select_related("connection", "model")]
         route, _ = services.set_route(organization=self.organization, name=name, targets=targets,
-                                      actor=self.access.actor)
+                                      actor=self.access.actor,
+                                      default_max_output_tokens=data.get("default_max_output_tokens", services.KEEP))
         serializer.instance = route
 
     def perform_create(self, serializer):
@@ -142,7 +152,7 @@ class RouteViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
         self._set(serializer, name)
 
     def perform_update(self, serializer):
-        if "targets" not in serializer.validated_data:
+        if not {"targets", "default_max_output_tokens"} & set(serializer.validated_data):
             return
         self._set(serializer, serializer.instance.name)
 
@@ -156,7 +166,8 @@ class PriceSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Model
-        fields = ["id", "model", *services.RATE_FIELDS, "per_request_usd", "max_output_tokens", "context_window",
+        fields = ["id", "model", *services.RATE_FIELDS, "per_request_usd", *services.FEATURE_DECIMAL_FIELDS,
+                  *services.FEATURE_INT_FIELDS, "max_output_tokens", "context_window",
                   "max_image_tokens", "prices_as_of", "priced"]
         read_only_fields = fields
 

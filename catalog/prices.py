@@ -13,6 +13,11 @@ The file, all prices being Decimal-exact strings of USD per 1M tokens:
          "per_request": "0",                                         (optional, default 0)
          "max_output_tokens": 16384, "context_window": 128000,       (optional integers or null)
          "max_image_tokens": 1445,                                   (optional; null: images unbounded)
+         "cache_write_1h": "6", "web_search_per_use": "0.01",         (optional paid features, docs/billing.md;
+         "server_tool_result_tokens": 2000,                           null or absent: refused under a
+         "priority_multiplier": "2", "flex_multiplier": "0.5",        blocking cap when a request uses them)
+         "long_context_threshold_tokens": 272000,
+         "long_context_input_multiplier": "2", "long_context_output_multiplier": "1.5",
          "note": "free text, not stored"},                           (optional)
         ...
       ]
@@ -45,8 +50,19 @@ DEFAULT_CATALOG_PATH = Path(__file__).resolve().parent / "data" / "prices.json"
 _TOP_KEYS = {"prices_as_of", "source", "providers", "models"}
 _PROVIDER_KEYS = {"slug", "name"}
 _REQUIRED_RATES = ("input", "output")
-_INT_FIELDS = ("max_output_tokens", "context_window", "max_image_tokens")
-_MODEL_KEYS = {"provider", "name", "per_request", "note", *RATE_FIELDS, *_INT_FIELDS}
+_INT_FIELDS = ("max_output_tokens", "context_window", "max_image_tokens", "server_tool_result_tokens",
+               "long_context_threshold_tokens")
+# Paid features beyond tokens (docs/billing.md), optional; null or absent: not priced (refused
+# under a blocking cap when a request asks for them).
+_FEATURE_PRICES = {
+    "cache_write_1h": "cache_write_1h_usd_per_mtok",  # USD per 1M tokens
+    "web_search_per_use": "web_search_usd_per_use",  # USD per search
+    "priority_multiplier": "priority_multiplier",  # x every token rate
+    "flex_multiplier": "flex_multiplier",
+    "long_context_input_multiplier": "long_context_input_multiplier",
+    "long_context_output_multiplier": "long_context_output_multiplier",
+}
+_MODEL_KEYS = {"provider", "name", "per_request", "note", *RATE_FIELDS, *_INT_FIELDS, *_FEATURE_PRICES}
 # Mirrors the DecimalField(max_digits=14, decimal_places=6) on Model and PositiveIntegerField.
 _MAX_DIGITS, _DECIMAL_PLACES = 14, 6
 _MAX_INT = 2_147_483_647
@@ -58,6 +74,7 @@ _ADVISORY_LOCK_KEY = 0x6361_7067_7072_6963  # "capgpric"
 FIELD_ATTRS: dict[str, str] = {
     **{rate: f"{rate}_usd_per_mtok" for rate in RATE_FIELDS},
     "per_request": "per_request_usd",
+    **_FEATURE_PRICES,
     **{name: name for name in _INT_FIELDS},
     "prices_as_of": "prices_as_of",
 }
@@ -317,6 +334,12 @@ def _validate_model(i, raw, providers, prices_as_of, problem) -> _Entry | None:
         problem(error, model=where, field="per_request")
         ok = False
     values["per_request"] = per_request
+    for key in _FEATURE_PRICES:
+        price, error = _price(raw.get(key), nullable=True)
+        if error:
+            problem(error, model=where, field=key)
+            ok = False
+        values[key] = price
     for key in _INT_FIELDS:
         value = raw.get(key)
         if value is not None and (type(value) is not int or not 1 <= value <= _MAX_INT):

@@ -14,11 +14,27 @@ from django.db import transaction
 from catalog.destinations import refusal_reason
 from catalog.models import Connection, Model, Provider, Route, RouteTarget
 from tenants.models import Organization
-from tenants.services import Actor, InvalidChange, audit, save_changes, snapshot
+from tenants.services import (
+    Actor,
+    InvalidChange,
+    audit,
+    check_output_ceiling,
+    save_changes,
+    snapshot,
+)
+
+
+class KEEP:
+    """Sentinel: leave a field as it is."""
 
 RATE_FIELDS = ("input_usd_per_mtok", "output_usd_per_mtok", "cache_read_usd_per_mtok", "cache_write_usd_per_mtok")
 CONNECTION_FIELDS = ("name", "kind", "base_url", *RATE_FIELDS, "options", "enabled")
-MODEL_PRICE_FIELDS = (*RATE_FIELDS, "per_request_usd", "max_output_tokens", "context_window", "max_image_tokens")
+# Paid features beyond tokens (docs/billing.md): Decimal prices and multipliers, and token counts.
+FEATURE_DECIMAL_FIELDS = ("cache_write_1h_usd_per_mtok", "web_search_usd_per_use", "priority_multiplier",
+                          "flex_multiplier", "long_context_input_multiplier", "long_context_output_multiplier")
+FEATURE_INT_FIELDS = ("server_tool_result_tokens", "long_context_threshold_tokens")
+MODEL_PRICE_FIELDS = (*RATE_FIELDS, "per_request_usd", "max_output_tokens", "context_window", "max_image_tokens",
+                      *FEATURE_DECIMAL_FIELDS, *FEATURE_INT_FIELDS)
 _MAX_RATE = Decimal("99999999")
 
 
@@ -119,9 +135,13 @@ def find_model(ref: str) -> Model:
 
 
 def set_route(
-    *, organization: Organization, name: str, targets: Sequence[tuple[Connection, Model]], actor: Actor
+    *, organization: Organization, name: str, targets: Sequence[tuple[Connection, Model]], actor: Actor,
+    default_max_output_tokens: int | None | type[KEEP] = KEEP,
 ) -> tuple[Route, bool]:
-    """Create or replace the route `name` with ordered targets. Returns (route, changed)."""
+    """Create or replace the route `name` with ordered targets, and set its default output
+    ceiling unless it is KEEP. Returns (route, changed)."""
+    if default_max_output_tokens is not KEEP:
+        check_output_ceiling(default_max_output_tokens)
     if not name.strip():
         raise InvalidChange("A route needs a name.", param="name")
     if not targets:
@@ -132,9 +152,16 @@ def set_route(
     wanted = [(c.pk, m.pk) for c, m in targets]
     with transaction.atomic():
         route, created = Route.objects.get_or_create(organization=organization, name=name)
+        ceiling_changed = False
+        if default_max_output_tokens is not KEEP and route.default_max_output_tokens != default_max_output_tokens:
+            audit(organization=organization, actor=actor, action="update", obj=route,
+                  changes={"default_max_output_tokens": [route.default_max_output_tokens, default_max_output_tokens]})
+            route.default_max_output_tokens = default_max_output_tokens  # type: ignore[assignment]
+            route.save(update_fields=["default_max_output_tokens"])
+            ceiling_changed = True
         current = list(route.targets.order_by("position").values_list("connection_id", "model_id"))
         if current == wanted:
-            return route, False
+            return route, ceiling_changed
         route.targets.all().delete()
         RouteTarget.objects.bulk_create(
             RouteTarget(route=route, connection=c, model=m, position=i) for i, (c, m) in enumerate(targets)
@@ -162,7 +189,7 @@ def set_model_price(*, ref: str, create: bool = True, **fields: Any) -> tuple[Mo
     unknown = set(fields) - set(MODEL_PRICE_FIELDS)
     if unknown:
         raise TypeError(f"unexpected fields: {', '.join(sorted(unknown))}")
-    for name in (*RATE_FIELDS, "per_request_usd"):
+    for name in (*RATE_FIELDS, "per_request_usd", *FEATURE_DECIMAL_FIELDS):
         _check_rate(name, fields.get(name))
     provider_slug, _, name = ref.partition("/")
     if not provider_slug or not name:

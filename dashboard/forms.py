@@ -119,6 +119,9 @@ class KeyForm(OrgForm):
     allowed_models = CommaListField(required=False, help_text="comma-separated; empty: every routed model")
     expires_at = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
                                      help_text="UTC")
+    default_max_output_tokens = forms.IntegerField(
+        required=False, min_value=1, max_value=1_000_000, label="Default output ceiling",
+        help_text="tokens sent upstream when a request names none; empty: the model's maximum")
 
     def __init__(self, *args: Any, can_choose_member: bool = True, **kwargs: Any):
         super().__init__(*args, **kwargs)

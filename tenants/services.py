@@ -337,7 +337,8 @@ def _lock_owner_change(*, member: Member, new_role: str | None, actor: Actor) ->
 
 # --- gateway keys -------------------------------------------------------------------------------
 
-KEY_FIELDS = ("name", "project", "member", "allowed_models", "expires_at")
+KEY_FIELDS = ("name", "project", "member", "allowed_models", "expires_at", "default_max_output_tokens")
+MAX_OUTPUT_CEILING = 1_000_000
 
 
 def _check_key_fields(organization: Organization, fields: Mapping[str, Any]) -> None:
@@ -352,16 +353,26 @@ def _check_key_fields(organization: Organization, fields: Mapping[str, Any]) -> 
     allowed = fields.get("allowed_models", [])
     if not isinstance(allowed, list) or not all(isinstance(m, str) and m for m in allowed):
         raise InvalidChange("A list of model names.", param="allowed_models")
+    check_output_ceiling(fields.get("default_max_output_tokens"))
+
+
+def check_output_ceiling(value: Any, *, param: str = "default_max_output_tokens") -> None:
+    """A default output ceiling: empty, or a whole number of tokens from 1 to 1,000,000."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not 1 <= value <= MAX_OUTPUT_CEILING):
+        raise InvalidChange(f"A whole number of tokens from 1 to {MAX_OUTPUT_CEILING:,}, or empty.", param=param)
 
 
 def create_key(
     *, organization: Organization, project: Project, name: str, actor: Actor, member: Member | None = None,
     allowed_models: list[str] | None = None, expires_at: datetime | None = None, raw: str | None = None,
+    default_max_output_tokens: int | None = None,
 ) -> tuple[ApiKey, str]:
     """Create a gateway key; returns (key, raw secret). The raw secret is not stored anywhere.
 
     `raw` may be given (the demo prints a fixed one); otherwise it is generated."""
-    fields = {"name": name, "project": project, "member": member, "allowed_models": allowed_models or []}
+    fields = {"name": name, "project": project, "member": member, "allowed_models": allowed_models or [],
+              "default_max_output_tokens": default_max_output_tokens}
     _check_key_fields(organization, fields)
     if raw is None:
         raw, prefix, digest = ApiKey.generate()

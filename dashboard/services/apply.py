@@ -32,6 +32,8 @@ from budgets.services import create_budget, update_budget
 from catalog.models import Connection
 from catalog.pricing import usd_to_nano
 from catalog.services import (
+    FEATURE_DECIMAL_FIELDS,
+    FEATURE_INT_FIELDS,
     RATE_FIELDS,
     create_connection,
     find_model,
@@ -185,7 +187,8 @@ def apply_config(*, data: Any, dry_run: bool = False) -> ApplyResult:
         for i, price in enumerate(root.list("prices")):
             _apply_price(_Item(price, f"prices[{i}]", {"model", *RATE_FIELDS, "per_request_usd",
                                                        "max_output_tokens", "context_window",
-                                                       "max_image_tokens"}, {"model"}), result)
+                                                       "max_image_tokens", *FEATURE_DECIMAL_FIELDS,
+                                                       *FEATURE_INT_FIELDS}, {"model"}), result)
         for i, org in enumerate(root.list("organizations")):
             _apply_organization(org, f"organizations[{i}]", result)
         if dry_run:
@@ -205,10 +208,10 @@ def _guard(path: str) -> Iterator[None]:
 def _apply_price(item: _Item, result: ApplyResult) -> None:
     ref = item.str("model") or ""
     fields: dict[str, Any] = {}
-    for name in (*RATE_FIELDS, "per_request_usd"):
+    for name in (*RATE_FIELDS, "per_request_usd", *FEATURE_DECIMAL_FIELDS):
         if item.has(name):
             fields[name] = item.rate(name)
-    for name in ("max_output_tokens", "context_window", "max_image_tokens"):
+    for name in ("max_output_tokens", "context_window", "max_image_tokens", *FEATURE_INT_FIELDS):
         if item.has(name):
             value = item.data[name]
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
@@ -258,13 +261,15 @@ def _apply_organization(data: Any, path: str, result: ApplyResult) -> None:
         _apply_member(org, _Item(m, f"{path}.members[{i}]", {"email", "role", "password"}, {"email"}), result)
     for i, k in enumerate(item.list("keys")):
         _apply_key(org, _Item(k, f"{path}.keys[{i}]", {"name", "project", "member", "allowed_models",
-                                                       "expires_at", "secret"}, {"name", "project"}), result)
+                                                       "expires_at", "secret", "default_max_output_tokens"},
+                              {"name", "project"}), result)
     for i, c in enumerate(item.list("connections")):
         _apply_connection(org, _Item(c, f"{path}.connections[{i}]", {"name", "kind", "base_url", "secret",
                                                                      "secret_env", "rates", "options",
                                                                      "enabled"}, {"name", "kind"}), result)
     for i, r in enumerate(item.list("routes")):
-        _apply_route(org, _Item(r, f"{path}.routes[{i}]", {"name", "targets"}, {"name", "targets"}), result)
+        _apply_route(org, _Item(r, f"{path}.routes[{i}]", {"name", "targets", "default_max_output_tokens"},
+                                {"name", "targets"}), result)
     for i, b in enumerate(item.list("budgets")):
         _apply_budget(org, _Item(b, f"{path}.budgets[{i}]", {"name", "scope", "project", "member", "key",
                                                              "end_customer", "run", "period", "timezone",
@@ -365,6 +370,7 @@ def _apply_key(org: Organization, item: _Item, result: ApplyResult) -> None:
         "member": _find_member(org, item.str("member"), f"{item.path}.member"),
         "allowed_models": allowed,
         "expires_at": item.when("expires_at"),
+        "default_max_output_tokens": item.data.get("default_max_output_tokens"),
     }
     raw = item.str("secret")
     key = _unique(ApiKey.objects.filter(organization=org, name=name).order_by("id"), item.path, "keys")
@@ -425,7 +431,8 @@ def _apply_route(org: Organization, item: _Item, result: ApplyResult) -> None:
             targets.append((connection, find_model(target.str("model") or "")))
     existed = org.routes.filter(name=name).exists()
     with _guard(item.path):
-        _, changed = set_route(organization=org, name=name, targets=targets, actor=APPLY)
+        _, changed = set_route(organization=org, name=name, targets=targets, actor=APPLY,
+                               default_max_output_tokens=item.data.get("default_max_output_tokens"))
     if changed:
         result.changes.append(Change("update" if existed else "create", "route", f"{org.slug}/{name}",
                                      {"targets": ["(previous)", " → ".join(f"{c.name}:{m}" for c, m in targets)]}

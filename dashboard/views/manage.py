@@ -104,6 +104,7 @@ def keys(request: HttpRequest, access: Access) -> HttpResponse:
             try:
                 key, raw = services.create_key(organization=org, project=d["project"], name=d["name"], member=member,
                                                allowed_models=d["allowed_models"], expires_at=d["expires_at"],
+                                               default_max_output_tokens=d["default_max_output_tokens"],
                                                actor=access.actor)
             except services.InvalidChange as exc:
                 add_service_error(form, exc)

@@ -125,8 +125,8 @@ class KeySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ApiKey
-        fields = ["id", "name", "prefix", "project", "member", "allowed_models", "expires_at", "revoked_at",
-                  "active", "created_at"]
+        fields = ["id", "name", "prefix", "project", "member", "allowed_models", "default_max_output_tokens",
+                  "expires_at", "revoked_at", "active", "created_at"]
         read_only_fields = ["id", "prefix", "revoked_at", "created_at"]
 
     def get_active(self, key: ApiKey) -> bool:
@@ -145,6 +145,9 @@ class KeyUpdateSerializer(serializers.Serializer):
     allowed_models = serializers.ListField(child=serializers.CharField(max_length=200), required=False,
                                            max_length=500)
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
+    default_max_output_tokens = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=1_000_000,
+        help_text="Output ceiling sent upstream when a request names none (the tighter of this and the route's).")
 
 
 @extend_schema_view(
@@ -177,6 +180,7 @@ class KeyViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
         key, raw = services.create_key(
             organization=self.organization, project=v["project"], name=v["name"], member=member,
             allowed_models=v.get("allowed_models", []), expires_at=v.get("expires_at"), actor=self.access.actor,
+            default_max_output_tokens=v.get("default_max_output_tokens"),
         )
         key.secret = raw  # type: ignore[attr-defined]
         return Response(KeyCreatedSerializer(key, context=self.get_serializer_context()).data,
