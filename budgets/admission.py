@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection
+from django.db import IntegrityError, connection
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -186,6 +186,9 @@ def _refusal(ceilings: list[Ceiling], worst_nano: int) -> BudgetExceeded | None:
 LOCK_CLAUSE = "FOR NO KEY UPDATE OF w"  # why NO KEY: see windows_for_update
 COUNT_RESERVED = True
 RACE_DELAY_SECONDS = 0.0  # > 0 sleeps between the read and the write (race tests only)
+# Budgets edited or deleted while a request is admitted make it read them again; a burst of edits
+# can do that a few times in a row before it answers 503 budget_unavailable.
+ADMIT_ATTEMPTS = 5
 CHECK_STALE_BUDGETS = True  # refuse (and retry) an admission that read the budgets before an edit
 
 _ADMIT_SQL = """
@@ -252,9 +255,15 @@ def _admit_statement(params: dict) -> tuple[bool, list[Ceiling]]:
         delay=f"pg_sleep({float(RACE_DELAY_SECONDS)})::text = ''" if RACE_DELAY_SECONDS else "true",
         check_stale="" if CHECK_STALE_BUDGETS else "true OR",
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+    except IntegrityError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == "23503":  # foreign key: the subject was just deleted
+            raise BudgetUnavailable("Who this request is charged to (its project, member, key or end customer) "
+                                    "was deleted while it was being admitted; nothing was reserved.") from exc
+        raise  # the same request id admitted twice: the caller answers with the first
     fits = bool(rows[0][0])
     ceilings = [
         Ceiling(window_id=wid, budget_id=bid, scope=scope, code=_code(scope), limit_nano=amount,
@@ -283,7 +292,7 @@ def admit(*, request: AdmissionRequest) -> Admitted:
     if worst < 0:
         raise ValueError("worst case must be >= 0")
     lease = request.lease or settings.CAPGATE["LEASE"]
-    for _attempt in range(3):
+    for _attempt in range(ADMIT_ATTEMPTS):
         budgets = list(request.budgets) if request.budgets is not None and _attempt == 0 else matching_budgets(subject)
         windows = current_windows(budgets=budgets, now=now)
         if any(b.id not in windows for b in budgets):

@@ -12,11 +12,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import validate_email
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.utils import timezone
 
 from budgets.admission import windows_for_update
-from budgets.models import Budget, Window
+from budgets.models import Budget, Hold, Window
 from tenants.models import ApiKey, EndCustomer, Member, Organization, Project
 from tenants.services import Actor, InvalidChange, audit, save_changes, snapshot
 
@@ -161,14 +161,29 @@ def _retire_windows(budget: Budget) -> None:
 
 def delete_budget(*, budget: Budget, actor: Actor) -> None:
     """Delete the budget with its windows and holds; live reservations keep their other holds and
-    settle as usual. Its windows are locked first (in id order), so an admission holding on one
-    either committed before (its hold is deleted with it) or finds it gone and reads the budgets
-    again. A budget recreated for the same scope starts mid-life: its first window carries the
-    period's applied spend and the holds of requests in flight (budgets/windows.py)."""
-    with transaction.atomic():
-        ids = list(Window.objects.filter(budget=budget).values_list("id", flat=True))
-        if ids:
-            list(windows_for_update(ids).values_list("id", flat=True))
-        audit(organization=budget.organization, actor=actor, action="delete", obj=budget,
-              changes={"amount_nano": [budget.amount_nano, None]})
-        budget.delete()
+    settle as usual. A budget recreated for the same scope starts mid-life: its first window
+    carries the period's applied spend and the holds of requests in flight (budgets/windows.py).
+
+    1. Lock the budget row: a window being created for it finishes first, or is not created.
+    2. Delete its holds, then lock its windows (FOR UPDATE, in id order) — holds before windows,
+       the drain's order, so the two cannot deadlock. Admissions holding on a window finish
+       first; later ones wait, then find it gone and read the budgets again.
+    3. Delete the holds added meanwhile, then the budget with its windows.
+    A deadlock with some other writer is retried (twice).
+    """
+    for attempt in range(3):
+        try:
+            with transaction.atomic():
+                Budget.objects.select_for_update().filter(pk=budget.pk).first()
+                Hold.objects.filter(window__budget_id=budget.pk).delete()
+                ids = list(Window.objects.filter(budget_id=budget.pk).values_list("id", flat=True))
+                list(Window.objects.select_for_update(of=("self",)).filter(id__in=ids).order_by("id")
+                     .values_list("id", flat=True))
+                Hold.objects.filter(window_id__in=ids).delete()
+                audit(organization=budget.organization, actor=actor, action="delete", obj=budget,
+                      changes={"amount_nano": [budget.amount_nano, None]})
+                budget.delete()
+            return
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != "40P01" or attempt == 2:
+                raise

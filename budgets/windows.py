@@ -100,8 +100,10 @@ def _create(budget: Budget, bounds: tuple[datetime, datetime | None], *, carry: 
                CASE WHEN %(block)s THEN (SELECT coalesce(sum(amount_nano), 0) FROM live) ELSE 0 END,
                seed.spent, now()
           FROM seed
-            -- not for a budget deleted or reconfigured since it was read
-         WHERE EXISTS (SELECT 1 FROM budgets_budget b WHERE b.id = %(budget)s AND b.version = %(version)s)
+            -- Not for a budget deleted or reconfigured since it was read. FOR SHARE: a deletion or
+            -- an edit (which locks the budget row first) waits for this window, and then sees it.
+         WHERE EXISTS (SELECT 1 FROM budgets_budget b WHERE b.id = %(budget)s AND b.version = %(version)s
+                       FOR SHARE)
         ON CONFLICT DO NOTHING
         RETURNING id
     )

@@ -34,13 +34,16 @@ from django.db import connection
 from django.utils import timezone
 
 from budgets.models import Budget, Hold, Reservation, Window
+from budgets.periods import period_bounds
 from catalog.models import Connection, Model, Provider, Route, RouteTarget
 from config.errors import CapgateError
+from gateway import capcheck_billing
 from gateway.estimate import shape_chat
 from tenants.models import ApiKey, Organization, Project
+from tenants.services import Actor
 from usage.models import UsageRecord
 
-SCENARIOS = ("basic", "stream", "multi", "failures")
+SCENARIOS = ("basic", "stream", "multi", "failures", "admin-actions", *capcheck_billing.SCENARIOS)
 CHAT = "/v1/chat/completions"
 # The run's catalog model is priced here so worst and actual costs are exact and independent
 # of the shared catalog: nano-USD per token at $15 / $75 per 1M tokens (no cache prices, so the
@@ -142,6 +145,11 @@ class Setup:
     keys: dict[str, str]  # label -> raw key
     connection_id: int
     tokens: Tokens
+    # Billing scenarios (gateway/capcheck_billing.py): endpoint, extra body fields and headers.
+    path: str = CHAT
+    body_extra: dict = field(default_factory=dict)
+    headers: dict = field(default_factory=dict)
+    served_model: str = ""
 
 
 @dataclass
@@ -244,8 +252,87 @@ def create_run(*, plan: Plan, scenario: str, concurrency: int) -> Setup:
         keys["C"] = key("C", other)[0]
         budget("capcheck project cap", Budget.Scope.PROJECT, plan.project_cap_nano, project=main)
         budget("capcheck key A daily cap", Budget.Scope.KEY, plan.key_cap_nano, Budget.Period.DAY, api_key=key_a)
+    overrides = capcheck_billing.adjust(scenario=scenario, plan=plan, tokens=tokens, model=model, echo=echo,
+                                        route_id=route.id)
     return Setup(scenario=scenario, concurrency=concurrency, organization=org, route=route.name, keys=keys,
-                 connection_id=echo.id, tokens=tokens)
+                 connection_id=echo.id, tokens=tokens, served_model=model.name, **overrides)
+
+
+# --- admin-actions: the organization cap edited mid-burst -------------------------------------
+
+CUSTOMER = "capcheck-customer"  # half the admin-actions requests name it; it is deleted mid-burst
+ADMIN = Actor(label="capcheck")
+
+
+class AdminActions(threading.Thread):
+    """While the burst is in flight: lower and raise the organization cap, change its timezone
+    and period (and back), delete and recreate it, and delete the end customer half the
+    requests are charged to — through the same services the dashboard and API use."""
+
+    def __init__(self, organization_id: int, amount_nano: int, timeout: float = 10.0):
+        super().__init__(name="capcheck-admin", daemon=True)
+        self.organization_id = organization_id
+        self.amount_nano = amount_nano
+        self.timeout = timeout
+        self.done: list[str] = []
+        self.error = ""
+
+    def run(self) -> None:
+        from budgets.services import create_budget, delete_budget, update_budget
+        from tenants.models import EndCustomer
+        from tenants.services import delete_end_customer
+
+        def cap() -> Budget:
+            return Budget.objects.get(organization_id=self.organization_id, scope=Budget.Scope.ORGANIZATION)
+
+        try:
+            deadline = time.monotonic() + self.timeout
+            while not Reservation.objects.filter(organization_id=self.organization_id).exists():
+                if time.monotonic() > deadline:
+                    self.error = "no request was in flight to act during"
+                    return
+                time.sleep(0.005)
+            steps: list[tuple[str, Callable[[], object]]] = [
+                ("lower", lambda: update_budget(budget=cap(), actor=ADMIN, amount_nano=self.amount_nano // 2)),
+                ("raise", lambda: update_budget(budget=cap(), actor=ADMIN, amount_nano=self.amount_nano)),
+                ("timezone", lambda: update_budget(budget=cap(), actor=ADMIN, timezone="Pacific/Kiritimati")),
+                ("timezone back", lambda: update_budget(budget=cap(), actor=ADMIN, timezone="UTC")),
+                ("period", lambda: update_budget(budget=cap(), actor=ADMIN, period=Budget.Period.WEEK)),
+                ("period back", lambda: update_budget(budget=cap(), actor=ADMIN, period=Budget.Period.MONTH)),
+                ("delete", lambda: delete_budget(budget=cap(), actor=ADMIN)),
+                ("recreate", lambda: create_budget(
+                    organization=Organization.objects.get(pk=self.organization_id), actor=ADMIN,
+                    scope=Budget.Scope.ORGANIZATION, amount_nano=self.amount_nano, name="capcheck organization cap",
+                    period=Budget.Period.MONTH, mode=Budget.Mode.BLOCK, thresholds=[])),
+                ("delete customer", lambda: [delete_end_customer(customer=c, actor=ADMIN) for c in
+                                             EndCustomer.objects.filter(project__organization_id=self.organization_id)]),
+            ]
+            for name, step in steps:
+                step()
+                self.done.append(name)
+                time.sleep(0.01)
+        except Exception as exc:  # reported as a problem of the run, never silently
+            self.error = f"{type(exc).__name__}: {exc}"[:300]
+        finally:
+            connection.close()
+
+
+def _truth_problems(organization_id: int, records: list[UsageRecord]) -> list[str]:
+    """P1 read from the book of record, not the counters: for each organization cap, every usage
+    record admitted in its current period (whatever window it was charged to) fits the cap plus
+    the excess billed on those records. Counters that miss in-flight spend after an edit cannot
+    hide from this."""
+    out = []
+    now = timezone.now()
+    for b in Budget.objects.filter(organization_id=organization_id, scope=Budget.Scope.ORGANIZATION,
+                                   mode=Budget.Mode.BLOCK):
+        start, end = period_bounds(period=b.period, tz=b.timezone, now=now)
+        inside = [r for r in records if r.admitted_at >= start and (end is None or r.admitted_at < end)]
+        booked, excess = sum(r.cost_nano for r in inside), sum(r.excess_nano for r in inside)
+        if booked > b.amount_nano + excess:
+            out.append(f"P1: organization cap: the period's records add to {booked} nano-USD, over the cap "
+                       f"{b.amount_nano} + excess {excess}")
+    return out
 
 
 def finish_run(setup: Setup, *, keep: bool) -> None:
@@ -264,7 +351,9 @@ def plan_requests(setup: Setup) -> list[Sent]:
     out = []
     for i in range(setup.concurrency):
         mode = "plain"
-        if setup.scenario == "stream":
+        if setup.scenario == "admin-actions" and i % 2:
+            mode = "customer"
+        elif setup.scenario == "stream":
             mode = "disconnect" if i % 5 == 4 else "stream"
         elif setup.scenario == "failures" and i % 3 == 2:
             mode = "fault"
@@ -285,7 +374,7 @@ def fire(setup: Setup, plan: Plan, sent: list[Sent]) -> None:
 
 async def _fire(setup: Setup, plan: Plan, sent: list[Sent]) -> None:
     limits = httpx.Limits(max_connections=len(sent), max_keepalive_connections=0)
-    bodies = {s: setup.tokens.body(setup.route, stream=s) for s in (False, True)}
+    bodies = {s: capcheck_billing.body(setup, stream=s) for s in (False, True)}
     start = asyncio.Event()
     async with httpx.AsyncClient(base_url=plan.url, limits=limits, timeout=plan.request_timeout) as client:
         tasks = [asyncio.create_task(_one(client, setup, s, bodies[s.mode in ("stream", "disconnect")], start))
@@ -296,13 +385,15 @@ async def _fire(setup: Setup, plan: Plan, sent: list[Sent]) -> None:
 
 
 async def _one(client: httpx.AsyncClient, setup: Setup, s: Sent, body: dict, start: asyncio.Event) -> None:
-    headers = {"authorization": f"Bearer {setup.keys[s.key]}"}
+    headers = {"authorization": f"Bearer {setup.keys[s.key]}", **setup.headers}
     if s.mode == "fault":
         headers["x-capgate-echo-fail"] = "500"
+    elif s.mode == "customer":
+        headers["x-capgate-customer"] = CUSTOMER
     await start.wait()
     began = time.perf_counter()
     try:
-        async with client.stream("POST", CHAT, json=body, headers=headers) as resp:
+        async with client.stream("POST", setup.path, json=body, headers=headers) as resp:
             s.status = resp.status_code
             s.request_id = resp.headers.get("x-capgate-request-id", "")
             if resp.status_code != 200:
@@ -463,6 +554,7 @@ def check_organization(*, organization_id: int, sent: list[Sent], peaks: dict[in
     if len(unnamed) > undelivered:
         problems.append(f"P2: {len(unnamed)} usage rows belong to no request the client sent "
                         f"(only {undelivered} got no response)")
+    problems += _truth_problems(organization_id, records)
     for c in ceilings:
         if not c.ok:
             problems.append(f"P1: {c.label}: recorded {c.booked_nano}, counter {c.spent_nano}, peak held "
@@ -500,16 +592,30 @@ def run_one(*, plan: Plan, scenario: str, concurrency: int) -> RunReport:
     sent = plan_requests(setup)
     sampler = Sampler(setup.organization.id, plan.sample_interval)
     sampler.start()
+    admin = AdminActions(setup.organization.id, plan.cap_nano) if scenario == "admin-actions" else None
+    if admin is not None:
+        admin.start()
     try:
         fire(setup, plan, sent)
+        if admin is not None:
+            admin.join(timeout=60)
         settle_s = wait_settled(organization_id=setup.organization.id, timeout=plan.settle_timeout)
     finally:
         peaks = sampler.stop()
     report = check_organization(organization_id=setup.organization.id, sent=sent, peaks=peaks, settle_s=settle_s,
                                 scenario=scenario, worst_nano=setup.tokens.worst_nano,
                                 actual_nano=setup.tokens.actual_nano)
+    books = capcheck_billing.problems(setup, list(UsageRecord.objects.filter(organization=setup.organization)),
+                                      setup.served_model)
+    if books:
+        report.problems += books
+        report.properties[1] = False
     if sampler.errors:
         report.problems.append(f"note: {sampler.errors} of {sampler.samples + sampler.errors} samples failed")
+    if admin is not None:
+        report.problems.append(f"note: admin actions done mid-burst: {', '.join(admin.done) or 'none'}")
+        if admin.error:
+            report.inconclusive = f"admin actions stopped: {admin.error}"
     finish_run(setup, keep=plan.keep)
     if plan.keep:
         report.keys = dict(setup.keys)
