@@ -282,6 +282,10 @@ class AdminActions(threading.Thread):
         from tenants.models import EndCustomer
         from tenants.services import delete_end_customer
 
+        def delete_customers() -> None:
+            for c in EndCustomer.objects.filter(project__organization_id=self.organization_id):
+                delete_end_customer(customer=c, actor=ADMIN)
+
         def cap() -> Budget:
             return Budget.objects.get(organization_id=self.organization_id, scope=Budget.Scope.ORGANIZATION)
 
@@ -304,8 +308,7 @@ class AdminActions(threading.Thread):
                     organization=Organization.objects.get(pk=self.organization_id), actor=ADMIN,
                     scope=Budget.Scope.ORGANIZATION, amount_nano=self.amount_nano, name="capcheck organization cap",
                     period=Budget.Period.MONTH, mode=Budget.Mode.BLOCK, thresholds=[])),
-                ("delete customer", lambda: [delete_end_customer(customer=c, actor=ADMIN) for c in
-                                             EndCustomer.objects.filter(project__organization_id=self.organization_id)]),
+                ("delete customer", lambda: delete_customers()),
             ]
             for name, step in steps:
                 step()
