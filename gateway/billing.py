@@ -124,6 +124,15 @@ HEADERS: dict[str, dict[str, Entry]] = {
     },
 }
 
+# Provider headers a client may send that are never forwarded (the connection decides the
+# account), so they cannot change the bill. Any other header with a provider prefix is refused.
+NOT_FORWARDED = {
+    "anthropic-dangerous-direct-browser-access": "a browser-use acknowledgement for the SDK",
+    "openai-organization": "the connection's own account is billed",
+    "openai-project": "the connection's own account is billed",
+}
+PROVIDER_HEADER_PREFIXES = ("anthropic-", "openai-")
+
 # anthropic-beta values, by name without the date suffix.
 ANTHROPIC_BETAS: dict[str, Entry] = {
     "prompt-caching": _e(TOKENS, "cache writes are bounded at the cache-write rate"),
@@ -225,6 +234,10 @@ def markdown() -> str:
         if kind in TOOL_TYPES:
             lines += ["", "Tool types:", "", "| type | class | why |", "|---|---|---|"]
             lines += [f"| `{name}` | {CLASS_TITLES[e.cls]} | {e.why} |" for name, e in TOOL_TYPES[kind].items()]
+    lines += ["", "## Provider headers that are not forwarded", "",
+              "Any other `anthropic-*` or `openai-*` request header is refused with 400 (`unsupported_header`).",
+              "", "| header | why it cannot change the bill |", "|---|---|"]
+    lines += [f"| `{name}` | {why} |" for name, why in NOT_FORWARDED.items()]
     lines += ["", "## `anthropic-beta` values", "", "| beta | class | why |", "|---|---|---|"]
     lines += [f"| `{name}` | {CLASS_TITLES[e.cls]} | {e.why} |" for name, e in ANTHROPIC_BETAS.items()]
     return "\n".join(lines) + "\n"

@@ -187,8 +187,18 @@ def _tools(body: dict, kind: str) -> _Tools:
     return out
 
 
+def _check_headers(headers: dict[str, str], kind: str) -> None:
+    """Provider headers are classified like fields: forwarded and listed, ignored and listed, or
+    refused — a new paid header never passes unseen."""
+    for name in headers:
+        if (name.startswith(billing.PROVIDER_HEADER_PREFIXES) and name not in billing.HEADERS[kind]
+                and name not in billing.NOT_FORWARDED):
+            raise _unsupported(f"Unsupported header: '{name}'.", code="unsupported_header", param=name)
+
+
 def _anthropic_headers(headers: dict[str, str]) -> tuple[dict[str, str], list[str], set[str]]:
     """The classified headers to forward, the betas refused under a blocking cap, and every beta."""
+    _check_headers(headers, "messages")
     forward: dict[str, str] = {}
     for name in billing.HEADERS["messages"]:
         if name in headers:
@@ -282,6 +292,7 @@ def _messages(body: dict, *, allow_system_role: bool = True) -> list:
 
 def shape_chat(body: dict, headers: dict[str, str] | None = None) -> Shape:
     _check_params(body, "chat")
+    _check_headers(headers or {}, "chat")
     model = _model(body)
     messages = _messages(body)
     n = body.get("n", 1)
@@ -349,6 +360,7 @@ def shape_messages(body: dict, headers: dict[str, str] | None = None) -> Shape:
 
 def shape_embeddings(body: dict, headers: dict[str, str] | None = None) -> Shape:
     _check_params(body, "embeddings")
+    _check_headers(headers or {}, "embeddings")
     model = _model(body)
     data = body.get("input")
     if isinstance(data, str):

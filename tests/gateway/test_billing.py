@@ -295,6 +295,8 @@ def test_fields_the_cap_cannot_bound_are_refused_under_it_and_name_the_field(gat
     ("/v1/messages", {"tools": [{"type": "future_tool_20991231", "name": "x"}]}, {}, "unsupported_tool"),
     ("/v1/messages", {}, {"anthropic-beta": "something-new-2099-01-01"}, "unsupported_beta"),
     ("/v1/chat/completions", {"brand_new_paid_option": True}, {}, "unsupported_parameter"),
+    ("/v1/chat/completions", {}, {"openai-beta": "assistants=v2"}, "unsupported_header"),
+    ("/v1/messages", {}, {"anthropic-priority-lane": "yes"}, "unsupported_header"),
 ])
 def test_unknown_fields_tools_and_betas_are_refused_with_400_and_nothing_is_reserved(gateway, wired, path, body,
                                                                                        headers, code):
