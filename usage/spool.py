@@ -115,12 +115,23 @@ def _replay_file(path: Path) -> int:
     return done
 
 
-def dead_letter_count() -> int:
-    """Spooled records the database refused for good (see the module docstring)."""
+def dead_letter_count(*, organization_id: int | None = None) -> int:
+    """Spooled records the database refused for good (see the module docstring), on this host;
+    only one organization's when `organization_id` is given."""
     total = 0
     for path in sorted(spool_dir().glob("dead-*.jsonl")):
         with open(path, encoding="utf-8") as fh:
-            total += sum(1 for line in fh if line.strip())
+            for line in fh:
+                if not line.strip():
+                    continue
+                if organization_id is None:
+                    total += 1
+                    continue
+                try:
+                    org = json.loads(line)["reservation"]["organization_id"]
+                except (ValueError, KeyError, TypeError):
+                    continue
+                total += org == organization_id
     return total
 
 

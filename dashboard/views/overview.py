@@ -17,6 +17,7 @@ from dashboard.charts import stacked_daily
 from tenants.selectors import Access, organizations_for
 from usage.models import AuditRun
 from usage.selectors import GROUPS, daily_spend, refusals_by_code
+from usage.spool import dead_letter_count
 
 CHART_DAYS = 30
 CHART_GROUPS = [g for g in GROUPS if g not in ("day", "status")]
@@ -60,5 +61,5 @@ def overview(request: HttpRequest, access: Access) -> HttpResponse:
         statuses=statuses(budgets=budgets, now=now), chart=chart, group_by=group_by, chart_groups=CHART_LABELS,
         chart_days=CHART_DAYS, refusals=refusals_by_code(organization=org),
         reservations=reservations[:10], held_count=held["n"] or 0, held_nano=held["total"] or 0,
-        last_audit=last_audit, org_drifts=org_drifts,
+        last_audit=last_audit, org_drifts=org_drifts, dead_letters=dead_letter_count(organization_id=org.id),
     )

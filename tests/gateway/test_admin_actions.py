@@ -337,4 +337,40 @@ def test_a_spooled_record_refused_for_good_goes_to_the_dead_letter(wired, settin
     assert spool.replay() == 0
     assert spool.replay() == 0  # not retried
     assert spool.dead_letter_count() == 1
+    assert spool.dead_letter_count(organization_id=wired.org.id + 999) == 1
+    assert spool.dead_letter_count(organization_id=wired.org.id) == 0
     assert not list((tmp_path / "spool").glob("spool-*.jsonl"))
+
+
+# --- issue 9 item 6: removing a member ----------------------------------------------------------
+
+
+def test_removing_a_member_in_flight_revokes_their_keys_and_keeps_their_spend(gateway, wired):
+    from django.contrib.auth import get_user_model
+
+    from tenants.models import Member
+
+    # given: bob's key with calls in flight
+    bob = Member.objects.create(organization=wired.org, role="member",
+                                user=get_user_model().objects.create_user("bob", "bob@example.com", "pw"))
+    key = other_key(wired)
+    ApiKey.objects.filter(pk=key.pk).update(member=bob)
+    slow_echo(wired, delay_ms=1000)
+    futures = burst(gateway, 4, authorization=f"Bearer {OTHER_KEY}")
+    wait_in_flight(4)
+    api = httpx.Client(base_url=gateway.url + f"/api/orgs/{wired.org.slug}",
+                       headers={"authorization": f"Bearer {token(wired, 'write')}"}, timeout=30)
+    # when
+    assert api.delete(f"/members/{bob.id}/").status_code == 204
+    # then: the calls in flight are charged to bob by name; his key no longer works
+    assert all(r.status_code == 200 for r in results(futures))
+    wait_settled()
+    records = list(UsageRecord.objects.all())
+    assert len(records) == 4 and all(r.cost_nano > 0 and r.member_id is None for r in records)
+    assert {r.subject["member"]["name"] for r in records} == {str(bob)}
+    key.refresh_from_db()
+    assert key.revoked_at is not None
+    assert chat(gateway, headers={"authorization": f"Bearer {OTHER_KEY}"}).status_code == 401
+    changes = set(AuditLogEntry.objects.values_list("object_type", "action"))
+    assert {("apikey", "update"), ("member", "delete")} <= changes
+    assert_audit_clean()
