@@ -31,6 +31,11 @@ SEARCH_USD = Decimal("0.001")  # per search: 1,000,000 nano-USD
 SEARCH_RESULT_TOKENS = 50
 
 
+def _rate(value: Decimal | None) -> Decimal:
+    assert value is not None  # the run's model is always priced (capcheck.create_run)
+    return value
+
+
 def adjust(*, scenario: str, plan: Plan, tokens: Tokens, model: Model, echo: Connection, route_id: int) -> dict:
     """Shape the run's catalog and route for a billing scenario; returns Setup overrides."""
     if scenario == "server-tools":
@@ -41,16 +46,16 @@ def adjust(*, scenario: str, plan: Plan, tokens: Tokens, model: Model, echo: Con
             "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": SEARCHES}]}}
     if scenario == "service-tier":
         # Half the plan's rates at list price, twice that at priority: the plan's numbers exactly.
-        model.input_usd_per_mtok = model.input_usd_per_mtok / 2
-        model.output_usd_per_mtok = model.output_usd_per_mtok / 2
+        model.input_usd_per_mtok = _rate(model.input_usd_per_mtok) / 2
+        model.output_usd_per_mtok = _rate(model.output_usd_per_mtok) / 2
         model.priority_multiplier = Decimal(2)
         model.save(update_fields=["input_usd_per_mtok", "output_usd_per_mtok", "priority_multiplier"])
         return {"body_extra": {"service_tier": "priority"}}
     if scenario == "route-alias":
         # First target: a pricier model on a connection that fails every call it gets.
         pricey = Model.objects.create(provider=model.provider, name=f"{model.name}-pricey",
-                                      input_usd_per_mtok=model.input_usd_per_mtok * 2,
-                                      output_usd_per_mtok=model.output_usd_per_mtok * 2)
+                                      input_usd_per_mtok=_rate(model.input_usd_per_mtok) * 2,
+                                      output_usd_per_mtok=_rate(model.output_usd_per_mtok) * 2)
         failing = Connection.objects.create(organization=echo.organization, name="echo-failing", kind="echo",
                                             options={**echo.options, "allow_fault_headers": True})
         RouteTarget.objects.filter(route_id=route_id).update(position=1)

@@ -23,7 +23,7 @@ from datetime import timedelta
 from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
-from django.db import IntegrityError
+from django.db import IntegrityError, transaction
 
 from budgets.admission import AdmissionRequest, Subject, admit, matching_budgets
 from budgets.models import Reservation
@@ -38,7 +38,14 @@ from catalog.pricing import (
 from catalog.pricing import rates_for as _rates_for
 from gateway.errors import GatewayError, bad_request
 from gateway.estimate import shape_chat
-from gateway.service import authenticate, end_customer, resolve_route, run_budget, settle_rates
+from gateway.service import (
+    authenticate,
+    create_run_budget,
+    end_customer,
+    resolve_route,
+    run_budget,
+    settle_rates,
+)
 from tenants.models import TOKEN_PREFIX, ApiKey, ApiToken
 from tenants.services import Actor, audit, authenticate_token
 from usage.models import UsageRecord
@@ -133,14 +140,19 @@ def create(*, raw_key: str | None, body: dict, headers: dict[str, str], owner_id
                                code="unpriced_model_under_budget", status=402) from None
     customer = end_customer(key=key, external_id=headers.get("x-capgate-customer"))
     run_id = headers.get("x-capgate-run")
-    run_budget(key=key, run_id=run_id, amount_usd=headers.get("x-capgate-run-budget-usd"))
+    run_amount = headers.get("x-capgate-run-budget-usd")
+    new_run_nano = run_budget(key=key, run_id=run_id, amount_usd=run_amount)
     subject = Subject(organization_id=key.organization_id, project_id=key.project_id, member_id=key.member_id,
                       api_key_id=key.id, end_customer_id=customer.id if customer else None, run_id=run_id)
     try:
-        admitted = admit(request=AdmissionRequest(
-            subject=subject, request_id=request_id, worst_nano=worst, model=model, owner_id=None,
-            lease=timedelta(seconds=ttl), budgets=matching_budgets(subject), origin=Reservation.Origin.API,
-        ))
+        # A run's first reservation creates its budget in the same transaction: refused, it leaves none.
+        with transaction.atomic():
+            if new_run_nano is not None and run_id is not None:
+                create_run_budget(key=key, run_id=run_id, amount_nano=new_run_nano, explicit=run_amount is not None)
+            admitted = admit(request=AdmissionRequest(
+                subject=subject, request_id=request_id, worst_nano=worst, model=model, owner_id=None,
+                lease=timedelta(seconds=ttl), budgets=matching_budgets(subject), origin=Reservation.Origin.API,
+            ))
     except IntegrityError:
         # The same request id admitted concurrently: the unique request id kept it to one
         # reservation (this statement changed nothing); answer with that one.
@@ -230,8 +242,10 @@ def settle(*, raw_key: str | None, reservation_id: str, body: dict) -> tuple[int
         cost, usage = _usd(body["cost_usd"], "cost_usd"), Usage()
     elif isinstance(body.get("usage"), dict):
         u = body["usage"]
-        usage = Usage(**{f: _int(u, f) if f in u else 0 for f in
-                         ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")})
+        counts = {f: _int(u, f) if f in u else 0 for f in
+                  ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")}
+        usage = Usage(input_tokens=counts["input_tokens"], output_tokens=counts["output_tokens"],
+                      cache_read_tokens=counts["cache_read_tokens"], cache_write_tokens=counts["cache_write_tokens"])
         target, rates = settle_rates(reservation=reservation)
         if rates is None:
             raise bad_request("This reservation has no priced route: settle with 'cost_usd'.", param="usage")
