@@ -15,7 +15,7 @@ from django.db import DatabaseError
 
 from budgets.errors import BudgetExceeded, BudgetUnavailable
 from config.errors import CapgateError
-from gateway import proxy, reservations, runtime
+from gateway import metrics, ops, proxy, reservations, runtime
 from gateway.errors import GatewayError, render
 from gateway.estimate import parse_json
 from gateway.http import ClientGone, Request
@@ -91,8 +91,10 @@ class CapgateASGI:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
             return await self.lifespan(receive, send)
+        if scope["type"] == "http" and scope["path"].rstrip("/") in ops.PATHS:
+            return await ops.handle(Request(scope, receive, send))
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            req = Request(scope, receive, send)
+            req = Request(scope, receive, metrics.counting(scope, send))
             try:
                 return await handle(req)
             except Exception:

@@ -24,7 +24,7 @@ from django.db import DatabaseError
 from budgets.errors import BudgetExceeded, BudgetUnavailable
 from catalog.pricing import UnpricedFeature, UnpricedModel, Usage, cost_nano, rates_for, usd_str
 from config.errors import CapgateError
-from gateway import runtime, upstream
+from gateway import metrics, runtime, upstream
 from gateway.errors import GatewayError, render
 from gateway.estimate import SHAPERS, Shape, parse_json
 from gateway.http import ClientGone, Request
@@ -117,6 +117,7 @@ class ProxyCall:
         except CapgateError as exc:
             shape_error = exc
         bg = runtime.background
+        admitting = time.monotonic()
         try:
             _key, self.prepared = await runtime.db(
                 admit_call, raw_key=self.req.api_key(), shape=shape, shape_error=shape_error, kind=self.kind,
@@ -134,6 +135,8 @@ class ProxyCall:
             log.exception("admission failed: database unavailable")
             return await self.fail(BudgetUnavailable(
                 "Budgets cannot be checked right now (database unavailable); the request was not sent."))
+        finally:
+            metrics.observe_admission(time.monotonic() - admitting)
         assert shape is not None
         self.text_tokens = shape.text_tokens
         self.shape = shape

@@ -17,6 +17,7 @@ import asyncio
 import socket
 import ssl
 import threading
+import time
 import typing
 from collections.abc import AsyncIterator, Callable, Iterable
 
@@ -218,18 +219,33 @@ class GuardedTransport(httpx.AsyncHTTPTransport):
         if owner is not None:
             slots.take(organization_id=owner[0], connection_id=owner[1])
         first_byte = settings.CAPGATE["UPSTREAM_FIRST_BYTE_TIMEOUT"]
+        sent = time.monotonic()
         try:
             async with asyncio.timeout(first_byte):
                 response = await super().handle_async_request(request)
         except TimeoutError:
             release()
-            raise httpx.ReadTimeout(f"no response within the first-byte timeout ({first_byte:g} s)",
-                                    request=request) from None
-        except BaseException:
+            timeout = httpx.ReadTimeout(f"no response within the first-byte timeout ({first_byte:g} s)",
+                                        request=request)
+            self._observe(owner, sent, error=timeout)
+            raise timeout from None
+        except BaseException as exc:
             release()
+            if isinstance(exc, Exception):
+                self._observe(owner, sent, error=exc)
             raise
+        self._observe(owner, sent, status=response.status_code)
         response.stream = _Releasing(response.stream, release)
         return response
+
+    @staticmethod
+    def _observe(owner: tuple[int, int] | None, sent: float, *, status: int | None = None,
+                 error: BaseException | None = None) -> None:
+        if owner is not None:  # a tenant's upstream call (not, say, an alert webhook)
+            from gateway import metrics
+
+            metrics.observe_upstream(connection_id=owner[1], seconds=time.monotonic() - sent, status=status,
+                                     error=error)
 
 
 _ssl_context: ssl.SSLContext | None = None

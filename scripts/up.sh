@@ -14,8 +14,13 @@ export DJANGO_SETTINGS_MODULE="${DJANGO_SETTINGS_MODULE:-config.settings.dev}"
 # deployment allows only the networks it means (docs/security.md). The demo's echo needs none.
 export CAPGATE_UPSTREAM_ALLOWED_NETWORKS="${CAPGATE_UPSTREAM_ALLOWED_NETWORKS-127.0.0.0/8,::1/128}"
 mkdir -p var/log var/run
+# Prometheus counters of every uvicorn worker live here (gateway/metrics.py); a previous run's
+# files would be added to this run's counts, so the directory starts empty (after the old
+# processes stopped, below).
+export PROMETHEUS_MULTIPROC_DIR="${PROMETHEUS_MULTIPROC_DIR:-$PWD/var/run/prometheus}"
 
 bash scripts/down.sh --quiet || true
+rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 .venv/bin/python manage.py migrate --noinput -v0
 .venv/bin/python manage.py load_prices >/dev/null
 .venv/bin/python manage.py apply deploy/demo.yaml >var/log/apply.log
@@ -45,6 +50,7 @@ capgate is running.
   Dashboard   http://127.0.0.1:$PORT/        login demo@capgate.localhost / demo-password
   API docs    http://127.0.0.1:$PORT/api/docs/
   Demo key    $KEY
+  Health      http://127.0.0.1:$PORT/healthz  and  /readyz      Metrics  http://127.0.0.1:$PORT/metrics
   Logs        var/log/{gateway,worker,beat}.log        Stop: bash scripts/down.sh
 
 The demo organization has a \$5 monthly blocking cap and a route "echo-1" to the built-in

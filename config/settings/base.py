@@ -271,4 +271,9 @@ CAPGATE = {
     "HEARTBEAT_GRACE": timedelta(seconds=env.int("CAPGATE_HEARTBEAT_GRACE_SECONDS", default=30)),
     # Alert emails link here (the dashboard's public base URL).
     "DASHBOARD_URL": env("CAPGATE_DASHBOARD_URL", default="http://127.0.0.1:8000"),
+    # GET /metrics requires `Authorization: Bearer <this>` when set (empty: open, for a scraper
+    # on a private network).
+    "METRICS_TOKEN": env("CAPGATE_METRICS_TOKEN", default=""),
+    # Alert webhooks: how long to wait for the receiver, and attempts before a delivery fails.
+    "WEBHOOK_TIMEOUT": env.float("CAPGATE_WEBHOOK_TIMEOUT", default=10.0),
 }
