@@ -23,7 +23,11 @@ from gateway.service import authenticate, list_models
 
 log = logging.getLogger("capgate.gateway")
 _RESERVATION = re.compile(r"^/v1/reservations/([^/]+)/(settle|release)$")
-_PROXIED = {"/v1/chat/completions": "chat", "/v1/messages": "messages", "/v1/embeddings": "embeddings"}
+_PROXIED = {"/v1/chat/completions": "chat", "/v1/messages": "messages", "/v1/embeddings": "embeddings",
+            "/v1/responses": "responses"}
+_STORED_RESPONSE = re.compile(r"^/v1/responses/([A-Za-z0-9_\-]{1,200})(/cancel|/input_items)?$")
+_STORED_ACTIONS = {("GET", None): "get", ("DELETE", None): "delete", ("POST", "/cancel"): "cancel",
+                   ("GET", "/input_items"): "input_items"}
 
 
 async def handle(req: Request) -> None:
@@ -34,6 +38,9 @@ async def handle(req: Request) -> None:
             return await _error(req, GatewayError("Use POST.", code="method_not_allowed", status=405),
                                 "anthropic" if kind == "messages" else "openai")
         return await proxy.handle(req, kind)
+    stored = _STORED_RESPONSE.match(path)
+    if stored is not None and (req.method, stored.group(2)) in _STORED_ACTIONS:
+        return await proxy.handle_stored_response(req, stored.group(1), _STORED_ACTIONS[(req.method, stored.group(2))])
     try:
         if path == "/v1/models" and req.method == "GET":
             key = await runtime.db(authenticate, req.api_key())

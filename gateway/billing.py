@@ -104,6 +104,39 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "top_k": _e(FREE, _SAMPLING),
         "tool_choice": _e(FREE, "chooses among tools already in the body"),
     },
+    "responses": {
+        "model": _e(TOKENS, "priced at the most expensive route target; the target's own model id is sent upstream"),
+        "input": _e(TOKENS, "UTF-8 bytes + per-item framing bound the input tokens; images by the model's image bound; files, audio and item references refused under a blocking cap"),
+        "instructions": _e(TOKENS, _BODY),
+        "max_output_tokens": _e(TOKENS, "the output ceiling; reasoning tokens count inside it"),
+        "reasoning": _e(TOKENS, "reasoning tokens are output tokens inside max_output_tokens"),
+        "text": _e(TOKENS, "a format schema is body bytes; verbosity stays inside the output ceiling"),
+        "previous_response_id": _e(TOKENS, "the earlier context is bounded by what capgate relayed for that response (its input + output tokens); an id capgate did not relay is refused under a blocking cap"),
+        "conversation": _e(TOKENS, "the conversation's context is bounded by the last response capgate relayed in it; an unknown conversation is refused under a blocking cap"),
+        "truncation": _e(TOKENS, "'auto' may drop context; the bound does not count on it"),
+        "tools": _e(PRICED, "function, custom and client-run tools are body bytes plus the tool-use overhead; web_search is priced per use, its uses bounded by max_tool_calls (injected when absent), each adding a bounded result; file_search, code_interpreter, image_generation, MCP and other hosted tools are refused under a blocking cap"),
+        "service_tier": _e(PRICED, "priority/fast and flex are priced by the catalog's tier multipliers; auto is the connection's configured tier"),
+        "background": _e(REFUSED, "a background response is a provider job billed after the request ends"),
+        "prompt": _e(REFUSED, "a stored prompt template adds input the body cannot show"),
+        "context_management": _e(REFUSED, "server-side compaction runs model calls of its own"),
+        "moderation": _e(REFUSED, "moderation of input and output has no documented price"),
+        "max_tool_calls": _e(FREE, "can only lower the number of built-in tool calls"),
+        "tool_choice": _e(FREE, "chooses among tools already in the body"),
+        "parallel_tool_calls": _e(FREE, "tool calls are output inside the output ceiling"),
+        "include": _e(FREE, "returns more of the same response; not billed"),
+        "store": _e(FREE, "stored responses are not billed"),
+        "stream": _e(FREE, "same tokens, delivered as events"),
+        "stream_options": _e(FREE, "delivery options"),
+        "metadata": _e(FREE, _IDENT),
+        "user": _e(FREE, _IDENT),
+        "safety_identifier": _e(FREE, _IDENT),
+        "temperature": _e(FREE, _SAMPLING),
+        "top_p": _e(FREE, _SAMPLING),
+        "top_logprobs": _e(FREE, "returns log probabilities of the same tokens"),
+        "prompt_cache_key": _e(FREE, "routes to a cache; a cache read is cheaper than input"),
+        "prompt_cache_retention": _e(FREE, "OpenAI cache writes cost nothing extra; reads are cheaper than input"),
+        "prompt_cache_options": _e(FREE, "OpenAI cache writes cost nothing extra; reads are cheaper than input"),
+    },
     "embeddings": {
         "model": _e(TOKENS, "priced at the most expensive route target; the target's own model id is sent upstream"),
         "input": _e(TOKENS, "UTF-8 bytes (or token arrays) bound the input tokens"),
@@ -116,6 +149,7 @@ FIELDS: dict[str, dict[str, Entry]] = {
 # Request headers forwarded upstream. Everything else the client sends stays at the gateway.
 HEADERS: dict[str, dict[str, Entry]] = {
     "chat": {},
+    "responses": {},
     "embeddings": {},
     "messages": {
         "anthropic-version": _e(FREE, "the wire-format version"),
@@ -161,6 +195,24 @@ TOOL_TYPES: dict[str, dict[str, Entry]] = {
         "function": _e(TOKENS, "a schema in the body"),
         "custom": _e(TOKENS, "a definition in the body"),
     },
+    "responses": {
+        "function": _e(TOKENS, "a schema in the body"),
+        "custom": _e(TOKENS, "a definition in the body"),
+        "namespace": _e(TOKENS, "a group of function schemas in the body"),
+        "computer": _e(TOKENS, "client-side tool: a fixed definition overhead"),
+        "computer_use_preview": _e(TOKENS, "client-side tool: a fixed definition overhead"),
+        "local_shell": _e(TOKENS, "client-side tool: a fixed definition overhead"),
+        "shell": _e(TOKENS, "client-side tool: a fixed definition overhead"),
+        "apply_patch": _e(TOKENS, "client-side tool: a fixed definition overhead"),
+        "web_search": _e(PRICED, "web search: per-use price x max_tool_calls, plus a bounded result per use"),
+        "web_search_preview": _e(PRICED, "web search: per-use price x max_tool_calls, plus a bounded result per use"),
+        "file_search": _e(REFUSED, "billed per call plus vector storage"),
+        "code_interpreter": _e(REFUSED, "code containers are billed per session"),
+        "image_generation": _e(REFUSED, "images are billed per image"),
+        "mcp": _e(REFUSED, "remote MCP tool results add input the body cannot show"),
+        "tool_search": _e(REFUSED, "hosted tool search adds input the body cannot show"),
+        "programmatic_tool_calling": _e(REFUSED, "hosted code execution is billed on its own"),
+    },
     "messages": {
         "custom": _e(TOKENS, "a schema in the body (also: no type)"),
         "web_search": _e(PRICED, "web search: per-use price x max_uses, plus a bounded result per use"),
@@ -174,7 +226,7 @@ TOOL_TYPES: dict[str, dict[str, Entry]] = {
     },
 }
 
-_DATED = re.compile(r"^(?P<name>.+?)[-_](?P<date>\d{8}|\d{4}-\d{2}-\d{2})$")
+_DATED = re.compile(r"^(?P<name>.+?)[-_](?P<date>\d{8}|\d{4}-\d{2}-\d{2}|\d{4}_\d{2}_\d{2})$")
 
 
 def undated(value: str) -> str:
@@ -196,7 +248,8 @@ def counts() -> dict[str, dict[str, int]]:
 
 def markdown() -> str:
     """docs/billing.md, generated from the tables above."""
-    endpoints = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "embeddings": "/v1/embeddings"}
+    endpoints = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses",
+                 "embeddings": "/v1/embeddings"}
     lines = [
         "# Billing inventory",
         "",

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.conf import settings
 
-from gateway import billing
+from gateway import billing, tokens
 from gateway.errors import GatewayError, bad_request
 
 MAX_CHOICES = 8
@@ -40,6 +40,7 @@ class Shape:
     output_param: str | None  # which field carried it
     choices: int
     stream: bool
+    prompt: tokens.Prompt | None = None  # for an exact count (gateway/tokens.py); None: bytes only
     # Paid features (docs/billing.md):
     refused: tuple[str, ...] = ()  # fields refused under a blocking cap, by name
     web_searches: int = 0  # server-side web searches allowed (sum of max_uses)
@@ -50,6 +51,10 @@ class Shape:
     service_tier: str | None = None  # as requested ("auto" when absent)
     patch: dict = field(default_factory=dict)  # fields rewritten upstream (tools with max_uses)
     forward_headers: dict = field(default_factory=dict)  # classified headers sent upstream
+    # Responses API: earlier context the provider adds from its stored state, as
+    # ("response", previous_response_id) or ("conversation", id); bounded from what capgate relayed.
+    context_ref: tuple[str, str] | None = None
+    stored: bool = True  # Responses API: the provider keeps this response (store is not false)
 
 
 def _require_dict(body: Any) -> dict:
@@ -135,6 +140,7 @@ class _Tools:
     fetch_tokens: int = 0
     overhead: int = 0
     patched: list | None = None  # the tools list as sent upstream, when max_uses was injected
+    hosted_search: bool = False  # Responses: a web_search tool, its uses bounded by max_tool_calls
 
 
 def _tools(body: dict, kind: str) -> _Tools:
@@ -162,6 +168,8 @@ def _tools(body: dict, kind: str) -> _Tools:
         entry = known[name]
         if entry.cls == billing.REFUSED:
             out.refused.append(name)
+        elif kind == "responses" and name in ("web_search", "web_search_preview"):
+            out.hosted_search = True
         elif name == "web_search":
             uses = _max_uses(tool, i, cfg["DEFAULT_SERVER_TOOL_MAX_USES"])
             out.web_searches += uses
@@ -178,7 +186,7 @@ def _tools(body: dict, kind: str) -> _Tools:
             out.fetch_tokens += uses * content
             if "max_uses" not in tool or "max_content_tokens" not in tool:
                 tool, injected = {**tool, "max_uses": uses, "max_content_tokens": content}, True
-        elif kind == "messages" and name != "custom":
+        elif kind in ("messages", "responses") and name not in ("custom", "function", "namespace"):
             out.overhead += cfg["BUILTIN_TOOL_OVERHEAD_TOKENS"]  # a client tool's hidden definition
         patched.append(tool)
     if tools:
@@ -318,6 +326,7 @@ def shape_chat(body: dict, headers: dict[str, str] | None = None) -> Shape:
         unbounded_parts=parts.unbounded, max_output=max_output, output_param=param, choices=n, stream=_stream(body),
         refused=tuple(refused + tools.refused), extra_output=extra_output,
         service_tier=_service_tier(body, {"auto", "default", "flex", "scale", "priority", "fast"}),
+        prompt=tokens.Prompt(kind="chat", billed=billed, overhead=tools.overhead),
     )
 
 
@@ -358,6 +367,76 @@ def shape_messages(body: dict, headers: dict[str, str] | None = None) -> Shape:
     )
 
 
+def _context_ref(body: dict) -> tuple[str, str] | None:
+    previous, conversation = body.get("previous_response_id"), body.get("conversation")
+    if previous is not None and conversation is not None:
+        raise bad_request("Give 'previous_response_id' or 'conversation', not both.", param="conversation")
+    if previous is not None:
+        if not isinstance(previous, str) or not 1 <= len(previous) <= 200:
+            raise bad_request("'previous_response_id' must be a response id.", param="previous_response_id")
+        return ("response", previous)
+    if conversation is not None:
+        conv_id = conversation.get("id") if isinstance(conversation, dict) else conversation
+        if not isinstance(conv_id, str) or not 1 <= len(conv_id) <= 200:
+            raise bad_request("'conversation' must be a conversation id or {\"id\": ...}.", param="conversation")
+        return ("conversation", conv_id)
+    return None
+
+
+def shape_responses(body: dict, headers: dict[str, str] | None = None) -> Shape:
+    """The Responses API. Input is a string or a list of items; earlier context named by
+    previous_response_id or conversation is added by the service from what capgate relayed."""
+    _check_params(body, "responses")
+    _check_headers(headers or {}, "responses")
+    model = _model(body)
+    context_ref = _context_ref(body)
+    raw = body.get("input")
+    if isinstance(raw, str):
+        items: list = [{"role": "user", "content": raw}]
+    elif isinstance(raw, list) and (raw or context_ref):
+        items = raw
+    elif raw is None and context_ref:
+        items = []
+    else:
+        raise bad_request("'input' is required: a string or an array of input items.", param="input")
+    refused = [f for f in ("background", "prompt", "context_management", "moderation")
+               if body.get(f) not in (None, False)]
+    parts = _PartCounter()
+    billed_items = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise bad_request(f"input[{i}] must be an object.", param=f"input[{i}]")
+        if item.get("type") == "item_reference":
+            refused.append("item_reference")  # a stored item the body does not show
+        billed_items.append({**item, "content": parts.strip(item["content"])} if "content" in item else item)
+    tools = _tools(body, "responses")
+    patch: dict = {}
+    searches = 0
+    if tools.hosted_search:
+        searches = _max_tool_calls(body)
+        if "max_tool_calls" not in body:
+            patch["max_tool_calls"] = searches
+    max_output = _positive_int(body, "max_output_tokens")
+    billed = {**body, "input": billed_items}
+    return Shape(
+        kind="responses", model=model,
+        text_tokens=_text_tokens(billed, billed_items) + tools.overhead, images=parts.images,
+        unbounded_parts=parts.unbounded, max_output=max_output,
+        output_param="max_output_tokens" if max_output else None, choices=1, stream=_stream(body),
+        refused=tuple(refused + tools.refused), web_searches=searches, server_tool_uses=searches,
+        service_tier=_service_tier(body, {"auto", "default", "flex", "scale", "priority", "fast"}),
+        patch=patch, context_ref=context_ref, stored=body.get("store") is not False,
+    )
+
+
+def _max_tool_calls(body: dict) -> int:
+    calls = body.get("max_tool_calls", settings.CAPGATE["DEFAULT_SERVER_TOOL_MAX_USES"])
+    if isinstance(calls, bool) or not isinstance(calls, int) or not 1 <= calls <= MAX_SERVER_TOOL_USES:
+        raise bad_request(f"'max_tool_calls' must be an integer between 1 and {MAX_SERVER_TOOL_USES}.",
+                          param="max_tool_calls")
+    return calls
+
+
 def shape_embeddings(body: dict, headers: dict[str, str] | None = None) -> Shape:
     _check_params(body, "embeddings")
     _check_headers(headers or {}, "embeddings")
@@ -382,7 +461,9 @@ def shape_embeddings(body: dict, headers: dict[str, str] | None = None) -> Shape
     return Shape(
         kind="embeddings", model=model, text_tokens=tokens + settings.CAPGATE["PER_REQUEST_OVERHEAD_TOKENS"],
         images=0, unbounded_parts=0, max_output=None, output_param=None, choices=1, stream=False,
+        prompt=tokens.Prompt(kind="embeddings", billed={"input": items}),
     )
 
 
-SHAPERS = {"chat": shape_chat, "messages": shape_messages, "embeddings": shape_embeddings}
+SHAPERS = {"chat": shape_chat, "messages": shape_messages, "embeddings": shape_embeddings,
+           "responses": shape_responses}

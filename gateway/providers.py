@@ -20,17 +20,23 @@ from gateway import billing
 from gateway.service import Target
 
 ANTHROPIC_VERSION = "2023-06-01"
-PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "embeddings": "/v1/embeddings"}
+PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "embeddings": "/v1/embeddings",
+         "responses": "/v1/responses"}
 
 
 def upstream_url(target: Target, kind: str) -> str:
-    # Joined as a URL, not a string: a query or fragment in a stored base URL is dropped,
-    # never allowed to turn the endpoint's path into a query string.
-    base = httpx.URL(target.connection.base_url)
-    path = base.path.rstrip("/")
-    if path.endswith("/v1"):  # accept the SDK-style base URL too
-        path = path[: -len("/v1")]
-    return str(base.copy_with(path=path + PATHS[kind], query=None, fragment=None))
+    return connection_url(target.connection.base_url, PATHS[kind])
+
+
+def connection_url(base_url: str, path: str) -> str:
+    """`path` (starting /v1/) under a connection's base URL. Joined as a URL, not a string: a
+    query or fragment in a stored base URL is dropped, never allowed to turn the endpoint's path
+    into a query string."""
+    base = httpx.URL(base_url)
+    prefix = base.path.rstrip("/")
+    if prefix.endswith("/v1"):  # accept the SDK-style base URL too
+        prefix = prefix[: -len("/v1")]
+    return str(base.copy_with(path=prefix + path, query=None, fragment=None))
 
 
 def upstream_headers(target: Target, client_headers: dict[str, str]) -> dict[str, str]:
@@ -105,6 +111,40 @@ def usage_anthropic(u: dict | None) -> Usage | None:
     )
 
 
+# Responses API output items that are hosted tool calls: web searches are priced per use; the
+# rest are refused under a blocking cap, so if one appears its cost is flagged, never dropped.
+_PRICED_CALLS = {"web_search_call"}
+_HOSTED_CALLS = {"file_search_call", "code_interpreter_call", "image_generation_call", "mcp_call",
+                 "tool_search_call"}
+
+
+def usage_responses(response: object) -> Usage | None:
+    """A Response object's usage, with its hosted tool calls counted from the output items."""
+    if not isinstance(response, dict) or not isinstance(response.get("usage"), dict):
+        return None
+    u = response["usage"]
+    cached = _count(u.get("input_tokens_details"), "cached_tokens")
+    items = [i for i in response.get("output") or [] if isinstance(i, dict)]
+    searches = sum(1 for i in items if i.get("type") in _PRICED_CALLS)
+    hosted = sorted({str(i.get("type")) for i in items if i.get("type") in _HOSTED_CALLS})
+    tier = response.get("service_tier")
+    return Usage(input_tokens=max(_count(u, "input_tokens") - cached, 0), output_tokens=_count(u, "output_tokens"),
+                 cache_read_tokens=cached, web_search_requests=searches,
+                 service_tier=tier if isinstance(tier, str) else None,
+                 unpriced=tuple(f"output.{t}" for t in hosted))
+
+
+def response_state(response: object) -> tuple[str, str | None, int] | None:
+    """(id, conversation id, context a continuation adds) of a completed Response object."""
+    if not isinstance(response, dict) or not isinstance(response.get("id"), str):
+        return None
+    u = response.get("usage") if isinstance(response.get("usage"), dict) else {}
+    conversation = response.get("conversation")
+    conv_id = conversation.get("id") if isinstance(conversation, dict) else conversation
+    return response["id"], conv_id if isinstance(conv_id, str) else None, \
+        _count(u, "input_tokens") + _count(u, "output_tokens")
+
+
 def usage_from_body(kind: str, body: bytes) -> tuple[Usage | None, str]:
     try:
         data = json.loads(body)
@@ -114,6 +154,8 @@ def usage_from_body(kind: str, body: bytes) -> tuple[Usage | None, str]:
         return None, ""
     if kind == "messages":
         usage = usage_anthropic(data.get("usage"))
+    elif kind == "responses":
+        usage = usage_responses(data)
     else:
         usage = usage_openai(data.get("usage"), data.get("service_tier"))
     return usage, str(data.get("model") or "")
@@ -132,9 +174,20 @@ class StreamUsage:
         self.usage: Usage | None = None
         self.model = ""
         self._start: dict = {}
+        self.response: dict | None = None  # Responses API: the final Response object
 
     def feed(self, data: bytes) -> bool:
         """Read one event's data; return True if it was OpenAI's usage-only chunk."""
+        if self.kind == "responses":
+            # response.completed / .incomplete / .failed carry the whole Response with its usage.
+            if b'"usage"' in data and (b'"response.completed"' in data or b'"response.incomplete"' in data
+                                       or b'"response.failed"' in data):
+                response = json.loads(data).get("response")
+                usage = usage_responses(response)
+                if usage is not None:
+                    self.usage, self.response = usage, response
+                    self.model = str(response.get("model") or "")
+            return False
         if self.kind == "messages":
             if b'"message_start"' in data:
                 msg = json.loads(data).get("message") or {}
@@ -206,6 +259,22 @@ def _echo_tier(target: Target, body: dict, kind: str) -> str:
     return str(requested or "default")
 
 
+def _echo_response_object(target: Target, body: dict, prompt: int, completion: int, text: str, rid: str) -> dict:
+    """A completed Responses API object; web searches use every allowed tool call."""
+    searches = int(body.get("max_tool_calls") or 0) if any(
+        isinstance(t, dict) and str(t.get("type", "")).startswith("web_search") for t in body.get("tools") or []) else 0
+    output: list[dict] = [{"type": "web_search_call", "id": f"ws_{rid}_{i}", "status": "completed",
+                           "action": {"type": "search", "query": "echo"}} for i in range(searches)]
+    output.append({"type": "message", "id": f"msg_{rid}", "status": "completed", "role": "assistant",
+                   "content": [{"type": "output_text", "text": text, "annotations": []}]})
+    return {
+        "id": f"resp_{rid}", "object": "response", "created_at": int(time.time()), "status": "completed",
+        "model": body["model"], "output": output, "service_tier": _echo_tier(target, body, "responses"),
+        "usage": {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": completion,
+                  "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + completion},
+    }
+
+
 async def echo_response(target: Target, kind: str, body: dict, prompt_bound: int) -> bytes:
     """A fixed response priced from the catalog, after the connection's configured delay."""
     opts = target.connection.options
@@ -223,6 +292,8 @@ async def echo_response(target: Target, kind: str, body: dict, prompt_bound: int
                       "server_tool_use": {"web_search_requests": _echo_searches(body)},
                       "service_tier": _echo_tier(target, body, kind)},
         }).encode()
+    if kind == "responses":
+        return json.dumps(_echo_response_object(target, body, prompt, completion, text, rid)).encode()
     if kind == "embeddings":
         items = body["input"] if isinstance(body["input"], list) else [body["input"]]
         return json.dumps({
@@ -245,7 +316,7 @@ async def echo_stream(target: Target, kind: str, body: dict, prompt_bound: int) 
     await asyncio.sleep(int(opts.get("delay_ms") or 0) / 1000)
     chunk_delay = int(opts.get("chunk_delay_ms") or 0) / 1000
     chunks = int(opts.get("chunks") or 4)
-    max_output = body.get("max_completion_tokens") or body.get("max_tokens")
+    max_output = body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
     prompt, completion = _echo_usage(target, prompt_bound, max_output)
     text = str(opts.get("text") or "echo")
     rid = uuid.uuid4().hex[:24]
@@ -255,6 +326,25 @@ async def echo_stream(target: Target, kind: str, body: dict, prompt_bound: int) 
         raw = (f"event: {event}\n".encode() if event else b"") + b"data: " + payload
         return SSEEvent(raw=raw, data=payload)
 
+    if kind == "responses":
+        final = _echo_response_object(target, body, prompt, completion, text * chunks, rid)
+        started = {**final, "status": "in_progress", "output": [], "usage": None}
+        yield ev({"type": "response.created", "sequence_number": 0, "response": started}, "response.created")
+        message = final["output"][-1]
+        yield ev({"type": "response.output_item.added", "sequence_number": 1, "output_index": 0,
+                  "item": {**message, "status": "in_progress", "content": []}}, "response.output_item.added")
+        yield ev({"type": "response.content_part.added", "sequence_number": 2, "item_id": message["id"],
+                  "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}},
+                 "response.content_part.added")
+        for i in range(chunks):
+            await asyncio.sleep(chunk_delay)
+            yield ev({"type": "response.output_text.delta", "sequence_number": i + 3, "item_id": message["id"],
+                      "output_index": 0, "content_index": 0, "delta": text, "logprobs": []},
+                     "response.output_text.delta")
+        final["output"] = [message, *final["output"][:-1]]  # the message first, as streamed
+        yield ev({"type": "response.completed", "sequence_number": chunks + 3, "response": final},
+                 "response.completed")
+        return
     if kind == "messages":
         yield ev({"type": "message_start", "message": {
             "id": f"msg_{rid}", "type": "message", "role": "assistant", "model": body["model"], "content": [],

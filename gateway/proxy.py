@@ -24,14 +24,16 @@ from django.db import DatabaseError
 from budgets.errors import BudgetExceeded, BudgetUnavailable
 from catalog.pricing import UnpricedFeature, UnpricedModel, Usage, cost_nano, rates_for, usd_str
 from config.errors import CapgateError
-from gateway import metrics, runtime, upstream
+from gateway import metrics, responses, runtime, upstream
 from gateway.errors import GatewayError, render
 from gateway.estimate import SHAPERS, Shape, parse_json
 from gateway.http import ClientGone, Request
 from gateway.providers import (
     StreamUsage,
+    connection_url,
     echo_response,
     echo_stream,
+    response_state,
     sse_events,
     upstream_headers,
     upstream_url,
@@ -127,7 +129,10 @@ class ProxyCall:
                 owner_id=bg.instance_id if bg else None, healthy=runtime.health.ok,
             )
         except BudgetExceeded as exc:
-            _note_refusal(exc)
+            h = self.req.headers
+            _note_refusal(exc, tipped_by={"request_id": self.request_id, "key": (self.req.api_key() or "")[:12],
+                                          "customer": h.get("x-capgate-customer", ""), "run": h.get("x-capgate-run", ""),
+                                          "model": str(body.get("model", ""))[:200] if isinstance(body, dict) else ""})
             return await self.fail(exc)
         except CapgateError as exc:
             return await self.fail(exc)
@@ -159,6 +164,8 @@ class ProxyCall:
         if p.inject_max_output is not None:
             if self.kind == "messages":
                 out["max_tokens"] = p.inject_max_output
+            elif self.kind == "responses":
+                out["max_output_tokens"] = p.inject_max_output
             else:
                 param = target.connection.options.get("max_tokens_param", "max_completion_tokens")
                 out.pop("max_tokens", None)
@@ -253,8 +260,27 @@ class ProxyCall:
         runtime.health.succeeded(target.connection.id)
         usage, provider_model = usage_from_body(self.kind, data)
         await self.record(self._served(target, usage, provider_model), target)
+        if self.kind == "responses":
+            await self._remember(target, _loads(data))
         await self.req.respond(200, data, self._headers())
         return Attempt(kind="done")
+
+    async def _remember(self, target: Target, response: object) -> None:
+        """Keep a relayed response's context size, so a continuation from it can be bounded
+        (gateway/responses.py). Not when the provider does not store it either."""
+        state = response_state(response)
+        if state is None or (self.shape is not None and self.shape.stored is False):
+            return
+        p = self.prepared
+        assert p is not None
+        response_id, conversation_id, context = state
+        try:
+            await runtime.db(responses.remember, organization_id=p.reservation.organization_id,
+                             connection_id=target.connection.id, response_id=response_id,
+                             conversation_id=conversation_id, context=context, lane="settle")
+        except DatabaseError:
+            # Safe direction: a continuation from an unknown id is refused under a cap.
+            log.warning("could not remember response %s: database unavailable", response_id)
 
     def _seconds_left(self) -> float:
         assert self.prepared is not None
@@ -373,6 +399,8 @@ class ProxyCall:
         await self.record(self._served(target, usage, tracker.model, error=ending) if usage is not None
                           else Outcome(status="estimated", cost_nano=p.worst_nano, connection_id=target.connection.id,
                                        error=ending), target)
+        if self.kind == "responses" and tracker.response is not None:
+            await self._remember(target, tracker.response)
         if ending != "client disconnected mid-stream":
             try:
                 await self.req.send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -397,6 +425,13 @@ class ProxyCall:
             runtime.background.kick_drain()
 
 
+def _loads(data: bytes) -> object:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
 async def _wait_disconnect(req: Request) -> None:
     while True:
         message = await req.receive()
@@ -404,14 +439,14 @@ async def _wait_disconnect(req: Request) -> None:
             return
 
 
-def _note_refusal(exc: BudgetExceeded) -> None:
+def _note_refusal(exc: BudgetExceeded, tipped_by: dict | None = None) -> None:
     """Let alerts know a ceiling refused (first refusal per window emails). Never raises."""
     try:
         from usage import alerts
 
         note = getattr(alerts, "note_refusal", None)
         if note is not None:
-            asyncio.get_running_loop().run_in_executor(runtime.executor("settle"), lambda: note(window_id=exc.window_id))
+            asyncio.get_running_loop().run_in_executor(runtime.executor("settle"), lambda: note(window_id=exc.window_id, tipped_by=tipped_by))
     except Exception:  # alerts must never break the request path
         log.exception("could not note refusal")
 
@@ -425,3 +460,47 @@ async def close_client() -> None:
     _clients.clear()
     for c in clients:
         await c.aclose()
+
+
+async def handle_stored_response(req: Request, response_id: str, action: str) -> None:
+    """GET, DELETE and POST .../cancel (and GET .../input_items) of a stored response, proxied
+    to the connection that served it, for the organization that owns it only: anyone else's id
+    is 404, as if it did not exist. Nothing is billed, so nothing is reserved."""
+    from gateway.service import authenticate
+
+    try:
+        key = await runtime.db(authenticate, req.api_key())
+        stored = await runtime.db(responses.owned, organization_id=key.organization_id, response_id=response_id)
+    except CapgateError as exc:
+        status, headers, body = render(exc, flavor="openai")
+        return await req.respond(status, body, headers)
+    connection = stored.connection if stored is not None else None
+    if stored is None or connection is None:
+        status, headers, body = render(GatewayError(f"No response with id '{response_id}'.", code="not_found",
+                                                    status=404, param="response_id"), flavor="openai")
+        return await req.respond(status, body, headers)
+    suffix = {"get": "", "delete": "", "cancel": "/cancel", "input_items": "/input_items"}[action]
+    if connection.kind == "echo":  # echo keeps nothing: answer as a provider would
+        data: dict = {"id": response_id, "object": "response", "status": "completed"}
+        if action == "delete":
+            data = {"id": response_id, "object": "response.deleted", "deleted": True}
+        elif action == "cancel":
+            data["status"] = "cancelled"
+        elif action == "input_items":
+            data = {"object": "list", "data": [], "has_more": False}
+        status, content = 200, json.dumps(data).encode()
+    else:
+        target = Target(connection=connection, model=None)  # type: ignore[arg-type]
+        try:
+            resp = await client().request(
+                req.method, connection_url(connection.base_url, f"/v1/responses/{response_id}{suffix}"),
+                headers=upstream_headers(target, {}), extensions=upstream.tag(organization_id=connection.organization_id,
+                                                          connection_id=connection.id))
+        except httpx.HTTPError as exc:
+            status, hdrs, body = render(GatewayError(f"Upstream failed: {type(exc).__name__}", code="upstream_error",
+                                                     status=502), flavor="openai")
+            return await req.respond(status, body, hdrs)
+        status, content = resp.status_code, resp.content
+    if action == "delete" and status == 200:
+        await runtime.db(responses.forget, organization_id=key.organization_id, response_id=response_id, lane="settle")
+    await req.respond(status, content)

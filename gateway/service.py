@@ -3,6 +3,7 @@ ceiling and admit. Runs on the gateway's database threads (gateway/runtime.py)."
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from budgets.admission import AdmissionRequest, Subject, admit, headroom, matching_budgets
+from budgets.admission import AdmissionRequest, Ceiling, Subject, admit, headroom, matching_budgets
 from budgets.errors import BudgetExceeded
 from budgets.models import Budget, Reservation
 from catalog.models import Connection, Model, Route
@@ -29,13 +30,16 @@ from catalog.pricing import (
     worst_case_nano,
 )
 from config.errors import CapgateError
+from gateway import responses
 from gateway.errors import GatewayError, bad_request
+from gateway import tokens
 from gateway.estimate import Shape
 from gateway.limits import enforce_limits
 from tenants.models import ApiKey, EndCustomer, hash_key
 
 # Which connection kinds can serve which endpoint without translating formats.
-COMPATIBLE = {"chat": {"openai", "echo"}, "embeddings": {"openai", "echo"}, "messages": {"anthropic", "echo"}}
+COMPATIBLE = {"chat": {"openai", "echo"}, "embeddings": {"openai", "echo"}, "messages": {"anthropic", "echo"},
+              "responses": {"openai", "echo"}}
 _EXTERNAL_ID = re.compile(r"^[\w.@:+\-]{1,200}$")
 MAX_RUN_BUDGET_USD = Decimal("1000000")
 
@@ -63,6 +67,8 @@ class Prepared:
     governed: bool  # False when unpriced traffic is allowed past blocking budgets
     budgets: list[Budget] = field(default_factory=list)
     remaining_nano: int | None = None  # the tightest ceiling's room after this reservation
+    input_bound: str = "bytes"  # how the prompt was bounded: "exact" (its tokenizer) or "bytes"
+    input_tokens: int = 0  # the prompt tokens reserved (per sampling pass, before images)
 
 
 class _TTLCache:
@@ -309,6 +315,11 @@ def prepare(*, key: ApiKey, shape: Shape, targets: list[Target], request_id: str
     )
     budgets = matching_budgets(subject)
     blocking = any(b.mode == Budget.Mode.BLOCK for b in budgets)
+    if shape.context_ref is not None:
+        earlier = responses.context_tokens(organization_id=key.organization_id, ref=shape.context_ref)
+        if earlier is None and blocking:
+            raise responses.unknown_context(shape.context_ref)
+        shape = dataclasses.replace(shape, text_tokens=shape.text_tokens + (earlier or 0))
     if blocking and shape.refused:
         field = shape.refused[0]
         raise GatewayError(
@@ -338,6 +349,8 @@ def prepare(*, key: ApiKey, shape: Shape, targets: list[Target], request_id: str
             code="unbounded_input_under_budget", status=402,
         )
 
+    tightest = headroom(budgets=budgets) if governed else None
+    shape, input_bound = _exact_prompt(shape, priced, tightest)
     cap = _catalog_max_output(targets)
     default = _default_output(key, targets)
     inject = None
@@ -346,7 +359,7 @@ def prepare(*, key: ApiKey, shape: Shape, targets: list[Target], request_id: str
     else:
         if default is not None:
             cap = min(cap, default)
-        output = _affordable_output(shape, priced, budgets, cap) if governed else cap
+        output = _affordable_output(shape, priced, tightest, cap) if governed else cap
         if governed or default is not None or shape.kind == "messages":  # Anthropic requires max_tokens
             inject = output
     if shape.kind == "embeddings":
@@ -368,11 +381,40 @@ def prepare(*, key: ApiKey, shape: Shape, targets: list[Target], request_id: str
     remaining = min((c.remaining_nano for c in admitted.ceilings), default=None)
     return Prepared(reservation=admitted.reservation, targets=targets, worst_nano=worst, inject_max_output=inject,
                     governed=governed, budgets=budgets,
-                    remaining_nano=remaining - worst if remaining is not None else None)
+                    remaining_nano=remaining - worst if remaining is not None else None,
+                    input_bound=input_bound, input_tokens=shape.text_tokens)
 
 
-def _affordable_output(shape: Shape, priced: list[_Priced], budgets: list[Budget], cap: int) -> int:
-    tightest = headroom(budgets=budgets)
+def _exact_prompt(shape: Shape, priced: list[_Priced], tightest: Ceiling | None) -> tuple[Shape, str]:
+    """The shape with its prompt counted exactly, when that changes the answer (issue 14).
+
+    Only under a blocking ceiling, when every priced target's model has a local tokenizer
+    (a byte-bound target, such as an Anthropic fallback, keeps bytes for all: the count must
+    bound each target), and when the byte bound's worst case would take more than
+    EXACT_COUNT_SHARE of the tightest ceiling's room — so it also covers every request the
+    byte bound would refuse. The count is the largest over the targets' encodings."""
+    if tightest is None or shape.prompt is None or not priced:
+        return shape, "bytes"
+    encodings = {p.target.model.tokenizer for p in priced}
+    if None in encodings or "" in encodings:
+        return shape, "bytes"
+    output = shape.max_output or 0
+    worst = max(worst_case_nano(bound=_bound(shape, p.target, p.rates, output), rates=p.rates) for p in priced)
+    if worst <= settings.CAPGATE["EXACT_COUNT_SHARE"] * max(tightest.remaining_nano, 0):
+        return shape, "bytes"
+    counts = []
+    for name in sorted(cast(set[str], encodings)):
+        enc = tokens.encoding(name)
+        if enc is None:  # data missing or altered: fail safe
+            return shape, "bytes"
+        counts.append(tokens.count(shape.prompt, enc))
+    exact = max(counts)
+    if exact >= shape.text_tokens:
+        return shape, "bytes"
+    return dataclasses.replace(shape, text_tokens=exact), "exact"
+
+
+def _affordable_output(shape: Shape, priced: list[_Priced], tightest: Ceiling | None, cap: int) -> int:
     floor = settings.CAPGATE["MIN_OUTPUT_TOKENS"]
     if tightest is None:
         return cap

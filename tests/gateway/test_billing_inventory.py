@@ -13,6 +13,7 @@ import pytest
 from anthropic.types.message_create_params import MessageCreateParamsBase
 from openai.types.chat.completion_create_params import CompletionCreateParamsBase
 from openai.types.embedding_create_params import EmbeddingCreateParams
+from openai.types.responses.response_create_params import ResponseCreateParamsBase
 
 from gateway import billing
 from gateway.estimate import ALLOWED
@@ -34,6 +35,7 @@ def _sdk_params(typed_dict: type) -> set[str]:
     ("chat", CompletionCreateParamsBase),
     ("messages", MessageCreateParamsBase),
     ("embeddings", EmbeddingCreateParams),
+    ("responses", ResponseCreateParamsBase),
 ])
 def test_every_parameter_the_official_sdk_can_send_is_classified(kind, typed_dict):
     known = set(billing.FIELDS[kind]) | set(billing.HEADERS[kind])

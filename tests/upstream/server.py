@@ -95,7 +95,7 @@ def _coerce(knob: str, value: Any) -> Any:
 def _completion_tokens(knobs: dict[str, Any], body: dict[str, Any]) -> int:
     tokens = knobs["completion_tokens"]
     if tokens == "max":
-        requested = body.get("max_completion_tokens") or body.get("max_tokens")
+        requested = body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
         tokens = requested if isinstance(requested, int) else 16
         if knobs["ignore_max_tokens"]:
             tokens *= 4
@@ -336,6 +336,56 @@ async def _messages(ex: _Exchange) -> None:
     await ex.stream(frames, drop_at=5)  # after message_start, block start, ping and two deltas
 
 
+# Responses the fake provider stored: id -> the context a continuation adds (input + output).
+STORED_RESPONSES: dict[str, int] = {}
+
+
+async def _responses(ex: _Exchange) -> None:
+    """The Responses API: like the provider, a continuation (previous_response_id) is billed
+    for the whole earlier context it stored, and web searches use every allowed tool call."""
+    body, knobs = ex.body, ex.knobs
+    searches = int(body.get("max_tool_calls") or 0) if any(
+        isinstance(t, dict) and str(t.get("type", "")).startswith("web_search") for t in body.get("tools") or []
+    ) else 0
+    earlier = STORED_RESPONSES.get(str(body.get("previous_response_id")), 0)
+    context = knobs["prompt_tokens"] + earlier + searches * knobs["search_result_tokens"]
+    input_tokens, output = context * (searches + 1), _completion_tokens(knobs, body)
+    rid = f"resp_{uuid.uuid4().hex[:24]}"
+    if body.get("store") is not False:
+        STORED_RESPONSES[rid] = input_tokens + output
+    pieces = _pieces(knobs["chunks"])
+    items: list[dict[str, Any]] = [{"type": "web_search_call", "id": f"ws_{i}", "status": "completed",
+                                    "action": {"type": "search", "query": "q"}} for i in range(searches)]
+    items.append({"type": "message", "id": f"msg_{rid}", "status": "completed", "role": "assistant",
+                  "content": [{"type": "output_text", "text": "".join(pieces), "annotations": []}]})
+    response: dict[str, Any] = {
+        "id": rid, "object": "response", "created_at": int(time.time()), "status": "completed",
+        "model": body.get("model", "fake-model"), "output": items, "service_tier": _served_tier(knobs, body, "openai"),
+        "usage": {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
+                  "total_tokens": input_tokens + output},
+    }
+    if ex.fail == "no_usage":
+        response.pop("usage")
+    if not body.get("stream"):
+        await ex.respond(response)
+        return
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "sequence_number": 0,
+         "response": {**response, "status": "in_progress", "output": [], "usage": None}},
+        {"type": "response.output_item.added", "sequence_number": 1, "output_index": 0,
+         "item": {"type": "message", "id": f"msg_{rid}", "status": "in_progress", "role": "assistant", "content": []}},
+        {"type": "response.content_part.added", "sequence_number": 2, "item_id": f"msg_{rid}", "output_index": 0,
+         "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}},
+        *({"type": "response.output_text.delta", "sequence_number": i + 3, "item_id": f"msg_{rid}", "output_index": 0,
+           "content_index": 0, "delta": p, "logprobs": []} for i, p in enumerate(pieces)),
+        {"type": "response.completed", "sequence_number": len(pieces) + 3, "response": {
+            **response, "output": [items[-1], *items[:-1]]}},  # the message first, as streamed
+    ]
+    frames = [f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events]
+    await ex.stream(frames, drop_at=5)  # after created, the item and part, and two deltas
+
+
 async def _embeddings(ex: _Exchange) -> None:
     raw = ex.body.get("input")
     is_list = isinstance(raw, list) and len(raw) > 0
@@ -371,6 +421,7 @@ ROUTES: dict[tuple[str, str], Callable[[_Exchange], Awaitable[None]]] = {
     ("POST", "/v1/chat/completions"): _chat,
     ("POST", "/v1/messages"): _messages,
     ("POST", "/v1/embeddings"): _embeddings,
+    ("POST", "/v1/responses"): _responses,
     ("GET", "/v1/models"): _models,
 }
 
