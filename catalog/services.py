@@ -63,20 +63,21 @@ def _check_connection(fields: dict[str, Any]) -> None:
         _check_rate(name, fields.get(name))
 
 
-def _check_destination(url: str) -> None:
+def _check_destination(url: str, *, param: str = "base_url", what: str = "A base URL") -> None:
     """A base URL names a host and a path only; the gateway adds the endpoint's path to it.
     A host given as an address (or localhost) must be one tenants may reach; a name is checked
-    on every connect, on each address it resolves to (gateway/upstream.py)."""
+    on every connect, on each address it resolves to (gateway/upstream.py). Alert webhooks'
+    URLs go through the same check (usage/channels.py)."""
     parts = urlparse(url)
     if parts.username is not None or parts.password is not None:
-        raise InvalidChange("A base URL cannot carry a user or password; put the key in the secret.", param="base_url")
+        raise InvalidChange(f"{what} cannot carry a user or password; put the key in the secret.", param=param)
     if parts.query or parts.fragment or url.rstrip().endswith(("?", "#")):
-        raise InvalidChange("A base URL cannot have a query (?) or a fragment (#).", param="base_url")
+        raise InvalidChange(f"{what} cannot have a query (?) or a fragment (#).", param=param)
     try:
         host = parts.hostname or ""
         parts.port  # noqa: B018 — raises on a bad port
     except ValueError:
-        raise InvalidChange("An http(s) URL with a valid port.", param="base_url") from None
+        raise InvalidChange("An http(s) URL with a valid port.", param=param) from None
     if host == "localhost" or host.endswith(".localhost"):
         host = "127.0.0.1"
     try:
@@ -86,7 +87,10 @@ def _check_destination(url: str) -> None:
     reason = refusal_reason(host)
     if reason is not None:
         raise InvalidChange(f"{parts.hostname} is not a public address ({reason}); connections may only reach "
-                            "public addresses unless the operator allows the network.", param="base_url")
+                            "public addresses unless the operator allows the network.", param=param)
+
+
+check_destination = _check_destination
 
 
 def create_connection(*, organization: Organization, actor: Actor, secret: str = "", **fields: Any) -> Connection:

@@ -9,6 +9,7 @@ from budgets.api import BudgetViewSet, OrganizationViewSet, ProjectViewSet, Rese
 from catalog.api import ConnectionViewSet, PriceViewSet, RouteViewSet
 from ratelimits.api import RateLimitViewSet
 from tenants.api.views import EndCustomerViewSet, KeyViewSet, MemberViewSet
+from usage.alert_api import AlertChannelViewSet, AlertDeliveryViewSet, AlertSettingsViewSet
 from usage.api import AlertEventViewSet, UsageViewSet
 
 ORG = r"orgs/(?P<org_slug>[-a-zA-Z0-9_]+)"
@@ -28,6 +29,9 @@ for prefix, viewset in [
     ("usage", UsageViewSet),
     ("reservations", ReservationViewSet),
     ("alerts", AlertEventViewSet),
+    ("alert-channels", AlertChannelViewSet),
+    ("alert-deliveries", AlertDeliveryViewSet),
+    ("alert-settings", AlertSettingsViewSet),
 ]:
     router.register(f"{ORG}/{prefix}", viewset, basename=prefix.rstrip("s").replace("-", "_"))
 

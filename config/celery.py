@@ -43,7 +43,8 @@ app.conf.beat_schedule = {
         "schedule": 10.0,
         "options": {"expires": 10},
     },
-    # Sends alert emails whose task was lost (Redis down when queued, worker killed) or whose
+    # Sends alert emails and webhook deliveries whose task was lost (Redis down when queued,
+    # worker killed) or whose
     # retry is due. A minute late is fine for an email; the queued task is the fast path.
     "send-pending-alerts": {
         "task": "usage.tasks.send_pending_alerts",

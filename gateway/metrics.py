@@ -141,7 +141,9 @@ def _state_rows() -> dict[str, Any]:
     oldest = outbox.order_by("id").values_list("created_at", flat=True).first()
     live = list(Reservation.objects.values("organization__slug").annotate(n=Count("id"), held=Sum("amount_nano")))
     alerts = list(AlertEvent.objects.values("status").annotate(n=Count("id")))
-    deliveries: list[dict] = []
+    from usage.models import AlertDelivery
+
+    deliveries = list(AlertDelivery.objects.values("status").annotate(n=Count("id")))
     return {
         "outbox": outbox.count(),
         "lag": (now - oldest).total_seconds() if oldest else 0.0,

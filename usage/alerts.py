@@ -13,6 +13,7 @@ Two rules shape this module:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from functools import partial
@@ -20,10 +21,11 @@ from functools import partial
 from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
+from psycopg.types.json import Jsonb
 
 from budgets.models import Budget, Window
-from usage import emails
-from usage.models import AlertEvent
+from usage import emails, webhooks
+from usage.models import AlertEvent, AlertSettings, UsageRecord
 
 log = logging.getLogger(__name__)
 
@@ -72,15 +74,28 @@ def on_windows_changed(*, window_ids: list[int]) -> None:
         )
 
 
-def note_refusal(*, window_id: int) -> None:
-    """The first refusal by a blocking ceiling in its window becomes a `refusal` event (once
-    per window) and queues its email. Called by the gateway after a 402. Never raises."""
-    if window_id in _refusals_noted:
-        return
+def note_refusal(*, window_id: int, tipped_by: dict | None = None, now: datetime | None = None) -> None:
+    """A blocking ceiling refused a request. The first refusal in a window in each hour becomes
+    a `refusal` event (naming the refused request) and is sent; later ones that hour only add
+    to its count. Called by the gateway after a 402. Never raises.
+
+    The count is kept in this process and written with the next refusal at least
+    REFUSAL_FLUSH later: a hot ceiling refusing hundreds of requests a second costs one UPDATE
+    per window per interval, not one per request. A process that stops loses its unwritten
+    part of the count (the alert is what matters, the count is for reading).
+    """
+    bucket = refusal_bucket(now or timezone.now())
+    key = (window_id, bucket)
+    pending = _refusals_pending.get(key)
+    if pending is not None:
+        pending[0] += 1
+        if time.monotonic() - pending[1] < REFUSAL_FLUSH.total_seconds():
+            return
     try:
+        count = int(pending[0]) if pending is not None else 1
         with transaction.atomic():
-            created = _insert_refusal(window_id)
-        transaction.on_commit(partial(_note_cached, window_id), robust=True)
+            created = _insert_refusal(window_id, bucket=bucket, count=count, tipped_by=tipped_by or {})
+        _note_cached(key)
         for event_id in created:
             transaction.on_commit(partial(_queue_email, event_id), robust=True)
     except Exception:
@@ -101,14 +116,21 @@ def note_drift(*, window_id: int, detail: str) -> None:
 
 
 # A hot ceiling refuses hundreds of requests a second once full; after the first one this
-# process remembers the window so the rest cost no query. Bounded: cleared when it grows.
-_refusals_noted: set[int] = set()
+# process counts the rest in memory: (window, hour) -> [refusals not yet written, last write].
+# Bounded: cleared when it grows.
+_refusals_pending: dict[tuple[int, int], list[float]] = {}
+REFUSAL_FLUSH = timedelta(seconds=10)
 
 
-def _note_cached(window_id: int) -> None:
-    if len(_refusals_noted) > 10_000:
-        _refusals_noted.clear()
-    _refusals_noted.add(window_id)
+def refusal_bucket(at: datetime) -> int:
+    """The hour a refusal falls in (hours since the epoch): one refusal alert per window per hour."""
+    return int(at.timestamp()) // 3600
+
+
+def _note_cached(key: tuple[int, int]) -> None:
+    if len(_refusals_pending) > 10_000:
+        _refusals_pending.clear()
+    _refusals_pending[key] = [0, time.monotonic()]
 
 
 def crossed_thresholds(*, spent_nano: int, amount_nano: int, thresholds: Iterable) -> list[int]:
@@ -126,7 +148,12 @@ def crossed_thresholds(*, spent_nano: int, amount_nano: int, thresholds: Iterabl
 
 
 def _create_threshold_events(window_ids: list[int]) -> list[int]:
+    """Of the thresholds a window newly crossed at once, only the highest is sent; the lower
+    ones are recorded as `skipped` (so they never fire later). That is what a budget created
+    or lowered mid-period, or one large request, needs: one email saying where spend is, not
+    10%, 50% and 100% in the same minute. Run budgets alert only if the organization opted in."""
     windows = list(Window.objects.select_related("budget").filter(id__in=window_ids).order_by("id"))
+    windows = [w for w in windows if w.budget.scope != Budget.Scope.RUN or _alerts_runs(w.budget.organization_id)]
     wanted = {
         (w.id, t): w
         for w in windows
@@ -139,10 +166,39 @@ def _create_threshold_events(window_ids: list[int]) -> list[int]:
     if not wanted:
         return []
     have = _alerted({wid for wid, _ in wanted})
-    rows = [
-        _row(w, Kind.THRESHOLD, t) for (wid, t), w in sorted(wanted.items()) if (wid, t) not in have
-    ]
+    new = sorted(key for key in wanted if key not in have)
+    highest = {wid: t for wid, t in new}  # sorted: the last threshold per window wins
+    rows = []
+    for wid, t in new:
+        w = wanted[(wid, t)]
+        if t == highest[wid]:
+            rows.append(_row(w, Kind.THRESHOLD, t, tipped_by=_last_charge(w)))
+        else:
+            rows.append(_row(w, Kind.THRESHOLD, t, status=Delivery.SKIPPED,
+                             detail=f"superseded by {highest[wid]}%, crossed at the same time"))
     return _insert_events(rows)
+
+
+def _alerts_runs(organization_id: int) -> bool:
+    return AlertSettings.objects.filter(organization_id=organization_id, alert_run_budgets=True).exists()
+
+
+def _last_charge(window: Window) -> dict:
+    """The request that tipped a threshold: the latest applied usage record charged to the
+    window (in a drain batch, the last of the batch)."""
+    record = (
+        UsageRecord.objects.filter(organization_id=window.budget.organization_id,
+                                   admitted_at__gte=window.period_start, applied=True,
+                                   window_ids__contains=[window.id])
+        .select_related("api_key", "end_customer")
+        .order_by("-applied_at", "-id")
+        .first()
+    )
+    if record is None:
+        return {}
+    return {"request_id": record.request_id, "key": str(record.api_key) if record.api_key else "",
+            "customer": record.end_customer.external_id if record.end_customer else "",
+            "run": record.run_id or "", "model": record.model}
 
 
 def _alerted(window_ids: set[int]) -> set[tuple[int, int]]:
@@ -156,9 +212,12 @@ def _alerted(window_ids: set[int]) -> set[tuple[int, int]]:
     )
 
 
-def _row(window: Window, kind: str, threshold: int, *, detail: str = "") -> dict:
+def _row(window: Window, kind: str, threshold: int, *, detail: str = "", status: str = Delivery.PENDING,
+         tipped_by: dict | None = None) -> dict:
     budget: Budget = window.budget
     return {
+        "status": status,
+        "tipped_by": Jsonb(tipped_by or {}),
         "organization_id": budget.organization_id,
         "budget_id": budget.id,
         "window_id": window.id,
@@ -172,6 +231,7 @@ def _row(window: Window, kind: str, threshold: int, *, detail: str = "") -> dict
 
 
 _COLUMNS = [
+    "tipped_by",
     "organization_id",
     "budget_id",
     "window_id",
@@ -190,45 +250,50 @@ def _insert_events(rows: list[dict]) -> list[int]:
     if not rows:
         return []
     now = timezone.now()
-    one = "(" + ", ".join(["%s"] * (len(_COLUMNS) + 5)) + ", '[]'::jsonb)"
+    one = "(" + ", ".join(["%s"] * (len(_COLUMNS) + 5)) + ", '[]'::jsonb, 0, 0)"
     sql = (
         f"INSERT INTO {AlertEvent._meta.db_table} ({', '.join(_COLUMNS)}, "
-        "created_at, status, attempts, last_error, next_attempt_at, recipients) "
+        "created_at, status, attempts, last_error, next_attempt_at, recipients, bucket, refusals) "
         f"VALUES {', '.join([one] * len(rows))} ON CONFLICT DO NOTHING RETURNING id"
     )
     params: list = []
     for row in rows:
-        params += [row[c] for c in _COLUMNS] + [now, Delivery.PENDING, 0, "", now + CATCHUP_AFTER]
+        params += [row[c] for c in _COLUMNS] + [now, row.get("status", Delivery.PENDING), 0, "",
+                                                now + CATCHUP_AFTER]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return [r[0] for r in cursor.fetchall()]
+        created = [r[0] for r in cursor.fetchall()]
+    # RETURNING does not promise VALUES order: read back which of ours are to be sent.
+    sent = list(AlertEvent.objects.filter(id__in=created, status=Delivery.PENDING).values_list("id", flat=True))
+    webhooks.create_deliveries(event_ids=sent)
+    return sent
 
 
-def _insert_refusal(window_id: int) -> list[int]:
-    # One statement: the window's budget must be blocking (an alert budget never refuses).
+def _insert_refusal(window_id: int, *, bucket: int, count: int, tipped_by: dict) -> list[int]:
+    """One statement: the hour's refusal event for the window, or `count` more on it. The
+    window's budget must be blocking (an alert budget never refuses), and a run budget alerts
+    only if its organization opted in. Returns the id only if this call created the event."""
     now = timezone.now()
     sql = f"""
         INSERT INTO {AlertEvent._meta.db_table} ({", ".join(_COLUMNS)},
-               created_at, status, attempts, last_error, next_attempt_at, recipients)
-        SELECT b.organization_id, b.id, w.id, %s, 0, w.spent_nano, w.reserved_nano, b.amount_nano, '',
-               %s, %s, 0, '', %s, '[]'::jsonb
+               created_at, status, attempts, last_error, next_attempt_at, recipients, bucket, refusals)
+        SELECT %s, b.organization_id, b.id, w.id, %s, 0, w.spent_nano, w.reserved_nano, b.amount_nano, '',
+               %s, %s, 0, '', %s, '[]'::jsonb, %s, %s
           FROM {Window._meta.db_table} w JOIN {Budget._meta.db_table} b ON b.id = w.budget_id
          WHERE w.id = %s AND b.mode = %s
-        ON CONFLICT DO NOTHING RETURNING id
+           AND (b.scope <> %s OR EXISTS (SELECT 1 FROM {AlertSettings._meta.db_table} s
+                                          WHERE s.organization_id = b.organization_id AND s.alert_run_budgets))
+        ON CONFLICT (window_id, kind, threshold, bucket)
+        DO UPDATE SET refusals = {AlertEvent._meta.db_table}.refusals + EXCLUDED.refusals
+        RETURNING id, (xmax = 0)
     """
     with connection.cursor() as cursor:
-        cursor.execute(
-            sql,
-            [
-                Kind.REFUSAL,
-                now,
-                Delivery.PENDING,
-                now + CATCHUP_AFTER,
-                window_id,
-                Budget.Mode.BLOCK,
-            ],
-        )
-        return [r[0] for r in cursor.fetchall()]
+        params: list = [Jsonb(tipped_by), Kind.REFUSAL, now, Delivery.PENDING, now + CATCHUP_AFTER, bucket, count, window_id,
+                        Budget.Mode.BLOCK, Budget.Scope.RUN]
+        cursor.execute(sql, params)
+        created = [r[0] for r in cursor.fetchall() if r[1]]
+    webhooks.create_deliveries(event_ids=created)
+    return created
 
 
 def _queue_email(event_id: int) -> None:

@@ -41,7 +41,10 @@ def format_percent(spent_nano: int, amount_nano: int) -> str:
 
 
 def recipients_for(budget: Budget) -> list[str]:
-    """The budget's own recipients, else the organization's owners."""
+    """The budget's own recipients, else the organization's owners; plus the addresses of the
+    organization's enabled email channels. One message to all of them."""
+    from usage.alert_models import AlertChannel
+
     chosen = [r.strip() for r in budget.recipients or [] if isinstance(r, str) and "@" in r]
     if not chosen:
         chosen = list(
@@ -49,6 +52,9 @@ def recipients_for(budget: Budget) -> list[str]:
             .exclude(user__email="")
             .values_list("user__email", flat=True)
         )
+    for emails in AlertChannel.objects.filter(organization_id=budget.organization_id, enabled=True,
+                                              kind=AlertChannel.Kind.EMAIL).values_list("emails", flat=True):
+        chosen += [e.strip() for e in emails or [] if isinstance(e, str) and "@" in e]
     return sorted(set(chosen))
 
 
@@ -86,16 +92,30 @@ def period_label(event: AlertEvent) -> str:
 
 
 def dashboard_url(event: AlertEvent) -> str:
-    """The dashboard page for the event: the organization's budgets (spend against every
-    budget), or its audit page for drift. Just the base URL if the dashboard cannot say:
-    a link must never stop an alert."""
+    """The dashboard page for the event: the budget that alerted, or the audit page for drift.
+    Just the base URL if the dashboard cannot say: a link must never stop an alert."""
     base = settings.CAPGATE.get("DASHBOARD_URL", "http://127.0.0.1:8000").rstrip("/")
-    page = "dashboard:audit" if event.kind == AlertEvent.Kind.AUDIT_DRIFT else "dashboard:budgets"
+    slug = event.budget.organization.slug
     try:
-        path = reverse(page, kwargs={"slug": event.budget.organization.slug})
+        if event.kind == AlertEvent.Kind.AUDIT_DRIFT:
+            path = reverse("dashboard:audit", kwargs={"slug": slug})
+        else:
+            path = reverse("dashboard:budget_edit", kwargs={"slug": slug, "pk": event.budget_id})
     except Exception:  # NoReverseMatch, or a dashboard that fails to import
         path = "/"
     return base + path
+
+
+def earlier_refusals(event: AlertEvent) -> tuple[int, object] | None:
+    """For a refusal alert: how many requests the window refused in its previous alerted hour,
+    when that hour saw more than the one its own alert reported."""
+    if event.kind != AlertEvent.Kind.REFUSAL:
+        return None
+    prev = (AlertEvent.objects.filter(window_id=event.window_id, kind=AlertEvent.Kind.REFUSAL,
+                                      bucket__lt=event.bucket).order_by("-bucket").first())
+    if prev is None or prev.refusals <= 1:
+        return None
+    return prev.refusals, prev.created_at
 
 
 @dataclass(frozen=True)
@@ -124,6 +144,9 @@ def render_alert(event: AlertEvent) -> Rendered:
         "period": period_label(event),
         "detail": event.detail,
         "dashboard_url": dashboard_url(event),
+        "tipped_by": {k: v for k, v in (event.tipped_by or {}).items() if v},
+        "refusals": event.refusals,
+        "earlier": earlier_refusals(event),
     }
     subject = " ".join(render_to_string("emails/alert_subject.txt", context).split())
     return Rendered(

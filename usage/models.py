@@ -95,6 +95,9 @@ class AlertEvent(models.Model):
         SENDING = "sending"  # claimed by a worker
         SENT = "sent"
         FAILED = "failed"  # gave up (attempts exhausted, or no one to send to): see last_error
+        # Not sent: a higher threshold was crossed at the same time (a budget created or
+        # lowered mid-period, or one large request); recorded so it never fires later.
+        SKIPPED = "skipped"
 
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="alert_events")
     budget = models.ForeignKey(Budget, on_delete=models.CASCADE, related_name="alert_events")
@@ -109,6 +112,13 @@ class AlertEvent(models.Model):
     amount_nano = models.BigIntegerField(default=0)
     detail = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # Refusal events are one per window per hour: the hour (hours since the epoch, UTC); 0 for
+    # the other kinds. `refusals` counts the refused requests that hour (at least 1).
+    bucket = models.PositiveIntegerField(default=0)
+    refusals = models.PositiveIntegerField(default=0)
+    # What tipped it: {"request_id", "key", "customer", "run", "model"} of the refused request,
+    # or of the last usage record charged to the window when a threshold was crossed.
+    tipped_by = models.JSONField(default=dict, blank=True)
 
     status = models.CharField(max_length=10, choices=Delivery.choices, default=Delivery.PENDING)
     attempts = models.PositiveIntegerField(default=0)
@@ -120,7 +130,8 @@ class AlertEvent(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["window", "kind", "threshold"], name="alert_event_unique_per_window"),
+            models.UniqueConstraint(fields=["window", "kind", "threshold", "bucket"],
+                                    name="alert_event_unique_per_window_bucket"),
             models.CheckConstraint(
                 condition=Q(kind="threshold", threshold__gt=0) | (~Q(kind="threshold") & Q(threshold=0)),
                 name="alert_event_threshold_matches_kind",
@@ -157,3 +168,7 @@ class AuditRun(models.Model):
     @property
     def ok(self) -> bool:
         return self.drift_count == 0
+
+
+# Channels, webhook deliveries and alert settings live in their own module (registered here).
+from usage.alert_models import AlertChannel, AlertDelivery, AlertSettings  # noqa: E402, F401

@@ -17,7 +17,7 @@ from django.conf import settings
 
 from budgets.admission import renew
 from budgets.instances import alive_ids, dead_ids
-from usage import alerts, spool
+from usage import alerts, spool, webhooks
 from usage.audit import audit_counters as run_audit
 from usage.drain import drain_all
 from usage.recording import expire
@@ -67,7 +67,21 @@ def audit_counters() -> dict[str, int]:
 
 @shared_task
 def send_pending_alerts() -> int:
-    return alerts.send_pending()
+    return alerts.send_pending() + webhooks.send_pending()
+
+
+@shared_task(
+    autoretry_for=(webhooks.WebhookFailed,),
+    max_retries=5,
+    retry_backoff=webhooks.RETRY_BACKOFF,  # 30 s, 60 s, ... like webhooks.backoff()
+    retry_backoff_max=webhooks.RETRY_BACKOFF_MAX,
+    retry_jitter=False,
+)
+def send_alert_webhook(delivery_id: int) -> str:
+    """POST one signed alert to one webhook channel. Idempotent: a delivery already sent (or
+    claimed) is skipped; after the retries `send_pending_alerts` keeps trying until
+    webhooks.MAX_ATTEMPTS."""
+    return webhooks.deliver(delivery_id=delivery_id)
 
 
 @shared_task(
