@@ -98,7 +98,10 @@ def test_anthropic_non_stream(client: httpx.Client) -> None:
     )
     assert body["content"][0]["type"] == "text" and body["stop_reason"] == "end_turn"
     assert body["usage"] == {"input_tokens": 10, "output_tokens": 128,
-                             "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}  # fmt: skip
+                             "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                             "cache_creation": {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": 0},
+                             "server_tool_use": {"web_search_requests": 0},
+                             "service_tier": "standard"}  # fmt: skip
 
 
 def test_anthropic_stream_event_sequence(client: httpx.Client) -> None:
@@ -120,7 +123,7 @@ def test_anthropic_stream_event_sequence(client: httpx.Client) -> None:
     assert events[0]["message"]["usage"]["output_tokens"] == 1
     assert events[3]["delta"]["type"] == "text_delta"
     assert events[-2] == {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                          "usage": {"output_tokens": 7}}  # fmt: skip
+                          "usage": {"output_tokens": 7, "server_tool_use": {"web_search_requests": 0}}}  # fmt: skip
 
 
 def test_fail_500_openai_and_anthropic_shapes(client: httpx.Client) -> None:
