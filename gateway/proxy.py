@@ -409,7 +409,7 @@ class ProxyCall:
 
     async def record(self, outcome: Outcome, target: Target | None = None) -> None:
         """Insert the usage record; if the database is down, spool it to disk (fsync'd)."""
-        from usage.recording import record
+        from usage.recording import RecordRejected, record
         from usage.spool import append
 
         p = self.prepared
@@ -417,6 +417,11 @@ class ProxyCall:
         outcome = Outcome(**{**outcome.__dict__, "latency_ms": int((time.monotonic() - self.started) * 1000)})
         try:
             await runtime.db(record, reservation=p.reservation, outcome=outcome, lane="settle")
+        except RecordRejected:
+            # Logged once where it was refused, and never spooled (a replay would be refused
+            # forever). The client is still answered; the reservation is left to expiry, which
+            # charges it at its worst case — the safe direction.
+            pass
         except DatabaseError:
             log.warning("usage record for %s spooled: database unavailable", self.request_id)
             await asyncio.get_running_loop().run_in_executor(None, lambda: append(reservation=p.reservation,
