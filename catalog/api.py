@@ -168,7 +168,7 @@ class PriceSerializer(serializers.ModelSerializer):
         model = Model
         fields = ["id", "model", *services.RATE_FIELDS, "per_request_usd", *services.FEATURE_DECIMAL_FIELDS,
                   *services.FEATURE_INT_FIELDS, "max_output_tokens", "context_window",
-                  "max_image_tokens", "prices_as_of", "priced"]
+                  "max_image_tokens", "tokenizer", "prices_as_of", "priced"]
         read_only_fields = fields
 
     @extend_schema_field(serializers.CharField())

@@ -79,6 +79,10 @@ class Provider(models.Model):
         return self.name
 
 
+# Encodings gateway/tokens.py can count with (tiktoken's names).
+TOKENIZERS = [("o200k_base", "o200k_base"), ("cl100k_base", "cl100k_base")]
+
+
 class Model(models.Model):
     provider = models.ForeignKey(Provider, on_delete=models.CASCADE, related_name="models")
     name = models.CharField(max_length=200)
@@ -108,6 +112,9 @@ class Model(models.Model):
     # Upper bound on the tokens one image part can cost (the provider's tile formula at the
     # largest accepted size). Null: images cannot be bounded, so they are refused under a cap.
     max_image_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # The public encoding the provider counts this model's prompt tokens with; null: unknown,
+    # so the prompt is bounded by its bytes (gateway/tokens.py, issue 14).
+    tokenizer = models.CharField(max_length=20, null=True, blank=True, choices=TOKENIZERS)
     prices_as_of = models.DateField(null=True, blank=True)
 
     class Meta:

@@ -13,6 +13,7 @@ The file, all prices being Decimal-exact strings of USD per 1M tokens:
          "per_request": "0",                                         (optional, default 0)
          "max_output_tokens": 16384, "context_window": 128000,       (optional integers or null)
          "max_image_tokens": 1445,                                   (optional; null: images unbounded)
+         "tokenizer": "o200k_base",                                  (optional; null: prompts bounded by bytes)
          "cache_write_1h": "6", "web_search_per_use": "0.01",         (optional paid features, docs/billing.md;
          "server_tool_result_tokens": 2000,                           null or absent: refused under a
          "priority_multiplier": "2", "flex_multiplier": "0.5",        blocking cap when a request uses them)
@@ -42,7 +43,7 @@ from typing import Any, cast
 from django.db import connection, transaction
 from django.utils.text import slugify
 
-from catalog.models import Model, Provider
+from catalog.models import TOKENIZERS, Model, Provider
 from catalog.pricing import RATE_FIELDS
 
 DEFAULT_CATALOG_PATH = Path(__file__).resolve().parent / "data" / "prices.json"
@@ -62,7 +63,8 @@ _FEATURE_PRICES = {
     "long_context_input_multiplier": "long_context_input_multiplier",
     "long_context_output_multiplier": "long_context_output_multiplier",
 }
-_MODEL_KEYS = {"provider", "name", "per_request", "note", *RATE_FIELDS, *_INT_FIELDS, *_FEATURE_PRICES}
+_MODEL_KEYS = {"provider", "name", "per_request", "note", "tokenizer", *RATE_FIELDS, *_INT_FIELDS, *_FEATURE_PRICES}
+_TOKENIZERS = {value for value, _ in TOKENIZERS}
 # Mirrors the DecimalField(max_digits=14, decimal_places=6) on Model and PositiveIntegerField.
 _MAX_DIGITS, _DECIMAL_PLACES = 14, 6
 _MAX_INT = 2_147_483_647
@@ -76,6 +78,7 @@ FIELD_ATTRS: dict[str, str] = {
     "per_request": "per_request_usd",
     **_FEATURE_PRICES,
     **{name: name for name in _INT_FIELDS},
+    "tokenizer": "tokenizer",
     "prices_as_of": "prices_as_of",
 }
 
@@ -346,6 +349,11 @@ def _validate_model(i, raw, providers, prices_as_of, problem) -> _Entry | None:
             problem(f"must be a positive integer or null, not {value!r}", model=where, field=key)
             ok = False
         values[key] = value
+    tokenizer = raw.get("tokenizer")
+    if tokenizer is not None and tokenizer not in _TOKENIZERS:
+        problem(f"must be one of {', '.join(sorted(_TOKENIZERS))} or null, not {tokenizer!r}", model=where, field="tokenizer")
+        ok = False
+    values["tokenizer"] = tokenizer
     values["prices_as_of"] = prices_as_of
     return _Entry(provider, name, values) if ok else None
 

@@ -15,8 +15,9 @@ from typing import Any
 
 from django.conf import settings
 
-from gateway import billing, tokens
+from gateway import billing
 from gateway.errors import GatewayError, bad_request
+from gateway.tokens import Prompt
 
 MAX_CHOICES = 8
 MAX_OUTPUT_TOKENS_ACCEPTED = 1_000_000
@@ -40,7 +41,7 @@ class Shape:
     output_param: str | None  # which field carried it
     choices: int
     stream: bool
-    prompt: tokens.Prompt | None = None  # for an exact count (gateway/tokens.py); None: bytes only
+    prompt: Prompt | None = None  # for an exact count (gateway/tokens.py); None: bytes only
     # Paid features (docs/billing.md):
     refused: tuple[str, ...] = ()  # fields refused under a blocking cap, by name
     web_searches: int = 0  # server-side web searches allowed (sum of max_uses)
@@ -326,7 +327,7 @@ def shape_chat(body: dict, headers: dict[str, str] | None = None) -> Shape:
         unbounded_parts=parts.unbounded, max_output=max_output, output_param=param, choices=n, stream=_stream(body),
         refused=tuple(refused + tools.refused), extra_output=extra_output,
         service_tier=_service_tier(body, {"auto", "default", "flex", "scale", "priority", "fast"}),
-        prompt=tokens.Prompt(kind="chat", billed=billed, overhead=tools.overhead),
+        prompt=Prompt(kind="chat", billed=billed, overhead=tools.overhead),
     )
 
 
@@ -461,7 +462,7 @@ def shape_embeddings(body: dict, headers: dict[str, str] | None = None) -> Shape
     return Shape(
         kind="embeddings", model=model, text_tokens=tokens + settings.CAPGATE["PER_REQUEST_OVERHEAD_TOKENS"],
         images=0, unbounded_parts=0, max_output=None, output_param=None, choices=1, stream=False,
-        prompt=tokens.Prompt(kind="embeddings", billed={"input": items}),
+        prompt=Prompt(kind="embeddings", billed={"input": items}),
     )
 
 

@@ -96,6 +96,9 @@ class ProxyCall:
         p = self.prepared
         if p is not None:  # admitted: what it reserved, and the room left under its tightest cap
             headers.append((b"x-capgate-reserved-usd", usd_str(p.worst_nano).encode()))
+            # The prompt tokens that worst case reserves and how they were bounded (issue 14).
+            headers.append((b"x-capgate-reserved-input-tokens", str(p.input_tokens).encode()))
+            headers.append((b"x-capgate-input-bound", p.input_bound.encode()))
             if p.remaining_nano is not None:
                 headers.append((b"x-capgate-budget-remaining-usd", usd_str(max(p.remaining_nano, 0)).encode()))
         return headers

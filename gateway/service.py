@@ -30,9 +30,8 @@ from catalog.pricing import (
     worst_case_nano,
 )
 from config.errors import CapgateError
-from gateway import responses
+from gateway import responses, tokens
 from gateway.errors import GatewayError, bad_request
-from gateway import tokens
 from gateway.estimate import Shape
 from gateway.limits import enforce_limits
 from tenants.models import ApiKey, EndCustomer, hash_key
@@ -349,7 +348,8 @@ def prepare(*, key: ApiKey, shape: Shape, targets: list[Target], request_id: str
             code="unbounded_input_under_budget", status=402,
         )
 
-    tightest = headroom(budgets=budgets) if governed else None
+    # One unlocked read of the tightest ceiling, shared by the exact count and the output ceiling.
+    tightest = headroom(budgets=budgets) if governed and (shape.max_output is None or _countable(shape, priced)) else None
     shape, input_bound = _exact_prompt(shape, priced, tightest)
     cap = _catalog_max_output(targets)
     default = _default_output(key, targets)
@@ -385,6 +385,10 @@ def prepare(*, key: ApiKey, shape: Shape, targets: list[Target], request_id: str
                     input_bound=input_bound, input_tokens=shape.text_tokens)
 
 
+def _countable(shape: Shape, priced: list[_Priced]) -> bool:
+    return shape.prompt is not None and bool(priced) and all(p.target.model.tokenizer for p in priced)
+
+
 def _exact_prompt(shape: Shape, priced: list[_Priced], tightest: Ceiling | None) -> tuple[Shape, str]:
     """The shape with its prompt counted exactly, when that changes the answer (issue 14).
 
@@ -393,17 +397,16 @@ def _exact_prompt(shape: Shape, priced: list[_Priced], tightest: Ceiling | None)
     bound each target), and when the byte bound's worst case would take more than
     EXACT_COUNT_SHARE of the tightest ceiling's room — so it also covers every request the
     byte bound would refuse. The count is the largest over the targets' encodings."""
-    if tightest is None or shape.prompt is None or not priced:
+    if tightest is None or not _countable(shape, priced):
         return shape, "bytes"
-    encodings = {p.target.model.tokenizer for p in priced}
-    if None in encodings or "" in encodings:
-        return shape, "bytes"
+    assert shape.prompt is not None
+    encodings = {cast(str, p.target.model.tokenizer) for p in priced}
     output = shape.max_output or 0
     worst = max(worst_case_nano(bound=_bound(shape, p.target, p.rates, output), rates=p.rates) for p in priced)
     if worst <= settings.CAPGATE["EXACT_COUNT_SHARE"] * max(tightest.remaining_nano, 0):
         return shape, "bytes"
     counts = []
-    for name in sorted(cast(set[str], encodings)):
+    for name in sorted(encodings):
         enc = tokens.encoding(name)
         if enc is None:  # data missing or altered: fail safe
             return shape, "bytes"

@@ -18,3 +18,7 @@ if [ ! -e "$stamp" ]; then
   .venv/bin/pip install -q -e '.[dev]'
   rm -f .venv/.installed-*; touch "$stamp"
 fi
+# tiktoken's o200k_base and cl100k_base files, built from the npm package js-tiktoken and checked
+# against tiktoken's pinned sha256 (docs/decisions.md): nothing is downloaded at request time.
+command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq npm >/dev/null; }
+.venv/bin/python scripts/tiktoken_data.py .venv/share/tiktoken >/dev/null

@@ -237,6 +237,11 @@ CAPGATE = {
     # Under a blocking budget with no max_tokens, refuse rather than send an output ceiling
     # below this many tokens (a response that short is rarely what the caller wanted).
     "MIN_OUTPUT_TOKENS": env.int("CAPGATE_MIN_OUTPUT_TOKENS", default=256),
+    # Exact prompt counts (gateway/tokens.py): the encodings scripts/bootstrap.sh builds, and the
+    # share of the tightest ceiling's room above which a byte bound is replaced by an exact
+    # count (below it, tokenizing is time the answer does not need; 0: always count).
+    "TOKENIZER_DIR": env.path("CAPGATE_TOKENIZER_DIR", default=str(BASE_DIR / ".venv" / "share" / "tiktoken")),
+    "EXACT_COUNT_SHARE": env.float("CAPGATE_EXACT_COUNT_SHARE", default=0.05),
     # Each gateway process heartbeats this often; beat renews the leases of live processes.
     "HEARTBEAT_INTERVAL": timedelta(seconds=env.int("CAPGATE_HEARTBEAT_SECONDS", default=10)),
     # Each gateway process drains its own records this long after a response (one batch per

@@ -47,6 +47,9 @@ DEFAULTS: dict[str, Any] = {
     "tier": "",  # the tier a request without one (or "auto") is served at ("" = standard)
     "cache_write_1h_tokens": 0,  # of the input, written to the 1-hour cache when ttl "1h" is asked
     "audio_tokens": 0,  # completion audio tokens reported (a paid field capgate cannot price)
+    # "o200k_base" | "cl100k_base": chat prompt_tokens counted like the provider (tests/upstream/
+    # chatml.py) instead of the fixed prompt_tokens knob.
+    "count_prompt": "",
 }
 FAIL_MODES = {"", "500", "503", "429", "400", "close", "stall", "drop_mid_stream", "no_usage"}
 STALL_CAP_S = 300.0
@@ -82,7 +85,7 @@ def _coerce(knob: str, value: Any) -> Any:
         return "max"
     if knob == "overbill":
         return float(value)
-    if knob == "tier":
+    if knob in ("tier", "count_prompt"):
         return str(value)
     if knob == "ignore_max_tokens":
         truthy = {"1", "true", "yes", "on"}
@@ -245,6 +248,10 @@ async def _chat(ex: _Exchange) -> None:
     n = max(1, int(body.get("n") or 1))
     pieces = _pieces(knobs["chunks"])
     prompt, completion = knobs["prompt_tokens"], _completion_tokens(knobs, body)
+    if knobs["count_prompt"]:
+        from tests.upstream import chatml
+
+        prompt = chatml.prompt_tokens(body, knobs["count_prompt"])
     usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion}
     usage["total_tokens"] = prompt + completion
     if knobs["audio_tokens"]:
