@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard.views import manage, org, overview, ratelimits, records
+from dashboard.views import catalog, manage, org, overview, ratelimits, records
 
 app_name = "dashboard"
 
@@ -30,6 +30,11 @@ urlpatterns = [
     path(ORG + "connections/new/", org.connection_edit, name="connection_new"),
     path(ORG + "connections/<int:pk>/", org.connection_edit, name="connection_edit"),
     path(ORG + "connections/<int:pk>/delete/", org.connection_delete, name="connection_delete"),
+    path(ORG + "routes/new/", catalog.route_edit, name="route_new"),
+    path(ORG + "routes/<int:pk>/", catalog.route_edit, name="route_edit"),
+    path(ORG + "routes/<int:pk>/delete/", catalog.route_delete, name="route_delete"),
+    path(ORG + "prices/new/", catalog.price_edit, name="price_new"),
+    path(ORG + "prices/<int:pk>/", catalog.price_edit, name="price_edit"),
     path(ORG + "tokens/", org.tokens, name="tokens"),
     path(ORG + "tokens/<int:pk>/revoke/", org.token_revoke, name="token_revoke"),
     path(ORG + "usage/", records.usage, name="usage"),
