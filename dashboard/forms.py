@@ -9,6 +9,7 @@ from typing import Any, cast
 from django import forms
 
 from budgets.models import Budget
+from budgets.services import SUBJECT_FIELD
 from catalog.models import Connection
 from catalog.pricing import usd_to_nano
 from tenants.models import ApiKey, ApiToken, EndCustomer, Member, Organization, Project
@@ -80,6 +81,8 @@ class BudgetForm(OrgForm):
                                 help_text="emails, comma-separated; empty: the organization's owners")
 
     SUBJECT = ("scope", "project", "member", "api_key", "end_customer", "run_id")
+    # The page shows only the chosen scope's subject field (templates/dashboard/_scope_subjects.html).
+    scope_subjects = {str(scope): field for scope, field in SUBJECT_FIELD.items()}
 
     def __init__(self, *args: Any, editing: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)

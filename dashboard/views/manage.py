@@ -36,7 +36,8 @@ def budgets(request: HttpRequest, access: Access) -> HttpResponse:
 @org_view(manage=True)
 def budget_new(request: HttpRequest, access: Access) -> HttpResponse:
     require_manage(access)
-    initial = {k: request.GET[k] for k in ("scope", "api_key", "project") if k in request.GET}
+    # "add budget" from a key, customer or project row preselects its scope and subject.
+    initial = {k: request.GET[k] for k in ("scope", *BudgetForm.SUBJECT) if k in request.GET}
     form = BudgetForm(request.POST or None, organization=access.organization, initial=initial)
     if request.method == "POST" and form.is_valid():
         try:
