@@ -51,6 +51,14 @@ app.conf.beat_schedule = {
         "schedule": 60.0,
         "options": {"expires": 60},
     },
+    # Request log retention (REQUEST_LOG_RETENTION_DAYS, 90): rows expire by the day, so hourly
+    # keeps the log within an hour of its limit, and each run deletes only an hour's worth of
+    # refusals in short batches instead of a day's in one long sweep.
+    "purge-request-log": {
+        "task": "requestlog.tasks.purge_request_log",
+        "schedule": 3600.0,
+        "options": {"expires": 3600},
+    },
     # The audit reads every live window and sums its holds and applied usage: too heavy for
     # seconds, and drift is a bug to find within minutes, not a cap to keep (admission does).
     "audit-counters": {

@@ -40,6 +40,7 @@ from gateway.providers import (
     usage_from_body,
 )
 from gateway.service import Prepared, Target, admit_call
+from requestlog import buffer as request_log
 from usage.recording import Outcome
 
 log = logging.getLogger("capgate.gateway")
@@ -90,6 +91,7 @@ class ProxyCall:
         self.text_tokens = 0  # the input bound; echo reports a quarter of it as prompt tokens
         self.client_stream_options: dict = {}
         self.shape: Shape | None = None
+        self.model_name = ""  # as the caller asked for it, for the request log
 
     def _headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"x-capgate-request-id", self.request_id.encode())]
@@ -104,6 +106,7 @@ class ProxyCall:
         return headers
 
     async def fail(self, exc: CapgateError) -> None:
+        request_log.note(self, exc)  # refused before admission: the log's row (admitted ones have a usage record)
         status, headers, body = render(exc, flavor=self.flavor)
         await self.req.respond(status, body, headers + self._headers())
 
@@ -118,6 +121,7 @@ class ProxyCall:
         shape = shape_error = None
         try:
             body = parse_json(raw)
+            self.model_name = str(body.get("model") or "") if isinstance(body, dict) else ""
             shape = SHAPERS[self.kind](body, self.req.headers)
         except CapgateError as exc:
             shape_error = exc

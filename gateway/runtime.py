@@ -1,5 +1,6 @@
 """Process-wide gateway machinery: the database thread pool, connection health, and the
-background loops started with the ASGI app (heartbeat, micro-batch drain, spool replay)."""
+background loops started with the ASGI app (heartbeat, micro-batch drain, spool replay,
+request log flush)."""
 
 from __future__ import annotations
 
@@ -118,10 +119,11 @@ class Background:
         except DatabaseError:
             log.exception("could not register this gateway process; will retry in the heartbeat loop")
         await asyncio.get_running_loop().run_in_executor(None, warm_thread_connections)
-        self._tasks = [asyncio.create_task(c()) for c in (self._heartbeat, self._drain, self._replay)]
+        self._tasks = [asyncio.create_task(c()) for c in (self._heartbeat, self._drain, self._replay, self._request_log)]
 
     async def stop(self) -> None:
         from budgets.instances import stop
+        from requestlog import buffer as request_log
         from usage.drain import drain_all
 
         for task in self._tasks:
@@ -129,6 +131,7 @@ class Background:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         try:
             await db(drain_all, lane="settle")
+            await db(request_log.flush, lane="settle")
             if self.instance_id is not None:
                 await db(stop, instance_id=self.instance_id)
         except DatabaseError:
@@ -163,6 +166,22 @@ class Background:
                     pass
             except DatabaseError:
                 log.warning("drain failed: database unavailable; records stay in the outbox")
+
+    async def _request_log(self) -> None:
+        # Refusals noted in memory (requestlog/buffer.py) go to the database here, one INSERT per
+        # interval, off the admitting threads; if the database is down they wait (bounded).
+        from requestlog import buffer as request_log
+
+        interval = settings.CAPGATE["REQUEST_LOG_FLUSH_SECONDS"]
+        while True:
+            await asyncio.sleep(interval)
+            if not len(request_log.refusals):
+                continue
+            try:
+                await db(request_log.flush, lane="settle")
+            except DatabaseError:
+                log.warning("request log flush failed: database unavailable; %d refusals wait",
+                            len(request_log.refusals))
 
     async def _replay(self) -> None:
         from usage.spool import pending, replay

@@ -23,6 +23,8 @@ INSTALLED_APPS = [
     "budgets",
     "usage",
     "ratelimits",
+    "django_filters",
+    "requestlog",
     "gateway",
     "dashboard",
 ]
@@ -272,6 +274,13 @@ CAPGATE = {
     # Gateway processes cache key and route lookups this long (0: off). A revoked key or a
     # changed route takes effect within it; budgets are never cached.
     "LOOKUP_CACHE_SECONDS": env.float("CAPGATE_LOOKUP_CACHE_SECONDS", default=2.0),
+    # The request log (requestlog/): refusals wait in each gateway process's memory at most this
+    # long before one batched insert, and at most this many (more are dropped and counted: a
+    # refusal flood while the database is down must not grow the process without bound).
+    "REQUEST_LOG_FLUSH_SECONDS": env.float("CAPGATE_REQUEST_LOG_FLUSH_SECONDS", default=1.0),
+    "REQUEST_LOG_BUFFER": env.int("CAPGATE_REQUEST_LOG_BUFFER", default=10_000),
+    # Refusal rows older than this are deleted by beat (usage records, the book of record, are not).
+    "REQUEST_LOG_RETENTION_DAYS": env.int("CAPGATE_REQUEST_LOG_RETENTION_DAYS", default=90),
     # A gateway process that has not heartbeated for this long is presumed dead.
     "HEARTBEAT_GRACE": timedelta(seconds=env.int("CAPGATE_HEARTBEAT_GRACE_SECONDS", default=30)),
     # Alert emails link here (the dashboard's public base URL).

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class RequestLogConfig(AppConfig):
+    name = "requestlog"
+    verbose_name = "Request log"

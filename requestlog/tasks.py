@@ -1,0 +1,13 @@
+"""Celery tasks of the request log; the schedule and its reason are in config/celery.py."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from requestlog.services import purge_expired
+
+
+@shared_task
+def purge_request_log() -> int:
+    """Retention: delete refusal rows past REQUEST_LOG_RETENTION_DAYS, in batches."""
+    return purge_expired()
