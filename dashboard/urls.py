@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard.views import catalog, manage, org, overview, ratelimits, records
+from dashboard.views import alerting, catalog, manage, org, overview, ratelimits, records
 
 app_name = "dashboard"
 
@@ -40,5 +40,9 @@ urlpatterns = [
     path(ORG + "usage/", records.usage, name="usage"),
     path(ORG + "usage.csv", records.usage_csv, name="usage_csv"),
     path(ORG + "alerts/", records.alerts, name="alerts"),
+    path(ORG + "alert-channels/", alerting.alert_channels, name="alert_channels"),
+    path(ORG + "alert-channels/new/", alerting.alert_channel_edit, name="alert_channel_new"),
+    path(ORG + "alert-channels/<int:pk>/", alerting.alert_channel_edit, name="alert_channel_edit"),
+    path(ORG + "alert-channels/<int:pk>/delete/", alerting.alert_channel_delete, name="alert_channel_delete"),
     path(ORG + "audit/", records.audit, name="audit"),
 ]
