@@ -350,7 +350,7 @@ def _validate_model(i, raw, providers, prices_as_of, problem) -> _Entry | None:
             ok = False
         values[key] = value
     tokenizer = raw.get("tokenizer")
-    if tokenizer is not None and tokenizer not in _TOKENIZERS:
+    if tokenizer is not None and (not isinstance(tokenizer, str) or tokenizer not in _TOKENIZERS):  # a list: unhashable
         problem(f"must be one of {', '.join(sorted(_TOKENIZERS))} or null, not {tokenizer!r}", model=where, field="tokenizer")
         ok = False
     values["tokenizer"] = tokenizer

@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 from django.db import transaction
 
 from catalog.destinations import refusal_reason
-from catalog.models import Connection, Model, Provider, Route, RouteTarget
+from catalog.models import TOKENIZERS, Connection, Model, Provider, Route, RouteTarget
 from tenants.models import Organization
 from tenants.services import (
     Actor,
@@ -34,7 +34,8 @@ FEATURE_DECIMAL_FIELDS = ("cache_write_1h_usd_per_mtok", "web_search_usd_per_use
                           "flex_multiplier", "long_context_input_multiplier", "long_context_output_multiplier")
 FEATURE_INT_FIELDS = ("server_tool_result_tokens", "long_context_threshold_tokens")
 MODEL_PRICE_FIELDS = (*RATE_FIELDS, "per_request_usd", "max_output_tokens", "context_window", "max_image_tokens",
-                      *FEATURE_DECIMAL_FIELDS, *FEATURE_INT_FIELDS)
+                      *FEATURE_DECIMAL_FIELDS, *FEATURE_INT_FIELDS, "tokenizer")
+TOKENIZER_NAMES = tuple(value for value, _ in TOKENIZERS)
 _MAX_RATE = Decimal("99999999")
 
 
@@ -195,6 +196,10 @@ def set_model_price(*, ref: str, create: bool = True, **fields: Any) -> tuple[Mo
         raise TypeError(f"unexpected fields: {', '.join(sorted(unknown))}")
     for name in (*RATE_FIELDS, "per_request_usd", *FEATURE_DECIMAL_FIELDS):
         _check_rate(name, fields.get(name))
+    # Null, never "": one spelling of "bounded by bytes" (gateway/tokens.py). A wrong encoding
+    # would under-count a model's prompts, so only the ones the gateway ships are accepted.
+    if "tokenizer" in fields and fields["tokenizer"] is not None and fields["tokenizer"] not in TOKENIZER_NAMES:
+        raise InvalidChange(f"Tokenizer must be one of {', '.join(TOKENIZER_NAMES)} or null.", param="tokenizer")
     provider_slug, _, name = ref.partition("/")
     if not provider_slug or not name:
         raise InvalidChange(f"{ref!r}: write a model as provider/model.", param="model")

@@ -188,7 +188,7 @@ def apply_config(*, data: Any, dry_run: bool = False) -> ApplyResult:
             _apply_price(_Item(price, f"prices[{i}]", {"model", *RATE_FIELDS, "per_request_usd",
                                                        "max_output_tokens", "context_window",
                                                        "max_image_tokens", *FEATURE_DECIMAL_FIELDS,
-                                                       *FEATURE_INT_FIELDS}, {"model"}), result)
+                                                       *FEATURE_INT_FIELDS, "tokenizer"}, {"model"}), result)
         for i, org in enumerate(root.list("organizations")):
             _apply_organization(org, f"organizations[{i}]", result)
         if dry_run:
@@ -217,6 +217,8 @@ def _apply_price(item: _Item, result: ApplyResult) -> None:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise ApplyError(f"{item.path}.{name}", "expected a whole number")
             fields[name] = value
+    if item.has("tokenizer"):
+        fields["tokenizer"] = item.data["tokenizer"]  # set_model_price checks it (null: bytes)
     with _guard(item.path):
         existed = _model_exists(ref)
         _, changes = set_model_price(ref=ref, **fields)

@@ -211,3 +211,39 @@ def test_dry_run_on_an_empty_database_lists_everything_and_creates_nothing():
         assert line in out
     assert counts() == before
     assert not get_user_model().objects.filter(email="demo@capgate.localhost").exists()
+
+
+@pytest.mark.django_db
+def test_a_price_sets_and_clears_the_tokenizer(tmp_path):
+    # given: a new model counted with o200k_base
+    data = {"prices": [{"model": "acme/gpt-x", "input_usd_per_mtok": "1", "output_usd_per_mtok": "2",
+                        "tokenizer": "o200k_base"}]}
+    run(write(tmp_path, data))
+    assert Model.objects.get(name="gpt-x").tokenizer == "o200k_base"
+    # when: applied again, then with null
+    assert run(write(tmp_path, data)).strip() == "no changes"
+    data["prices"][0]["tokenizer"] = None
+    out = run(write(tmp_path, data))
+    # then
+    assert "tokenizer: o200k_base → —" in out  # null: prompts bounded by bytes again
+    assert Model.objects.get(name="gpt-x").tokenizer is None
+
+
+@pytest.mark.parametrize("tokenizer", ["gpt2", "", "O200K_BASE", 5, ["o200k_base"]])
+@pytest.mark.django_db
+def test_a_bad_tokenizer_is_named_and_nothing_changes(tmp_path, tokenizer):
+    # given: a model counted with o200k_base, and a file that first changes its price
+    run(write(tmp_path, {"prices": [{"model": "acme/gpt-x", "input_usd_per_mtok": "1", "output_usd_per_mtok": "2",
+                                     "tokenizer": "o200k_base"}]}))
+    before = counts()
+    data = {"prices": [
+        {"model": "acme/gpt-x", "input_usd_per_mtok": "9", "output_usd_per_mtok": "9", "tokenizer": None},
+        {"model": "acme/gpt-y", "input_usd_per_mtok": "1", "output_usd_per_mtok": "2", "tokenizer": tokenizer},
+    ]}
+    # when / then: a wrong encoding would under-count the model's prompts
+    with pytest.raises(CommandError, match=r"prices\[1\]\.tokenizer: Tokenizer must be one of o200k_base, cl100k_base or null"):
+        run(write(tmp_path, data))
+    assert counts() == before
+    model = Model.objects.get(name="gpt-x")
+    assert (model.tokenizer, str(model.input_usd_per_mtok)) == ("o200k_base", "1.000000")
+    assert not Model.objects.filter(name="gpt-y").exists()

@@ -38,7 +38,7 @@ def snapshot() -> list[tuple]:
         Model.objects.order_by("provider__slug", "name").values_list(
             "provider__slug", "name", "input_usd_per_mtok", "output_usd_per_mtok", "cache_read_usd_per_mtok",
             "cache_write_usd_per_mtok", "per_request_usd", "max_output_tokens", "context_window",
-            "max_image_tokens", "prices_as_of",
+            "max_image_tokens", "tokenizer", "prices_as_of",
         )
     )
 
@@ -180,6 +180,10 @@ def _with(mutate) -> dict:
         (lambda d: d["models"][0].pop("name"), "models[0]", "name", "required"),
         (lambda d: d["models"][0].update(provider="nope"), "nope/big", "provider", "providers"),
         (lambda d: d["models"][0].update(max_output_tokens=-5), "acme/big", "max_output_tokens", "positive"),
+        # A wrong encoding would under-count prompts: only the ones the gateway ships, or null.
+        (lambda d: d["models"][0].update(tokenizer="gpt2"), "acme/big", "tokenizer", "o200k_base"),
+        (lambda d: d["models"][0].update(tokenizer=""), "acme/big", "tokenizer", "or null"),
+        (lambda d: d["models"][0].update(tokenizer=["o200k_base"]), "acme/big", "tokenizer", "or null"),
         (lambda d: d["models"][1].update(name="big"), "acme/big", "name", "twice"),
         (lambda d: d.update(prices_as_of="Jan 2"), None, "prices_as_of", "YYYY-MM-DD"),
         (lambda d: d.update(extra=1), None, "extra", "unknown top-level key"),
