@@ -33,7 +33,9 @@ def connection_url(base_url: str, path: str) -> str:
     query or fragment in a stored base URL is dropped, never allowed to turn the endpoint's path
     into a query string."""
     base = httpx.URL(base_url)
-    prefix = base.path.rstrip("/")
+    # The path still percent-encoded: decoded, an escaped `?` or `#` in it (`/v1%3F`) is one
+    # httpx refuses to put back into a path, and every call on the connection would fail.
+    prefix = base.raw_path.decode("ascii").partition("?")[0].rstrip("/")
     if prefix.endswith("/v1"):  # accept the SDK-style base URL too
         prefix = prefix[: -len("/v1")]
     return str(base.copy_with(path=prefix + path, query=None, fragment=None))
