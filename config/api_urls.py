@@ -8,6 +8,7 @@ from rest_framework.routers import SimpleRouter
 from budgets.api import BudgetViewSet, OrganizationViewSet, ProjectViewSet, ReservationViewSet
 from catalog.api import ConnectionViewSet, PriceViewSet, RouteViewSet
 from ratelimits.api import RateLimitViewSet
+from requestlog.api import RequestLogViewSet
 from tenants.api.views import EndCustomerViewSet, KeyViewSet, MemberViewSet
 from usage.alert_api import AlertChannelViewSet, AlertDeliveryViewSet, AlertSettingsViewSet
 from usage.api import AlertEventViewSet, UsageViewSet
@@ -27,6 +28,7 @@ for prefix, viewset in [
     ("routes", RouteViewSet),
     ("prices", PriceViewSet),
     ("usage", UsageViewSet),
+    ("requests", RequestLogViewSet),
     ("reservations", ReservationViewSet),
     ("alerts", AlertEventViewSet),
     ("alert-channels", AlertChannelViewSet),

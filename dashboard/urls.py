@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard.views import alerting, catalog, manage, org, overview, ratelimits, records
+from dashboard.views import alerting, catalog, manage, org, overview, ratelimits, records, requests
 
 app_name = "dashboard"
 
@@ -39,6 +39,9 @@ urlpatterns = [
     path(ORG + "tokens/<int:pk>/revoke/", org.token_revoke, name="token_revoke"),
     path(ORG + "usage/", records.usage, name="usage"),
     path(ORG + "usage.csv", records.usage_csv, name="usage_csv"),
+    path(ORG + "requests/", requests.requests, name="requests"),
+    path(ORG + "requests.csv", requests.requests_csv, name="requests_csv"),
+    path(ORG + "requests/<str:request_id>/", requests.request_detail, name="request_detail"),
     path(ORG + "alerts/", records.alerts, name="alerts"),
     path(ORG + "alert-channels/", alerting.alert_channels, name="alert_channels"),
     path(ORG + "alert-channels/new/", alerting.alert_channel_edit, name="alert_channel_new"),

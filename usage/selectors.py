@@ -81,11 +81,3 @@ def daily_spend(*, organization: Organization, since: datetime, group_by: str) -
     )
     return [(r["day"].date(), None if r["group"] is None else str(r["group"]), r["cost"] or 0) for r in rows]
 
-
-def refusals_by_code(*, organization: Organization) -> list[dict]:
-    """First refusals per budget window (AlertEvent kind=refusal), counted by the budget's code."""
-    counts: dict[str, int] = {}
-    for event in alert_events(organization=organization).filter(kind=AlertEvent.Kind.REFUSAL):
-        code = event.budget.error_code
-        counts[code] = counts.get(code, 0) + 1
-    return [{"code": c, "windows": n} for c, n in sorted(counts.items())]

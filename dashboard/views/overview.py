@@ -14,12 +14,14 @@ from django.utils import timezone
 from budgets.selectors import live_reservations, statuses
 from dashboard.access import org_view, render_org
 from dashboard.charts import stacked_daily
+from requestlog.selectors import refusals_by_code
 from tenants.selectors import Access, organizations_for
 from usage.models import AuditRun
-from usage.selectors import GROUPS, daily_spend, refusals_by_code
+from usage.selectors import GROUPS, daily_spend
 from usage.spool import dead_letter_count
 
 CHART_DAYS = 30
+REFUSAL_DAYS = 7  # the refusals panel: a week of refused requests, by code
 CHART_GROUPS = [g for g in GROUPS if g not in ("day", "status")]
 CHART_LABELS = [(g, g.replace("_", " ")) for g in CHART_GROUPS]
 
@@ -59,7 +61,8 @@ def overview(request: HttpRequest, access: Access) -> HttpResponse:
     return render_org(
         request, access, "dashboard/overview.html", "overview",
         statuses=statuses(budgets=budgets, now=now), chart=chart, group_by=group_by, chart_groups=CHART_LABELS,
-        chart_days=CHART_DAYS, refusals=refusals_by_code(organization=org),
+        chart_days=CHART_DAYS, refusals=refusals_by_code(organization=org, since=now - timedelta(days=REFUSAL_DAYS)),
+        refusal_days=REFUSAL_DAYS,
         reservations=reservations[:10], held_count=held["n"] or 0, held_nano=held["total"] or 0,
         last_audit=last_audit, org_drifts=org_drifts, dead_letters=dead_letter_count(organization_id=org.id),
     )
