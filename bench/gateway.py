@@ -35,15 +35,14 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 PY = str(ROOT / ".venv" / "bin" / "python")
 DB = "capgate_bench_gw"
-DB_URL = f"postgres://capgate:capgate@127.0.0.1:15432/{DB}"
 UP_PORT, GW_PORT = 18201, 18200
 KEY = "cg_bench_key_0000000000000000"
 BURST_KEY = "cg_bench_burst_key_00000000000"  # its own organization: a clean $1 cap
 BODY = {"model": "bench-up", "messages": [{"role": "user", "content": "Say hello in one word."}], "max_tokens": 64}
 
 
-def env() -> dict[str, str]:
-    return {**os.environ, "DATABASE_URL": DB_URL, "DJANGO_SETTINGS_MODULE": "config.settings.prod",
+def env(db: str = DB) -> dict[str, str]:
+    return {**os.environ, "DATABASE_URL": f"postgres://capgate:capgate@127.0.0.1:15432/{db}", "DJANGO_SETTINGS_MODULE": "config.settings.prod",
             "CAPGATE_LOG_LEVEL": "WARNING", "CAPGATE_DB_POOL_MAX": "40", "CAPGATE_DATA_DIR": tempfile.mkdtemp(),
             # The fake upstream listens on loopback, which production settings refuse to dial.
             "CAPGATE_UPSTREAM_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",
@@ -53,22 +52,27 @@ def env() -> dict[str, str]:
             "CAPGATE_SECRET_KEY": os.environ.get("CAPGATE_SECRET_KEY", "capgate-bench-only-connection-secret-key")}
 
 
-def manage(*args: str) -> str:
+def manage(*args: str, db: str = DB) -> str:
     if args[0] == "shell":  # Django 5.2's shell announces its auto-imports on stdout
         args = ("shell", "--no-imports", *args[1:])
-    done = subprocess.run([PY, "manage.py", *args], cwd=ROOT, env=env(), capture_output=True, text=True)
+    done = subprocess.run([PY, "manage.py", *args], cwd=ROOT, env=env(db), capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"manage.py {args[0]} failed:\n{done.stderr[-3000:]}")
     return done.stdout
 
 
-def setup_database() -> None:
+def fresh_database(db: str) -> None:
+    """Drop and recreate the benchmark's own database, migrated."""
     subprocess.run(["bash", "scripts/services.sh", "start"], cwd=ROOT, check=True, capture_output=True)
     psql = ["runuser", "-u", "postgres", "--", "/usr/lib/postgresql/15/bin/psql", "-h", "/var/tmp/capgate/sock",
             "-p", "15432", "-d", "postgres", "-qtA", "-c"]
-    subprocess.run([*psql, f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)"], check=True, capture_output=True)
-    subprocess.run([*psql, f"CREATE DATABASE {DB} OWNER capgate"], check=True, capture_output=True)
-    manage("migrate", "--noinput", "-v0")
+    subprocess.run([*psql, f"DROP DATABASE IF EXISTS {db} WITH (FORCE)"], check=True, capture_output=True)
+    subprocess.run([*psql, f"CREATE DATABASE {db} OWNER capgate"], check=True, capture_output=True)
+    manage("migrate", "--noinput", "-v0", db=db)
+
+
+def setup_database() -> None:
+    fresh_database(DB)
     manage("shell", "-c", f"""
 from decimal import Decimal as D
 from tenants.models import Organization, Project, ApiKey, hash_key
@@ -98,10 +102,10 @@ Budget.objects.create(organization=burst, scope="organization", period="day", mo
 
 
 class Proc:
-    def __init__(self, name: str, args: list[str]):
+    def __init__(self, name: str, args: list[str], db: str = DB):
         self.name = name
         self.log = open(ROOT / "var" / f"bench-{name}.log", "w")  # noqa: SIM115
-        self.p = subprocess.Popen(args, cwd=ROOT, env=env(), stdout=self.log, stderr=subprocess.STDOUT,
+        self.p = subprocess.Popen(args, cwd=ROOT, env=env(db), stdout=self.log, stderr=subprocess.STDOUT,
                                   start_new_session=True)
 
     def rss_kb(self) -> int:
