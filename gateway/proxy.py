@@ -159,6 +159,14 @@ class ProxyCall:
         except upstream.UpstreamBusy as exc:  # the tenant's upstream share is in use: nothing was sent
             await self.record(Outcome(status="failed_upstream", error=exc.message))
             await self.fail(exc)
+        except Exception:
+            # A bug after admission: the call may have gone out, so it is charged at its worst case
+            # now rather than holding the room until expiry. If the outcome was already recorded,
+            # this record is a no-op (the first record of a request id wins).
+            assert self.prepared is not None
+            await self.record(Outcome(status="estimated", cost_nano=self.prepared.worst_nano,
+                                      error="internal error after admission"))
+            raise
 
     # --- after admission: exactly one record per request from here on -------------------
 
