@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import cast
 
-from django.db.models import Count, F, QuerySet, Sum
+from django.db.models import Count, F, OuterRef, QuerySet, Subquery, Sum
 from django.db.models.functions import TruncDay
 
-from tenants.models import Organization
+from tenants.models import ApiKey, Organization
 from usage.models import AlertEvent, UsageRecord
 
 GROUPS = {
@@ -63,6 +63,18 @@ def totals(*, organization: Organization, filters: UsageFilters) -> dict:
     return usage_records(organization=organization, filters=filters).aggregate(
         requests=Count("id"), cost_nano=Sum("cost_nano"), excess_nano=Sum("excess_nano"),
         input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"),
+    )
+
+
+def keys_with_activity(*, organization: Organization, since: datetime) -> QuerySet[ApiKey]:
+    """The organization's keys, each with `spent_nano` (usage admitted since `since`) and
+    `last_used_at` (its latest usage record). Correlated subqueries, one per key, so each reads
+    its own slice of the (api_key, admitted_at) index instead of the organization's whole log."""
+    mine = UsageRecord.objects.filter(api_key=OuterRef("pk"))
+    return organization.api_keys.annotate(
+        spent_nano=Subquery(mine.filter(admitted_at__gte=since).values("api_key").annotate(s=Sum("cost_nano"))
+                            .values("s")),
+        last_used_at=Subquery(mine.order_by("-admitted_at").values("admitted_at")[:1]),
     )
 
 

@@ -4,9 +4,11 @@ service; a service's InvalidChange comes back as a form error and nothing is cha
 from __future__ import annotations
 
 from decimal import Decimal
+from urllib.parse import quote
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
@@ -21,6 +23,7 @@ from dashboard.forms import BudgetForm, EndCustomerForm, KeyForm, ProjectForm, a
 from tenants import services
 from tenants.models import ApiKey, EndCustomer, Project
 from tenants.selectors import Access
+from usage.selectors import keys_with_activity
 
 # --- budgets -------------------------------------------------------------------------------------
 
@@ -113,9 +116,11 @@ def keys(request: HttpRequest, access: Access) -> HttpResponse:
                 # Rendered once, in this response only: it is not stored and never shown again.
                 created = (key, raw)
                 form = KeyForm(organization=org, can_choose_member=access.can_manage)
-    rows = org.api_keys.select_related("project", "member__user").order_by("revoked_at", "-id")
-    return render_org(request, access, "dashboard/keys.html", "keys", keys=rows, form=form, created=created,
-                      now=timezone.now())
+    now = timezone.now()
+    month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    rows = keys_with_activity(organization=org, since=month_start).select_related("project", "member__user").order_by(
+        "revoked_at", "-id")
+    return render_org(request, access, "dashboard/keys.html", "keys", keys=rows, form=form, created=created, now=now)
 
 
 @require_POST
@@ -154,9 +159,14 @@ def projects(request: HttpRequest, access: Access) -> HttpResponse:
         except services.InvalidChange as exc:
             add_service_error(project_form if "create_project" in request.POST else customer_form, exc)
     customers = EndCustomer.objects.filter(project__organization=org).select_related("project").order_by(
-        "project__name", "external_id")
+        "project__name", "external_id", "id")
+    search = request.GET.get("q", "").strip()[:200]
+    if search:
+        customers = customers.filter(external_id__icontains=search)
+    page = Paginator(customers, 50).get_page(request.GET.get("page"))
     return render_org(request, access, "dashboard/projects.html", "projects",
-                      projects=org.projects.order_by("name"), customers=customers[:500],
+                      projects=org.projects.order_by("name"), page=page, search=search,
+                      query=f"q={quote(search)}" if search else "",
                       project_form=project_form, customer_form=customer_form)
 
 
