@@ -106,6 +106,7 @@ class Background:
         self.instance_id: int | None = None
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self.tokenizers: asyncio.Future[None] | None = None  # encodings loading (gateway/tokens.py)
         self.drain_interval = settings.CAPGATE["DRAIN_INTERVAL"]
 
     def kick_drain(self) -> None:
@@ -113,7 +114,11 @@ class Background:
 
     async def start(self) -> None:
         from budgets.instances import register
+        from gateway import tokens
 
+        # Off the event loop and not awaited: requests are served meanwhile, and one needing an
+        # exact count before the load ends waits on the encoding's lock only for the rest of it.
+        self.tokenizers = asyncio.get_running_loop().run_in_executor(None, tokens.warm)
         try:
             self.instance_id = (await db(register)).id
         except DatabaseError:

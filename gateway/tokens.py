@@ -100,6 +100,14 @@ def _load(name: str) -> Any:
         return False
 
 
+def warm() -> None:
+    """Load every encoding now: the gateway calls this at startup on a worker thread, so the
+    first exact count does not pay the load (0.3-0.5 s each) on the admission path. Missing
+    data is logged here, once, instead of at the first request that would count."""
+    for name in ENCODINGS:
+        encoding(name)
+
+
 def reset() -> None:
     """Forget loaded encodings (tests)."""
     with _lock:

@@ -164,3 +164,37 @@ def test_anthropic_models_keep_the_byte_bound(gateway, wired):
                             "X-Capgate-Run-Budget-Usd": "1"})
     assert r.status_code == 200, r.text
     assert r.headers["x-capgate-input-bound"] == "bytes"
+
+
+def test_gateway_startup_loads_the_encodings_off_the_event_loop(request, monkeypatch):
+    # given: a process that has not loaded any encoding yet
+    import asyncio
+    import time
+
+    from gateway import runtime
+
+    tokens.reset()
+    warmed_on_loop: list[bool] = []
+    real_warm = tokens.warm
+
+    def warm() -> None:
+        try:
+            asyncio.get_running_loop()
+            warmed_on_loop.append(True)
+        except RuntimeError:
+            warmed_on_loop.append(False)
+        real_warm()
+
+    monkeypatch.setattr(tokens, "warm", warm)
+    # when: the gateway starts (uvicorn with its lifespan)
+    request.getfixturevalue("gateway")
+    assert runtime.background is not None and runtime.background.tokenizers is not None
+    deadline = time.monotonic() + 30
+    while not runtime.background.tokenizers.done() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    # then: loaded on a worker thread, so the first exact count finds them ready
+    assert warmed_on_loop == [False]
+    assert all(tokens._loaded.get(name) for name in tokens.ENCODINGS)
+    started = time.perf_counter()
+    assert tokens.encoding("o200k_base") is not None
+    assert time.perf_counter() - started < 0.01
