@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard.views import alerting, catalog, manage, org, overview, ratelimits, records, requests
+from dashboard.views import alerting, catalog, live, manage, org, overview, ratelimits, records, requests
 
 app_name = "dashboard"
 
@@ -9,7 +9,9 @@ ORG = "o/<slug:slug>/"
 urlpatterns = [
     path("", overview.home, name="home"),
     path("switch/", overview.switch, name="switch"),
+    path("htmx.js", live.htmx_js, name="htmx_js"),
     path(ORG, overview.overview, name="overview"),
+    path(ORG + "reservations/", live.reservations, name="reservations"),
     path(ORG + "budgets/", manage.budgets, name="budgets"),
     path(ORG + "budgets/new/", manage.budget_new, name="budget_new"),
     path(ORG + "budgets/<int:pk>/", manage.budget_edit, name="budget_edit"),

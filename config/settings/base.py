@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "requestlog",
     "gateway",
     "dashboard",
+    "django_htmx",
 ]
 
 MIDDLEWARE = [
@@ -37,6 +38,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # request.htmx: live panels answer htmx's polls with their fragment only.
+    "django_htmx.middleware.HtmxMiddleware",
     # Last, as django-axes requires: turns a locked-out login into its lockout response.
     "axes.middleware.AxesMiddleware",
 ]
