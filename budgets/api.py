@@ -28,6 +28,7 @@ class OrganizationSerializer(serializers.ModelSerializer):
         read_only_fields = ["slug", "created_at"]
 
 
+@extend_schema(tags=["organizations"])  # its paths are the prefix the other resources' tags strip
 class OrganizationViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin):
     """The organizations the caller belongs to (a token: its own). Owners and admins (and write
     tokens) set the unpriced-model policy and the default run budget."""
