@@ -74,13 +74,18 @@ async def _starve(gateway, upstream) -> dict:
         a_statuses: list[int] = []
 
         async def a_call() -> None:
-            r = await client.post(url, json=CHAT, headers={"authorization": f"Bearer {KEY}", "x-upstream-fail": "stall"})
+            try:
+                r = await client.post(url, json=CHAT,
+                                      headers={"authorization": f"Bearer {KEY}", "x-upstream-fail": "stall"})
+            except httpx.HTTPError:  # answered by a dropped connection: still answered
+                a_statuses.append(0)
+                return
             a_statuses.append(r.status_code)
 
         hung = [asyncio.create_task(a_call()) for _ in range(HUNG_FROM_A)]
         # A's load is in place once each of its requests was answered or is stuck upstream
         # (or, with no limits, stuck in the pool and timed out of it).
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # a loaded 2-core CI machine admits 300 requests slowly
         while len(a_statuses) + (await asyncio.to_thread(upstream.stats))["in_flight"] < HUNG_FROM_A:
             assert time.monotonic() < deadline, "tenant A's load did not settle"
             await asyncio.sleep(0.1)
