@@ -429,7 +429,8 @@ class ProxyCall:
 
         p = self.prepared
         assert p is not None
-        outcome = Outcome(**{**outcome.__dict__, "latency_ms": int((time.monotonic() - self.started) * 1000)})
+        outcome = Outcome(**{**outcome.__dict__, "latency_ms": int((time.monotonic() - self.started) * 1000),
+                             "input_bound": p.input_bound})
         try:
             await runtime.db(record, reservation=p.reservation, outcome=outcome, lane="settle")
         except RecordRejected:

@@ -92,6 +92,7 @@ class RequestLogEntry(models.Model):
     latency_ms = models.PositiveIntegerField(null=True)
     message = models.TextField()
     at = models.DateTimeField()  # admitted at (usage) or answered at (refusal)
+    input_bound = models.CharField(max_length=5)  # "exact" | "bytes" | "" (see UsageRecord)
 
     class Meta:
         managed = False

@@ -51,6 +51,9 @@ class UsageRecord(models.Model):
     reported_cost_nano = models.BigIntegerField(null=True, blank=True)
     error = models.TextField(blank=True)
     latency_ms = models.PositiveIntegerField(null=True, blank=True)
+    # How the reserved worst case bounded the prompt: "exact" (the model's tokenizer), "bytes"
+    # (the byte bound), or "" when not known (reservation API, expiry).
+    input_bound = models.CharField(max_length=5, blank=True, default="")
     admitted_at = models.DateTimeField()  # usage belongs to the windows of this moment
     created_at = models.DateTimeField(auto_now_add=True)
     applied = models.BooleanField(default=False)

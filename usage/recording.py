@@ -47,6 +47,7 @@ class Outcome:
     provider_model: str = ""
     error: str = ""
     latency_ms: int | None = None
+    input_bound: str = ""  # how the reserved prompt was bounded: "exact", "bytes" ("" unknown)
 
 
 def build_record(*, reservation: Reservation, outcome: Outcome) -> UsageRecord:
@@ -77,6 +78,7 @@ def build_record(*, reservation: Reservation, outcome: Outcome) -> UsageRecord:
         excess_nano=max(0, outcome.cost_nano - reservation.amount_nano),
         error=outcome.error,
         latency_ms=outcome.latency_ms,
+        input_bound=outcome.input_bound,
         admitted_at=reservation.created_at,
     )
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from catalog.models import Model, Provider
 from gateway import tokens
 from gateway.estimate import shape_chat
+from requestlog.models import RequestLogEntry
 from scripts import tiktoken_data
 from tests.gateway.conftest import KEY, wait_settled
 from tests.upstream import chatml
@@ -131,6 +132,9 @@ def test_cap_holds_with_exact_counts_and_uses_the_whole_budget(gateway, counted)
     assert {r.status_code for r in responses} == {200, 402}
     assert served[0].headers["x-capgate-input-bound"] == "exact"
     assert int(served[0].headers["x-capgate-reserved-input-tokens"]) == TRUE_PROMPT
+    # the request log shows the reserved worst case and that it was exact
+    entry = RequestLogEntry.objects.get(request_id=served[0].headers["x-capgate-request-id"])
+    assert entry.input_bound == "exact" and entry.reserved_nano > 0
 
 
 def test_guard_removal_a_count_without_framing_leaks(gateway, counted, monkeypatch):
@@ -154,6 +158,8 @@ def test_missing_tokenizer_data_keeps_the_byte_bound(gateway, counted, settings,
     assert responses[0].status_code == 200
     assert responses[0].headers["x-capgate-input-bound"] == "bytes"
     assert int(responses[0].headers["x-capgate-reserved-input-tokens"]) > TRUE_PROMPT
+    entry = RequestLogEntry.objects.get(request_id=responses[0].headers["x-capgate-request-id"])
+    assert entry.input_bound == "bytes"
 
 
 def test_anthropic_models_keep_the_byte_bound(gateway, wired):
