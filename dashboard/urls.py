@@ -1,6 +1,16 @@
 from django.urls import path
 
-from dashboard.views import alerting, catalog, live, manage, org, overview, ratelimits, records, requests
+from dashboard.views import (
+    alerting,
+    catalog,
+    live,
+    manage,
+    org,
+    overview,
+    ratelimits,
+    records,
+    requests,
+)
 
 app_name = "dashboard"
 
