@@ -12,7 +12,8 @@ from budgets.models import Budget, Reservation
 from budgets.selectors import current_status
 from catalog.api import UsdField
 from tenants import services as tenant_services
-from tenants.api.views import OrgRelatedField, OrgViewSet
+from tenants.api.refs import EndCustomerRefField, OrgRelatedField
+from tenants.api.views import OrgViewSet
 from tenants.models import ApiKey, ApiToken, EndCustomer, Member, Organization, Project
 from tenants.selectors import organizations_for
 
@@ -107,14 +108,13 @@ class WindowStatusSerializer(serializers.Serializer):
 
 class BudgetSerializer(serializers.ModelSerializer):
     amount_usd = UsdField(source="amount_nano")
-    project = OrgRelatedField(org_path="organization", queryset=Project.objects.all(), required=False,
+    project = OrgRelatedField(org_path="organization", by="slug", queryset=Project.objects.all(), required=False,
                               allow_null=True)
     member = OrgRelatedField(org_path="organization", queryset=Member.objects.all(), required=False,
                              allow_null=True)
-    api_key = OrgRelatedField(org_path="organization", queryset=ApiKey.objects.all(), required=False,
+    api_key = OrgRelatedField(org_path="organization", by="name", queryset=ApiKey.objects.all(), required=False,
                               allow_null=True)
-    end_customer = OrgRelatedField(org_path="project__organization", queryset=EndCustomer.objects.all(),
-                                   required=False, allow_null=True)
+    end_customer = EndCustomerRefField(queryset=EndCustomer.objects.all(), required=False, allow_null=True)
     run_id = serializers.CharField(max_length=200, required=False, allow_null=True)
     timezone = serializers.CharField(max_length=64, required=False)
     thresholds = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=1000), required=False,

@@ -10,7 +10,8 @@ from rest_framework import mixins, serializers
 from catalog import services
 from catalog.models import Connection, Model, Route
 from catalog.pricing import nano_to_usd, usd_to_nano
-from tenants.api.views import OrgRelatedField, OrgViewSet
+from tenants.api.refs import OrgRelatedField
+from tenants.api.views import OrgViewSet
 
 MAX_USD = Decimal("4611686018")
 
@@ -95,7 +96,7 @@ class ModelRefField(serializers.CharField):
 
 
 class RouteTargetSerializer(serializers.Serializer):
-    connection = OrgRelatedField(org_path="organization", queryset=Connection.objects.all())
+    connection = OrgRelatedField(org_path="organization", by="name", queryset=Connection.objects.all())
     model = ModelRefField(help_text="provider/model, as in the catalog")
 
 

@@ -7,7 +7,8 @@ from rest_framework import mixins, serializers
 
 from ratelimits import services
 from ratelimits.models import RateLimit
-from tenants.api.views import OrgRelatedField, OrgViewSet
+from tenants.api.refs import EndCustomerRefField, OrgRelatedField
+from tenants.api.views import OrgViewSet
 from tenants.models import ApiKey, EndCustomer, Project
 
 
@@ -15,12 +16,11 @@ class RateLimitSerializer(serializers.ModelSerializer):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True,
                                  help_text="What a refused caller reads (Retry-After comes with it).")
     scope = serializers.ChoiceField(choices=RateLimit.Scope.choices)
-    project = OrgRelatedField(org_path="organization", queryset=Project.objects.all(), required=False,
+    project = OrgRelatedField(org_path="organization", by="slug", queryset=Project.objects.all(), required=False,
                               allow_null=True)
-    api_key = OrgRelatedField(org_path="organization", queryset=ApiKey.objects.all(), required=False,
+    api_key = OrgRelatedField(org_path="organization", by="name", queryset=ApiKey.objects.all(), required=False,
                               allow_null=True)
-    end_customer = OrgRelatedField(org_path="project__organization", queryset=EndCustomer.objects.all(),
-                                   required=False, allow_null=True)
+    end_customer = EndCustomerRefField(queryset=EndCustomer.objects.all(), required=False, allow_null=True)
     requests_per_minute = serializers.IntegerField(min_value=1, max_value=services.MAX_PER_MINUTE, required=False,
                                                    allow_null=True)
     tokens_per_minute = serializers.IntegerField(

@@ -17,6 +17,7 @@ from rest_framework.response import Response
 
 from tenants import services
 from tenants.api.auth import OrgPermission
+from tenants.api.refs import OrgRelatedField
 from tenants.models import ApiKey, ApiToken, EndCustomer, Member, Project
 from tenants.selectors import Access, access_for_token, access_for_user
 
@@ -53,19 +54,6 @@ class OrgViewSet(viewsets.GenericViewSet):
         if not getattr(self, "swagger_fake_view", False) and "org_slug" in self.kwargs:
             context["organization"] = self.organization
         return context
-
-
-class OrgRelatedField(serializers.PrimaryKeyRelatedField):
-    """A primary key that only resolves inside the caller's organization."""
-
-    def __init__(self, *, org_path: str, **kwargs):
-        self.org_path = org_path
-        super().__init__(**kwargs)
-
-    def get_queryset(self):
-        org = self.context.get("organization")
-        qs = super().get_queryset()
-        return qs.filter(**{self.org_path: org}) if org is not None else qs.none()
 
 
 # --- members -------------------------------------------------------------------------------------
@@ -116,7 +104,7 @@ class MemberViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin
 
 
 class KeySerializer(serializers.ModelSerializer):
-    project = OrgRelatedField(org_path="organization", queryset=Project.objects.all())
+    project = OrgRelatedField(org_path="organization", by="slug", queryset=Project.objects.all())
     member = OrgRelatedField(org_path="organization", queryset=Member.objects.all(), required=False,
                              allow_null=True)
     allowed_models = serializers.ListField(child=serializers.CharField(max_length=200), required=False,
@@ -211,7 +199,7 @@ class KeyViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
 
 
 class EndCustomerSerializer(serializers.ModelSerializer):
-    project = OrgRelatedField(org_path="organization", queryset=Project.objects.all())
+    project = OrgRelatedField(org_path="organization", by="slug", queryset=Project.objects.all())
     external_id = serializers.CharField(max_length=200)
 
     class Meta:
