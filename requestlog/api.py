@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework import mixins, serializers
-from rest_framework.pagination import CursorPagination
 
 from catalog.api import UsdField
 from requestlog.filters import RequestLogFilter
@@ -38,19 +37,11 @@ class OrgFilterBackend(DjangoFilterBackend):
         return kwargs
 
 
-class RequestLogPagination(CursorPagination):
-    ordering = ("-at", "-request_id")
-    page_size = 100
-    page_size_query_param = "page_size"
-    max_page_size = 1000
-
-
 class RequestLogViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
     """Every gateway request with its outcome: served, failed upstream, estimated, released
     (from the usage records) and refused, rate limited or rejected before admission."""
 
     serializer_class = RequestLogEntrySerializer
-    pagination_class = RequestLogPagination
     filter_backends = [OrgFilterBackend]
     filterset_class = RequestLogFilter
     lookup_field = "request_id"

@@ -6,7 +6,6 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers
 from rest_framework.decorators import action
-from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 
 from catalog.api import UsdField
@@ -64,13 +63,6 @@ class SummaryResponseSerializer(serializers.Serializer):
     groups = SummaryRowSerializer(many=True)
 
 
-class UsagePagination(CursorPagination):
-    ordering = "-id"
-    page_size = 100
-    page_size_query_param = "page_size"
-    max_page_size = 1000
-
-
 _FILTER_PARAMS = [
     OpenApiParameter("since", OpenApiTypes.DATETIME), OpenApiParameter("until", OpenApiTypes.DATETIME),
     OpenApiParameter("project", OpenApiTypes.INT), OpenApiParameter("api_key", OpenApiTypes.INT),
@@ -82,7 +74,6 @@ _FILTER_PARAMS = [
 @extend_schema_view(list=extend_schema(parameters=_FILTER_PARAMS))
 class UsageViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
     serializer_class = UsageRecordSerializer
-    pagination_class = UsagePagination
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
@@ -90,7 +81,8 @@ class UsageViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin)
         if self.action == "list":
             params = UsageFilterSerializer(data=self.request.query_params)
             params.is_valid(raise_exception=True)
-            return usage_records(organization=self.organization, filters=params.filters())
+            # Newest first, by id: a stable order, so limit/offset pages neither repeat nor skip rows.
+            return usage_records(organization=self.organization, filters=params.filters()).order_by("-id")
         return UsageRecord.objects.filter(organization=self.organization)
 
     @extend_schema(
