@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any, cast
 
@@ -224,3 +225,48 @@ class UsageFilterForm(OrgForm):
         super().__init__(*args, **kwargs)
         self.model_choice("project").queryset = self.organization.projects.order_by("name")
         self.model_choice("api_key").queryset = self.organization.api_keys.order_by("name")
+
+
+class ChartForm(forms.Form):
+    """The charts page's range (a preset ending now, or whole UTC days) and grouping."""
+
+    RANGES = {"day": timedelta(hours=24), "week": timedelta(days=7), "month": timedelta(days=30)}
+    MAX_DAYS = 366  # a custom range is drawn in days: a year is 366 bars at most
+
+    range = forms.ChoiceField(required=False, choices=[
+        ("day", "last 24 hours"), ("week", "last 7 days"), ("month", "last 30 days"), ("custom", "custom")])
+    start = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}), help_text="custom, UTC")
+    end = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}), help_text="inclusive")
+    by = forms.ChoiceField(required=False, label="Group by", choices=[
+        ("project", "project"), ("key", "key"), ("model", "model"), ("customer", "customer")])
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        data["range"] = data.get("range") or "week"
+        data["by"] = data.get("by") or "project"
+        if data["range"] == "custom":
+            start, end = data.get("start"), data.get("end")
+            if start is None or end is None:
+                raise forms.ValidationError("A custom range needs a start and an end date.")
+            if end < start:
+                self.add_error("end", "The end is before the start.")
+            elif (end - start).days + 1 > self.MAX_DAYS:
+                self.add_error("end", f"At most {self.MAX_DAYS} days.")
+        return data
+
+    def window(self, now: datetime) -> tuple[datetime, str, list[datetime]]:
+        """(since, bucket, bucket starts) of a valid form: the last 24 hours by hour, 7 or 30
+        days by day (today included), or the custom days (by hour when it is a single day)."""
+        d = self.cleaned_data
+        if d["range"] == "day":
+            until = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+            return until - self.RANGES["day"], "hour", [until - timedelta(hours=24 - i) for i in range(24)]
+        if d["range"] == "custom":
+            since = datetime.combine(d["start"], time.min, tzinfo=UTC)
+            days = (d["end"] - d["start"]).days + 1
+        else:
+            days = self.RANGES[d["range"]].days
+            since = datetime.combine(now.astimezone(UTC).date(), time.min, tzinfo=UTC) - timedelta(days=days - 1)
+        if days == 1:
+            return since, "hour", [since + timedelta(hours=i) for i in range(24)]
+        return since, "day", [since + timedelta(days=i) for i in range(days)]

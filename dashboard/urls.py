@@ -3,6 +3,7 @@ from django.urls import path
 from dashboard.views import (
     alerting,
     catalog,
+    charts,
     live,
     manage,
     org,
@@ -49,6 +50,7 @@ urlpatterns = [
     path(ORG + "prices/<int:pk>/", catalog.price_edit, name="price_edit"),
     path(ORG + "tokens/", org.tokens, name="tokens"),
     path(ORG + "tokens/<int:pk>/revoke/", org.token_revoke, name="token_revoke"),
+    path(ORG + "charts/", charts.charts, name="charts"),
     path(ORG + "usage/", records.usage, name="usage"),
     path(ORG + "usage.csv", records.usage_csv, name="usage_csv"),
     path(ORG + "requests/", requests.requests, name="requests"),

@@ -4,11 +4,11 @@ customer, and the daily series the dashboard charts."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import cast
 
 from django.db.models import Count, F, OuterRef, QuerySet, Subquery, Sum
-from django.db.models.functions import TruncDay
+from django.db.models.functions import TruncDay, TruncHour
 
 from tenants.models import ApiKey, Organization
 from usage.models import AlertEvent, UsageRecord
@@ -93,3 +93,21 @@ def daily_spend(*, organization: Organization, since: datetime, group_by: str) -
     )
     return [(r["day"].date(), None if r["group"] is None else str(r["group"]), r["cost"] or 0) for r in rows]
 
+
+
+SERIES_BUCKETS = {"hour": TruncHour, "day": TruncDay}
+
+
+def usage_series(*, organization: Organization, since: datetime, until: datetime, bucket: str,
+                 group_field: str) -> list[tuple[datetime, str | None, int, int]]:
+    """[(bucket start, group, cost_nano, tokens)] of usage admitted in [since, until), in UTC
+    hours or days, grouped by `group_field` (e.g. "project__slug"): one grouped query."""
+    rows = (
+        UsageRecord.objects.filter(organization=organization, admitted_at__gte=since, admitted_at__lt=until)
+        .annotate(bucket=SERIES_BUCKETS[bucket]("admitted_at", tzinfo=UTC), group=F(group_field))
+        .values("bucket", "group")
+        .annotate(cost=Sum("cost_nano"), tokens=Sum(F("input_tokens") + F("output_tokens")))
+        .order_by("bucket")
+    )
+    return [(r["bucket"], None if r["group"] is None else str(r["group"]), r["cost"] or 0, r["tokens"] or 0)
+            for r in rows]

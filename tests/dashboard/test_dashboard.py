@@ -46,6 +46,7 @@ def pages(o: Org) -> list[tuple[str, str]]:
         ("post", u("connection_delete", o.connection.id)),
         ("get", u("tokens")), ("post", u("tokens")),
         ("get", u("usage")), ("get", u("usage_csv")), ("get", u("alerts")), ("get", u("audit")),
+        ("get", u("charts")),
     ]
 
 
