@@ -206,7 +206,45 @@ def update_project(*, project: Project, actor: Actor, **fields: Any) -> dict[str
     return save_changes(obj=project, organization=project.organization, actor=actor, fields=fields)
 
 
+# A deletion races the gateway: an admission inserting a reservation that names the subject takes
+# a KEY SHARE lock on its row, and Django's delete collects the rows to SET NULL before deleting.
+# Locking the subject rows first (FOR UPDATE) makes new admissions wait and then find it gone (503,
+# nothing reserved); one that was already inserting finishes first and is collected. A deadlock
+# with an admission holding the subject's budget windows aborts one side; the deletion retries.
+DELETE_ATTEMPTS = 5
+LOCK_SUBJECTS_FOR_DELETE = True  # guard point: tests switch it off to show the race
+
+
+def _deleting(fn):
+    """Run a subject deletion in its own transaction, retried when a concurrent admission
+    deadlocks it or slips a reference in."""
+    import functools
+
+    from django.db import IntegrityError, OperationalError
+
+    @functools.wraps(fn)
+    def run(**kwargs):
+        for attempt in range(DELETE_ATTEMPTS):
+            try:
+                with transaction.atomic():
+                    return fn(**kwargs)
+            except (IntegrityError, OperationalError):
+                if attempt == DELETE_ATTEMPTS - 1:
+                    raise
+        return None
+    return run
+
+
+def _lock_for_delete(model: type[models.Model], pks: Iterable[int]) -> None:
+    if LOCK_SUBJECTS_FOR_DELETE:
+        list(model._default_manager.select_for_update().filter(pk__in=list(pks)).order_by("pk").values_list("pk", flat=True))
+
+
+@_deleting
 def delete_project(*, project: Project, actor: Actor) -> None:
+    _lock_for_delete(Project, [project.pk])
+    _lock_for_delete(ApiKey, project.api_keys.values_list("pk", flat=True))
+    _lock_for_delete(EndCustomer, project.end_customers.values_list("pk", flat=True))
     with transaction.atomic():
         freeze_subject_name(organization_id=project.organization_id, name="project", pk=project.pk, label=str(project))
         for key in project.api_keys.all():  # deleted with the project
@@ -268,6 +306,7 @@ def change_member_role(*, member: Member, role: str, actor: Actor) -> dict[str, 
         return save_changes(obj=member, organization=member.organization, actor=actor, fields={"role": role})
 
 
+@_deleting
 def remove_member(*, member: Member, actor: Actor) -> None:
     """Remove a member, in one audited transaction:
     1. keep an owner; 2. revoke every key the member holds (each revocation audited): a removed
@@ -275,6 +314,7 @@ def remove_member(*, member: Member, actor: Actor) -> None:
     spend history stays attributed after the reference goes; 4. delete the membership."""
     with transaction.atomic():
         _lock_owner_change(member=member, new_role=None, actor=actor)
+        _lock_for_delete(Member, [member.pk])
         for key in ApiKey.objects.select_for_update().filter(member=member, revoked_at__isnull=True).order_by("id"):
             revoke_key(key=key, actor=actor)
         freeze_subject_name(organization_id=member.organization_id, name="member", pk=member.pk, label=str(member))
@@ -428,8 +468,10 @@ def create_end_customer(*, project: Project, external_id: str, actor: Actor) -> 
     return customer
 
 
+@_deleting
 def delete_end_customer(*, customer: EndCustomer, actor: Actor) -> None:
     org = customer.project.organization
+    _lock_for_delete(EndCustomer, [customer.pk])
     with transaction.atomic():
         freeze_subject_name(organization_id=org.id, name="end_customer", pk=customer.pk, label=str(customer))
         audit(organization=org, actor=actor, action="delete", obj=customer)
