@@ -1,4 +1,5 @@
 import os
+from typing import Any
 
 from django.conf import settings
 from django.core.asgi import get_asgi_application
@@ -13,4 +14,9 @@ if settings.DEBUG:  # development: serve the dashboard's static files without a 
 
 from gateway.app import CapgateASGI  # noqa: E402  (needs Django set up first)
 
-application = CapgateASGI(django_application)
+application: Any = CapgateASGI(django_application)  # or wrapped for traces, below
+
+if settings.CAPGATE["OTEL_ENABLED"]:  # off by default: OpenTelemetry is then never imported
+    from config.tracing import traced
+
+    application = traced(application)

@@ -296,4 +296,7 @@ CAPGATE = {
     "METRICS_TOKEN": env("CAPGATE_METRICS_TOKEN", default=""),
     # Alert webhooks: how long to wait for the receiver, and attempts before a delivery fails.
     "WEBHOOK_TIMEOUT": env.float("CAPGATE_WEBHOOK_TIMEOUT", default=10.0),
+    # OpenTelemetry traces of every HTTP request (config/tracing.py), exported over OTLP to the
+    # standard OTEL_EXPORTER_OTLP_* endpoint. Off: nothing of OpenTelemetry is even imported.
+    "OTEL_ENABLED": env.bool("CAPGATE_OTEL_ENABLED", default=False),
 }
