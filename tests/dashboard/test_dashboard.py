@@ -3,17 +3,25 @@ secrets are shown once or never; CSV streams."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import re
+import warnings
 
 import pytest
+from asgiref.sync import async_to_sync
+from django.conf import settings
 from django.core import mail
+from django.core.handlers.asgi import ASGIHandler
+from django.core.signals import request_finished, request_started
+from django.db import close_old_connections
 from django.test import Client
 from django.urls import reverse
 
 from budgets.models import Budget
 from catalog.models import Connection
+from dashboard.views import records
 from tenants.models import ApiKey, ApiToken, AuditLogEntry, EndCustomer, Member, Project, hash_key
 from tests.api.conftest import Org
 
@@ -230,11 +238,70 @@ def test_usage_filters_and_streamed_csv(org_a: Org, org_b: Org):
     r = c.get(reverse("dashboard:usage", args=[org_a.slug]), {"end_customer": "cust-1"})
     page = r.content.decode()
     assert "acme-u1" in page and "acme-u0" not in page and "$0.0025" in page
-    r = c.get(reverse("dashboard:usage_csv", args=[org_a.slug]))
-    assert r.streaming and r["Content-Type"] == "text/csv"
-    rows = list(csv.DictReader(io.StringIO(b"".join(r.streaming_content).decode())))
+    status, headers, chunks, _ = asgi_get(org_a.owner, reverse("dashboard:usage_csv", args=[org_a.slug]))
+    assert status == 200 and headers[b"content-type"] == b"text/csv", headers
+    rows = list(csv.DictReader(io.StringIO(b"".join(chunks).decode())))
+    assert list(rows[0]) == records.CSV_COLUMNS
     assert {row["request_id"] for row in rows} == {"acme-u0", "acme-u1"}  # never globex's
     assert sorted(row["cost_usd"] for row in rows) == ["0.001", "0.0025"]
+
+
+def asgi_get(user, path: str, on_chunk=None) -> tuple[int, dict[bytes, bytes], list[bytes], list[str]]:
+    """GET `path` as `user` through Django's real ASGI handler: (status, headers, the body as the
+    chunks it was sent in, warnings raised meanwhile). `on_chunk` runs as each chunk is sent."""
+    cookie = browser(user).cookies[settings.SESSION_COOKIE_NAME].value
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"testserver"), (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode())],
+             "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
+    sent: list[dict] = []
+
+    requested = False
+
+    async def receive():
+        nonlocal requested
+        if requested:  # the client stays connected: Django's disconnect listener waits here
+            await asyncio.Event().wait()
+        requested = True
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        if message["type"] == "http.response.body" and message.get("body") and on_chunk:
+            on_chunk(message["body"])
+        sent.append(message)
+
+    # As Django's test client does: the test's connection (and its transaction) must stay open.
+    request_started.disconnect(close_old_connections)
+    request_finished.disconnect(close_old_connections)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            async_to_sync(ASGIHandler())(scope, receive, send)
+    finally:
+        request_started.connect(close_old_connections)
+        request_finished.connect(close_old_connections)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    chunks = [m["body"] for m in sent if m["type"] == "http.response.body" and m.get("body")]
+    return start["status"], {k.lower(): v for k, v in start["headers"]}, chunks, [str(w.message) for w in caught]
+
+
+@pytest.mark.django_db
+def test_usage_csv_is_streamed_row_by_row_under_asgi(org_a: Org, org_b: Org, monkeypatch):
+    # given: a hook counting rows formatted so far (three amounts per row)
+    formatted: list[int] = []
+    real = records.nano_to_usd
+    monkeypatch.setattr(records, "nano_to_usd", lambda n: formatted.append(n) or real(n))
+    amounts_when_sent: list[int] = []
+    # when: the export is fetched through the ASGI handler
+    status, _, chunks, caught = asgi_get(org_a.owner, reverse("dashboard:usage_csv", args=[org_a.slug]),
+                                         on_chunk=lambda _: amounts_when_sent.append(len(formatted)))
+    # then: header and each row are separate chunks, each sent before the next row was read
+    # (a sync iterator would be read whole first: [6, 6, 6], with Django's warning)
+    assert status == 200 and len(chunks) == 3
+    assert amounts_when_sent == [0, 3, 6]
+    assert not [w for w in caught if "synchronous iterators" in w]
+    # and an outsider gets 404 through the same handler
+    assert asgi_get(org_b.owner, reverse("dashboard:usage_csv", args=[org_a.slug]))[0] == 404
 
 
 @pytest.mark.django_db
