@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import re
+import time
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -20,6 +22,7 @@ from gateway.errors import GatewayError, render
 from gateway.estimate import parse_json
 from gateway.http import ClientGone, Request
 from gateway.service import authenticate, list_models
+from requestlog import buffer as request_log
 
 log = logging.getLogger("capgate.gateway")
 _RESERVATION = re.compile(r"^/v1/reservations/([^/]+)/(settle|release)$")
@@ -48,11 +51,7 @@ async def handle(req: Request) -> None:
             return await req.json(200, {"object": "list", "data": [
                 {"id": n, "object": "model", "created": 0, "owned_by": key.organization.slug} for n in names]})
         if path == "/v1/reservations" and req.method == "POST":
-            body = parse_json(await req.body(settings.CAPGATE["MAX_BODY_BYTES"]))
-            bg = runtime.background
-            status, data = await runtime.db(reservations.create, raw_key=req.api_key(), body=body,
-                                            headers=req.headers, owner_id=bg.instance_id if bg else None)
-            return await req.json(status, data)
+            return await _reserve(req)
         match = _RESERVATION.match(path)
         if match and req.method == "POST":
             raw = await req.body(settings.CAPGATE["MAX_BODY_BYTES"])
@@ -77,6 +76,51 @@ async def handle(req: Request) -> None:
     except DatabaseError:
         log.exception("gateway: database unavailable")
         return await _error(req, BudgetUnavailable("The database is unavailable; nothing was reserved."), "openai")
+
+
+@dataclass
+class _Answered:
+    """A request answered outside ProxyCall, as the request log's note() reads it."""
+
+    req: Request
+    kind: str
+    request_id: str = field(default_factory=proxy.new_request_id)
+    started: float = field(default_factory=time.monotonic)
+    prepared: object | None = None  # the reservation API's admitted requests have their usage record
+    model_name: str = ""
+
+
+async def _reserve(req: Request) -> None:
+    """POST /v1/reservations. Its refusals (402, 429) and other errors once the key is known go
+    to the request log like the proxy's: noted in memory only (requestlog/buffer.py), so the
+    admission path gains no write; the answer carries the id they are logged under."""
+    call = _Answered(req, "reservations")
+    try:
+        body: dict = parse_json(await req.body(settings.CAPGATE["MAX_BODY_BYTES"]))
+        call.model_name = str(body.get("model") or "") if isinstance(body, dict) else ""
+        bg = runtime.background
+        status, data = await runtime.db(reservations.create, raw_key=req.api_key(), body=body,
+                                        headers=req.headers, owner_id=bg.instance_id if bg else None)
+    except ClientGone:
+        return
+    except CapgateError as exc:
+        if isinstance(exc, BudgetExceeded):
+            h = req.headers
+            proxy._note_refusal(exc, tipped_by={
+                "request_id": call.request_id, "key": (req.api_key() or "")[:12],
+                "customer": h.get("x-capgate-customer", ""), "run": h.get("x-capgate-run", ""),
+                "model": call.model_name[:200]})
+        return await _logged_error(call, exc)
+    except DatabaseError:
+        log.exception("gateway: database unavailable")
+        return await _logged_error(call, BudgetUnavailable("The database is unavailable; nothing was reserved."))
+    await req.json(status, data)
+
+
+async def _logged_error(call: _Answered, exc: CapgateError) -> None:
+    request_log.note(call, exc)
+    status, headers, body = render(exc, flavor="openai")
+    await call.req.respond(status, body, [*headers, (b"x-capgate-request-id", call.request_id.encode())])
 
 
 class InternalError(GatewayError):

@@ -219,3 +219,40 @@ def test_concurrent_notes_and_takes_lose_nothing_under_the_bound():
     t.join()
     assert sorted(seen) == sorted(f"r{i}" for i in range(2000)) and b.dropped == 0
     connection.close()
+
+
+def test_reservation_api_refusals_are_logged_off_the_admission_path(gateway, wired):
+    """POST /v1/reservations: a 402 and a 400 get their rows under the id the answer names,
+    written by the batch (with the log's table locked, the 402 still comes back at once); an
+    admitted reservation is not noted (its usage record will be its row)."""
+    # given: a $0.10 cap, and the refusal table locked by another transaction
+    budget = wired.budget(amount="0.10")
+    headers = {**AUTH, "x-capgate-customer": "acme-c1", "x-capgate-run": "job-3"}
+    locker = connections.create_connection("default")
+    locker.set_autocommit(False)
+    with locker.cursor() as cursor:
+        cursor.execute("LOCK TABLE requestlog_refusal IN ACCESS EXCLUSIVE MODE")
+    try:
+        # when: one over the cap, one malformed, one that fits
+        started = time.monotonic()
+        refused = httpx.post(gateway.url + "/v1/reservations", headers=headers, timeout=10,
+                             json={"model": "echo-1", "amount_usd": "0.20", "request_id": "job-3-a"})
+        answered_in = time.monotonic() - started
+        bad = httpx.post(gateway.url + "/v1/reservations", json={"amount_usd": "lots"}, headers=AUTH, timeout=10)
+        admitted = httpx.post(gateway.url + "/v1/reservations", json={"amount_usd": "0.01"}, headers=AUTH, timeout=10)
+        # then: answered without waiting on the table
+        assert (refused.status_code, bad.status_code, admitted.status_code) == (402, 400, 201)
+        assert answered_in < 2
+    finally:
+        locker.rollback()
+        locker.close()
+    ids = [refused.headers["x-capgate-request-id"], bad.headers["x-capgate-request-id"]]
+    rows = wait_logged(ids)
+    row = rows[ids[0]]
+    assert (row.status, row.code, row.http_status, row.budget_id) == ("refused", "organization_budget", 402, budget.id)
+    assert row.reserved_nano == 200_000_000 and row.model == "echo-1" and row.run_id == "job-3"
+    assert (row.api_key_id, row.end_customer.external_id) == (wired.key.id, "acme-c1")
+    assert (rows[ids[1]].status, rows[ids[1]].code, rows[ids[1]].http_status) == ("rejected", "invalid_request", 400)
+    assert Refusal.objects.get(request_id=ids[0]).endpoint == "reservations"
+    time.sleep(buffer_flush_seconds() * 2)
+    assert Refusal.objects.count() == 2  # the admitted reservation was not noted
