@@ -46,10 +46,9 @@ from usage.recording import Outcome
 log = logging.getLogger("capgate.gateway")
 NOT_BILLED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
-# Several independent pools instead of one: httpcore's pool does per-request bookkeeping over
-# every connection it holds, which at hundreds of concurrent upstream calls dominated the event
-# loop (docs/performance.md). Requests are spread round-robin; each pool reuses its connections.
-# Each shard dials only allowed addresses and takes the caller's capacity slot (gateway/upstream.py).
+# The upstream client(s), per process: upstream.CLIENT_SHARDS pools spread round-robin (one
+# aiohttp pool since httpcore's per-request pool bookkeeping was replaced, docs/performance.md).
+# Each dials only allowed addresses and takes the caller's capacity slot (gateway/upstream.py).
 _clients: list[httpx.AsyncClient] = []
 _next_client = itertools.count()
 

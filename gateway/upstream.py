@@ -14,6 +14,7 @@ upstream capacity one tenant may hold (docs/security.md, "Upstream destinations/
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 import ssl
 import threading
@@ -21,23 +22,25 @@ import time
 import typing
 from collections.abc import AsyncIterator, Callable, Iterable
 
-import httpcore
+import aiohttp
+import aiohttp.abc
 import httpx
 from django.conf import settings
+from httpx_aiohttp import AiohttpTransport
 
 from catalog.destinations import allowed_networks, refusal_reason
 from config.errors import CapgateError
 
-CLIENT_SHARDS = 8
+CLIENT_SHARDS = 1  # one aiohttp pool per process; httpcore needed several (see GuardedTransport)
 EXTENSION = "capgate"  # request extension carrying (organization_id, connection_id)
 
 
 # --- destinations ------------------------------------------------------------------------------
 
 
-class DestinationRefused(httpcore.ConnectError):
+class DestinationRefused(httpx.ConnectError):
     """The upstream host resolves to an address tenants may not reach. Raised before any socket
-    is opened, so nothing was sent: httpx reports it as a ConnectError (not billed)."""
+    is opened, so nothing was sent: a ConnectError (not billed)."""
 
 
 async def system_resolve(host: str, port: int) -> list[str]:
@@ -67,39 +70,41 @@ def check_addresses(host: str, addresses: Iterable[str]) -> list[str]:
     return addresses
 
 
-class GuardedBackend(httpcore.AsyncNetworkBackend):
-    """httpcore's network backend, resolving and checking the host itself and dialling the
-    checked address (TLS still verifies the original host name: httpcore passes it as SNI)."""
+def _family(address: str) -> int:
+    return socket.AF_INET6 if ":" in address else socket.AF_INET
 
-    def __init__(self, inner: httpcore.AsyncNetworkBackend | None = None):
-        self.inner = inner or httpcore.AnyIOBackend()
 
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
-                          local_address: str | None = None,
-                          socket_options: Iterable[typing.Any] | None = None) -> httpcore.AsyncNetworkStream:
+class GuardedResolver(aiohttp.abc.AbstractResolver):
+    """aiohttp's resolver for upstream connections: resolves the host itself, checks every
+    address, and hands aiohttp only checked addresses to dial (TLS still verifies the original
+    host name: aiohttp passes it as SNI). IP literals never reach a resolver in aiohttp, so
+    GuardedTransport checks those before sending."""
+
+    async def resolve(self, host: str, port: int = 0,
+                      family: socket.AddressFamily = socket.AF_INET) -> list[aiohttp.abc.ResolveResult]:
         try:
-            async with asyncio.timeout(timeout):
-                addresses = check_addresses(host, await resolve(host, port))
+            async with asyncio.timeout(settings.CAPGATE["UPSTREAM_CONNECT_TIMEOUT"]):
+                found = await resolve(host, port)  # the module attribute, looked up at each connect
         except TimeoutError:
-            raise httpcore.ConnectTimeout(f"resolving {host} timed out") from None
-        except OSError as exc:
-            raise httpcore.ConnectError(f"resolving {host} failed: {exc}") from None
-        last: Exception | None = None
-        for address in addresses:
-            try:
-                return await self.inner.connect_tcp(address, port, timeout=timeout, local_address=local_address,
-                                                    socket_options=socket_options)
-            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
-                last = exc
-        assert last is not None
-        raise last
+            raise DestinationUnreachable(f"resolving {host} timed out") from None
+        return [{"hostname": host, "host": address, "port": port, "family": _family(address), "proto": 0,
+                 "flags": socket.AI_NUMERICHOST} for address in check_addresses(host, found)]
 
-    async def connect_unix_socket(self, path: str, timeout: float | None = None,
-                                  socket_options: Iterable[typing.Any] | None = None) -> httpcore.AsyncNetworkStream:
-        raise DestinationRefused("unix sockets are not an upstream destination")
+    async def close(self) -> None:
+        pass
 
-    async def sleep(self, seconds: float) -> None:
-        await self.inner.sleep(seconds)
+
+class DestinationUnreachable(OSError):
+    """Resolution failed or timed out: aiohttp reports it as a connect (DNS) error, not billed."""
+
+
+def _check_literal(host: str) -> None:
+    """aiohttp dials an IP literal without asking the resolver: check it here, before sending."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return
+    check_addresses(host, [host])
 
 
 # --- capacity ----------------------------------------------------------------------------------
@@ -183,8 +188,11 @@ class _Releasing(httpx.AsyncByteStream):
         self.release = release
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self.inner:
-            yield chunk
+        try:
+            async for chunk in self.inner:
+                yield chunk
+        except httpx.TransportError as exc:
+            raise _mapped(exc) from exc
 
     async def aclose(self) -> None:
         try:
@@ -193,18 +201,52 @@ class _Releasing(httpx.AsyncByteStream):
             self.release()
 
 
-class GuardedTransport(httpx.AsyncHTTPTransport):
-    """httpx's transport over a GuardedBackend, taking the caller's capacity slot for the
-    life of each response and bounding the wait for its first byte."""
+def _mapped(exc: httpx.TransportError) -> httpx.TransportError:
+    """The error as capgate bills it: only failures known to be before the request was sent
+    are connect errors (not billed). httpx-aiohttp maps every aiohttp ClientConnectionError,
+    including a server that dropped the connection after reading the request, to ConnectTimeout;
+    that would release a call the provider may have billed, so we map from aiohttp's own error."""
+    cause = exc.__cause__
+    if isinstance(exc, DestinationRefused) or cause is None or not isinstance(cause, aiohttp.ClientError):
+        return exc
+    refused = getattr(cause, "os_error", None)
+    if isinstance(refused, DestinationRefused):
+        return refused
+    message = str(cause) or type(cause).__name__
+    if isinstance(cause, aiohttp.ClientConnectorError):  # DNS, refused, TLS handshake: nothing sent
+        return httpx.ConnectError(message)
+    if isinstance(cause, aiohttp.ConnectionTimeoutError):  # pool wait or connect
+        return httpx.ConnectTimeout(message)
+    if isinstance(cause, aiohttp.SocketTimeoutError):
+        return httpx.ReadTimeout(message)
+    if isinstance(cause, aiohttp.InvalidURL):
+        return httpx.UnsupportedProtocol(message)
+    return httpx.ReadError(message)  # after the request may have gone out: unknown outcome
 
-    def __init__(self, *, limits: httpx.Limits, ssl_context: ssl.SSLContext,
-                 backend: httpcore.AsyncNetworkBackend | None = None):
-        super().__init__(verify=ssl_context, limits=limits, trust_env=False)
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=ssl_context, max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
-            network_backend=backend or GuardedBackend(),
-        )
+
+class GuardedTransport(httpx.AsyncBaseTransport):
+    """httpx's API over aiohttp's connection pool (httpx-aiohttp, as the official SDKs offer):
+    dials only checked addresses, takes the caller's capacity slot for the life of each
+    response and bounds the wait for its first byte. httpcore's pool did per-request
+    bookkeeping over every connection it held, which dominated the event loop at concurrency
+    (docs/performance.md)."""
+
+    def __init__(self, *, limits: httpx.Limits, ssl_context: ssl.SSLContext):
+        self.limits = limits
+        self.ssl_context = ssl_context
+        self._inner = AiohttpTransport(client=self._session, limits=limits, trust_env=False)
+
+    def _session(self) -> aiohttp.ClientSession:
+        # Created on the first call, inside the event loop that uses it. No DNS cache: every
+        # connect resolves and checks again. Environment proxies ignored (trust_env=False).
+        connector = aiohttp.TCPConnector(
+            limit=self.limits.max_connections or 0, limit_per_host=0, use_dns_cache=False,
+            resolver=GuardedResolver(), ssl=self.ssl_context,
+            keepalive_timeout=self.limits.keepalive_expiry or 15.0)
+        return aiohttp.ClientSession(connector=connector, trust_env=False, auto_decompress=False)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         owner = request.extensions.get(EXTENSION)
@@ -221,8 +263,12 @@ class GuardedTransport(httpx.AsyncHTTPTransport):
         first_byte = settings.CAPGATE["UPSTREAM_FIRST_BYTE_TIMEOUT"]
         sent = time.monotonic()
         try:
+            _check_literal(request.url.host)
             async with asyncio.timeout(first_byte):
-                response = await super().handle_async_request(request)
+                try:
+                    response = await self._inner.handle_async_request(request)
+                except httpx.TransportError as exc:
+                    raise _mapped(exc) from exc
         except TimeoutError:
             release()
             timeout = httpx.ReadTimeout(f"no response within the first-byte timeout ({first_byte:g} s)",
