@@ -30,7 +30,12 @@ start() {  # name, command...
   nohup "$@" >"var/log/$name.log" 2>&1 &
   echo $! >"var/run/$name.pid"
 }
-start gateway .venv/bin/uvicorn config.asgi:application --host 127.0.0.1 --port "$PORT" --no-access-log
+# One uvicorn worker per core by default (CAPGATE_WEB_WORKERS overrides): a process's event
+# loop and its admission Python share one GIL. Each worker is a full gateway process with its
+# own pools, slots, drain and heartbeat; size them together (docs/operations.md, "Workers").
+WORKERS="${CAPGATE_WEB_WORKERS:-$(nproc)}"
+start gateway .venv/bin/uvicorn config.asgi:application --host 127.0.0.1 --port "$PORT" --no-access-log \
+  --workers "$WORKERS"
 start worker .venv/bin/celery -A config worker --loglevel info --concurrency 2
 start beat .venv/bin/celery -A config beat --loglevel info --schedule var/run/celerybeat-schedule
 
