@@ -11,6 +11,6 @@ eval "$(bash scripts/services.sh env | sed 's/^/export /')"
 .venv/bin/mypy .
 # The one-way import rule between apps ([tool.importlinter] in pyproject.toml); uncached: it takes
 # well under a second and leaves no cache directory behind.
-.venv/bin/lint-imports --no-cache
+.venv/bin/lint-imports --no-cache --no-logo
 .venv/bin/python manage.py makemigrations --check --dry-run >/dev/null
 exec .venv/bin/python -m pytest "$@"
