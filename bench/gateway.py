@@ -35,7 +35,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 PY = str(ROOT / ".venv" / "bin" / "python")
 DB = "capgate_bench_gw"
-UP_PORT, GW_PORT = 18201, 18200
+UP_PORT, GW_PORT, REF_PORT = 18201, 18200, 18202
 KEY = "cg_bench_key_0000000000000000"
 BURST_KEY = "cg_bench_burst_key_00000000000"  # its own organization: a clean $1 cap
 BODY = {"model": "bench-up", "messages": [{"role": "user", "content": "Say hello in one word."}], "max_tokens": 64}
@@ -171,9 +171,57 @@ def latency_table(seconds: int) -> list[str]:
     return rows
 
 
-def burst(n: int = 500) -> list[str]:
-    """The capped burst: n requests at once (half streams) against a fresh organization's $1 cap."""
+def reference_table(seconds: int) -> list[str]:
+    """Issue 12's comparison: the cap-less reference proxy (uvicorn + aiohttp client, no database)
+    vs capgate with one hot blocking ceiling (every request admitted against the bench
+    organization's one blocking cap), same static upstream answering at once, JSON."""
+    httpx.post(f"http://127.0.0.1:{UP_PORT}/_control", json={"delay_ms": 0})
+    rows = ["| system (1 process) | c=1 req/s | c=1 p50 ms | c=50 req/s | c=50 p50 ms | c=50 p99 ms | errors | non-2xx |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    cells = {}
+    for label, port in (("cap-less reference: uvicorn + aiohttp client", REF_PORT),
+                        ("capgate, one hot blocking ceiling", GW_PORT)):
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        wrk(url, BODY, 10, 2)  # warm up pools and code paths
+        one, fifty = wrk(url, BODY, 1, seconds), wrk(url, BODY, 50, seconds)
+        cells[port] = (one, fifty)
+        rows.append(f"| {label} | {one['rps']:.0f} | {one['p50']/1000:.2f} | {fifty['rps']:.0f} | "
+                    f"{fifty['p50']/1000:.1f} | {fifty['p99']/1000:.1f} | {one['errors'] + fifty['errors']} | "
+                    f"{one['non2xx'] + fifty['non2xx']} |")
+        print(rows[-1], flush=True)
+    httpx.post(f"http://127.0.0.1:{UP_PORT}/_control", json={"delay_ms": 50})
+    (ref1, ref50), (cg1, cg50) = cells[REF_PORT], cells[GW_PORT]
+    added = (cg1["p50"] - ref1["p50"]) / 1000
+    share = cg50["rps"] / ref50["rps"]
+    rows += ["", "| target (issue 12) | result | met? |", "|---|---|---|",
+             f"| c=50: capgate ≥ 40 % of the reference's req/s | {cg50['rps']:.0f} / {ref50['rps']:.0f} = {share:.0%} | "
+             f"{'yes' if share >= 0.4 else '**no**'} |",
+             f"| c=1: capgate's added p50 ≤ 2 ms | {cg1['p50']/1000:.2f} − {ref1['p50']/1000:.2f} = {added:.2f} ms | "
+             f"{'yes' if added <= 2 else '**no**'} |"]
+    return rows
+
+
+def burst_cap(calls: int) -> int:
+    """A cap worth `calls` calls: that many times the worst case one burst request reserves
+    (read from a probe call's usage record on the bench organization, same body and model)."""
+    headers = {"authorization": f"Bearer {KEY}"}
+    httpx.post(f"http://127.0.0.1:{GW_PORT}/v1/chat/completions", json={**BODY, "model": "bench-echo"},
+               headers=headers, timeout=30).raise_for_status()
+    time.sleep(0.5)
+    worst = int(manage("shell", "-c", """
+from usage.models import UsageRecord as U
+print(U.objects.filter(organization__slug="bench").order_by("-id").values_list("reserved_nano", flat=True)[0])
+""").strip().splitlines()[-1])
+    manage("shell", "-c", f"from budgets.models import Budget; "
+                          f"Budget.objects.filter(organization__slug='burst').update(amount_nano={worst * calls})")
+    return worst
+
+
+def burst(n: int = 500, calls: int = 100) -> list[str]:
+    """The capped burst: n requests at once (half streams) against a fresh organization's cap
+    worth `calls` calls."""
     url = f"http://127.0.0.1:{GW_PORT}/v1/chat/completions"
+    worst = burst_cap(calls)
 
     async def one(client: httpx.AsyncClient, i: int) -> tuple[int, float]:
         t = time.perf_counter()
@@ -207,12 +255,19 @@ print(json.dumps(dict(spent=w.spent_nano, reserved=w.reserved_nano, cap=w.budget
     p95 = lat[int(len(lat) * 0.95) - 1]
     ok = (check["spent"] <= check["cap"] + check["excess"] and check["records"] == codes.count(200)
           and check["reservations"] == 0 and set(codes) <= {200, 402})
+    overshoot = max(0, check["spent"] - check["cap"])
     return [
-        "| requests | served | refused 402 | other | wall s | p50 ms | p95 ms | recorded spend | cap | records | reservations left | four properties |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"Cap ${check['cap']/1e9:.4f} = {calls} × the worst case one request reserves (${worst/1e9:.6f}); "
+        "overshoot = recorded spend above the cap.",
+        "",
+        "| requests | served | refused 402 | other | wall s | p50 ms | p95 ms | recorded spend | cap | overshoot | records | reservations left | four properties |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         f"| {n} | {codes.count(200)} | {codes.count(402)} | {len(codes) - codes.count(200) - codes.count(402)} | {wall:.2f} | "
-        f"{statistics.median(lat)*1000:.0f} | {p95*1000:.0f} | ${check['spent']/1e9:.4f} | ${check['cap']/1e9:.2f} | "
-        f"{check['records']} | {check['reservations']} | {'hold' if ok else 'FAIL'} |",
+        f"{statistics.median(lat)*1000:.0f} | {p95*1000:.0f} | ${check['spent']/1e9:.4f} | ${check['cap']/1e9:.4f} | "
+        f"${overshoot/1e9:.4f} | {check['records']} | {check['reservations']} | {'hold' if ok else 'FAIL'} |",
+        "",
+        f"| target (issue 12) | result | met? |\n|---|---|---|\n| burst p95 ≤ 1.5 s with 0 overshoot | p95 {p95:.2f} s, "
+        f"overshoot ${overshoot/1e9:.4f} | {'yes' if p95 <= 1.5 and overshoot == 0 else '**no**'} |",
     ]
 
 
@@ -281,6 +336,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=8, help="wrk duration per cell")
     parser.add_argument("--skip-latency", action="store_true")
+    parser.add_argument("--only-reference", action="store_true",
+                        help="only the reference comparison and the capped burst (issue 12)")
     args = parser.parse_args()
     if not shutil.which("wrk"):
         subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], check=True)
@@ -289,23 +346,33 @@ def main() -> None:
     upstream = Proc("upstream", [PY, "-m", "tests.upstream.server", "--port", str(UP_PORT)])
     gateway = Proc("gateway", [str(ROOT / ".venv/bin/uvicorn"), "config.asgi:application", "--host", "127.0.0.1",
                                "--port", str(GW_PORT), "--no-access-log", "--log-level", "warning"])
+    reference = Proc("reference", [str(ROOT / ".venv/bin/uvicorn"), "bench.reference_proxy:app", "--host", "127.0.0.1",
+                                   "--port", str(REF_PORT), "--no-access-log", "--log-level", "warning"])
     try:
         wait_http(f"http://127.0.0.1:{UP_PORT}/_stats")
+        wait_http(f"http://127.0.0.1:{REF_PORT}/_stats")
         wait_http(f"http://127.0.0.1:{GW_PORT}/v1/models", {"authorization": f"Bearer {KEY}"})
         httpx.post(f"http://127.0.0.1:{UP_PORT}/_control", json={"delay_ms": 50, "prompt_tokens": 20,
                                                                   "completion_tokens": 8})
         print(f"# capgate gateway benchmark — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
               f"{os.cpu_count()} cores\n")
+        print("## Capgate vs the cap-less reference (upstream answers at once, JSON)\n")
+        print("\n".join(reference_table(args.seconds)) + "\n")
+        if args.only_reference:
+            print("## 500-request burst against a cap worth 100 calls (half streams, echo 50 ms)\n")
+            print("\n".join(burst()) + "\n")
+            return
         if not args.skip_latency:
             print("## Latency and throughput (upstream delay 50 ms)\n")
             print("\n".join(latency_table(args.seconds)) + "\n")
         print("## Settlement delay (response end -> hold released)\n")
         print("\n".join(settle_delay()) + "\n")
-        print("## 500-request burst against a $1 cap (half streams, echo 50 ms)\n")
+        print("## 500-request burst against a cap worth 100 calls (half streams, echo 50 ms)\n")
         print("\n".join(burst()) + "\n")
         print("## Memory per open stream\n")
         print("\n".join(stream_memory(gateway)) + "\n")
     finally:
+        reference.stop()
         gateway.stop()
         upstream.stop()
 
