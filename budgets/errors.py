@@ -1,3 +1,4 @@
+from catalog.pricing import usd_str
 from config.errors import CapgateError
 
 
@@ -10,8 +11,8 @@ class BudgetExceeded(CapgateError):
     def __init__(self, *, code: str, budget_id: int, window_id: int, limit_nano: int,
                  remaining_nano: int, worst_nano: int):
         super().__init__(
-            f"Refused by {code.replace('_', ' ')}: the request's worst case ${worst_nano / 1e9:.6f} "
-            f"exceeds the ${max(remaining_nano, 0) / 1e9:.6f} remaining of ${limit_nano / 1e9:.6f}.",
+            f"Refused by {code.replace('_', ' ')}: the request's worst case ${usd_str(worst_nano)} "
+            f"exceeds the ${usd_str(max(remaining_nano, 0))} remaining of ${usd_str(limit_nano)}.",
             code=code,
         )
         self.budget_id = budget_id

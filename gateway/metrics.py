@@ -37,6 +37,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
+from catalog.pricing import nano_to_usd
+
 log = logging.getLogger("capgate.metrics")
 
 # Latency buckets in seconds: admission is milliseconds, an upstream call up to minutes.
@@ -193,7 +195,7 @@ class StateCollector(Collector):
             for row in state["live"]:
                 count.add_metric([row["organization__slug"]], row["n"])
                 # A float only here, for Prometheus; the books stay in integer nano-USD.
-                held.add_metric([row["organization__slug"]], (row["held"] or 0) / 1e9)
+                held.add_metric([row["organization__slug"]], float(nano_to_usd(row["held"] or 0)))
             yield count
             yield held
             sent = CounterMetricFamily("capgate_alert_deliveries", "Alert deliveries by channel and status.",
