@@ -441,10 +441,9 @@ def _apply_route(org: Organization, item: _Item, result: ApplyResult) -> None:
                                      if existed else {}))
 
 
-def _apply_budget(org: Organization, item: _Item, result: ApplyResult) -> None:
-    name = item.str("name") or ""
-    label = f"{org.slug}/{name}"
-    scope = item.str("scope") or ""
+def find_subjects(org: Organization, item: _Item) -> dict[str, Any]:
+    """The subjects an item names (budgets, rate limits): project by slug, member by email, key
+    by name, end customer as project/external_id; each must be declared in the organization."""
     subject: dict[str, Any] = {}
     if item.has("project"):
         subject["project"] = _find_project(org, item.str("project"), f"{item.path}.project")
@@ -463,6 +462,14 @@ def _apply_budget(org: Organization, item: _Item, result: ApplyResult) -> None:
             raise ApplyError(f"{item.path}.end_customer",
                              "write project/external_id of a declared end customer")
         subject["end_customer"] = customer
+    return subject
+
+
+def _apply_budget(org: Organization, item: _Item, result: ApplyResult) -> None:
+    name = item.str("name") or ""
+    label = f"{org.slug}/{name}"
+    scope = item.str("scope") or ""
+    subject = find_subjects(org, item)
     if item.has("run"):
         subject["run_id"] = item.str("run")
     fields: dict[str, Any] = {

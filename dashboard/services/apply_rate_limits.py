@@ -14,15 +14,15 @@ from dashboard.services.apply import (
     ApplyError,
     ApplyResult,
     Change,
-    _find_project,
     _guard,
     _Item,
     _record,
     _unique,
+    find_subjects,
 )
 from ratelimits.models import RateLimit
 from ratelimits.services import create_rate_limit, update_rate_limit
-from tenants.models import ApiKey, EndCustomer, Organization
+from tenants.models import Organization
 
 FIELDS = {"name", "scope", "project", "key", "end_customer", "requests_per_minute", "tokens_per_minute"}
 
@@ -37,21 +37,7 @@ def _per_minute(item: _Item, key: str) -> int | None:
 def apply_rate_limit(org: Organization, item: _Item, result: ApplyResult) -> None:
     name = item.str("name") or ""
     label = f"{org.slug}/{name}"
-    subject: dict[str, Any] = {"project": None, "api_key": None, "end_customer": None}
-    if item.has("project"):
-        subject["project"] = _find_project(org, item.str("project"), f"{item.path}.project")
-    if item.has("key"):
-        key = _unique(ApiKey.objects.filter(organization=org, name=item.str("key")), item.path, "keys")
-        if key is None:
-            raise ApplyError(f"{item.path}.key", f"no key {item.str('key')!r} (declare it under keys)")
-        subject["api_key"] = key
-    if item.has("end_customer"):
-        project_slug, _, external_id = (item.str("end_customer") or "").partition("/")
-        customer = EndCustomer.objects.filter(project__organization=org, project__slug=project_slug,
-                                              external_id=external_id).first()
-        if customer is None:
-            raise ApplyError(f"{item.path}.end_customer", "write project/external_id of a declared end customer")
-        subject["end_customer"] = customer
+    subject: dict[str, Any] = {"project": None, "api_key": None, "end_customer": None, **find_subjects(org, item)}
     fields = {"requests_per_minute": _per_minute(item, "requests_per_minute"),
               "tokens_per_minute": _per_minute(item, "tokens_per_minute")}
     limit = _unique(RateLimit.objects.filter(organization=org, name=name).order_by("id"), item.path, "rate_limits")
