@@ -1,5 +1,5 @@
 """`manage.py capcheck`: run the four-property scenarios against a live capgate and print a table
-per run; exit non-zero if any property fails (gateway/capcheck.py does the work).
+per run; exit non-zero if any property fails (the gateway/capcheck package does the work).
 
 Runs where it can reach the gateway over HTTP and read the gateway's database with its Django
 settings (the same DATABASE_URL).
@@ -138,8 +138,9 @@ class Command(BaseCommand):
             left = r.reservations_left + r.unapplied_left
             marks = " ".join("ok" if ok else "FAIL" for ok in r.properties.values())
             marks += "  (inconclusive)" if r.inconclusive else ""
-            w(f"{r.scenario:<9} {r.concurrency:>4} {_usd(org and org.amount_nano):>10} "
-              f"{_usd(org and org.booked_nano):>10} {_usd(org and org.peak_nano):>10} {r.served:>6} "
+            cap, booked, peak = (org.amount_nano, org.booked_nano, org.peak_nano) if org else (None, None, None)
+            w(f"{r.scenario:<9} {r.concurrency:>4} {_usd(cap):>10} "
+              f"{_usd(booked):>10} {_usd(peak):>10} {r.served:>6} "
               f"{sum(r.refused.values()):>7} {r.failed:>6} {sum(r.records.values()):>5} {left:>4} "
               f"{_seconds(r.latency_p50_s):>8} {_seconds(r.latency_p95_s):>8}  {marks}")
         passed = sum(r.ok for r in reports)
