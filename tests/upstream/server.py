@@ -27,6 +27,8 @@ from urllib.parse import parse_qs
 import httpx
 import uvicorn
 
+from tests.upstream import files, job_routes, jobs
+
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
@@ -50,6 +52,9 @@ DEFAULTS: dict[str, Any] = {
     # "o200k_base" | "cl100k_base": chat prompt_tokens counted like the provider (tests/upstream/
     # chatml.py) instead of the fixed prompt_tokens knob.
     "count_prompt": "",
+    # Jobs (batches, background responses, videos; tests/upstream/jobs.py): a job created while
+    # this is on completes on its first status read, as the echo provider's jobs do.
+    "job_auto_complete": False,
 }
 FAIL_MODES = {"", "500", "503", "429", "400", "close", "stall", "drop_mid_stream", "no_usage"}
 STALL_CAP_S = 300.0
@@ -87,7 +92,7 @@ def _coerce(knob: str, value: Any) -> Any:
         return float(value)
     if knob in ("tier", "count_prompt"):
         return str(value)
-    if knob == "ignore_max_tokens":
+    if knob in ("ignore_max_tokens", "job_auto_complete"):
         truthy = {"1", "true", "yes", "on"}
         return value if isinstance(value, bool) else str(value).strip().lower() in truthy
     if isinstance(value, bool):
@@ -126,6 +131,10 @@ class _Exchange:
     def __init__(self, receive: Receive, send: Send) -> None:
         self._receive, self._send = receive, send
         self.body: dict[str, Any] = {}
+        self.uploads: dict[str, tuple[str, bytes]] = {}  # multipart files: name -> (filename, bytes)
+        self.query: dict[str, str] = {}
+        self.headers: Headers = {}
+        self.store: jobs.JobStore | None = None
         self.knobs: dict[str, Any] = dict(DEFAULTS)
         self.fail = ""  # the failure mode applying to this request ("" when normal)
         self._watcher: asyncio.Future[None] | None = None
@@ -444,6 +453,7 @@ class UpstreamApp:
         self.requests = self.in_flight = self.completed = self.disconnected = 0
         self.by_path: dict[str, int] = {}
         self.last: dict[str, dict[str, Any]] = {}
+        self.store = jobs.JobStore(ROUTES)  # files and jobs
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -477,6 +487,8 @@ class UpstreamApp:
         path, method = scope["path"], scope["method"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         ex = _Exchange(receive, send)
+        qs = scope.get("query_string", b"").decode("latin-1")
+        ex.query = {k: v[-1] for k, v in parse_qs(qs).items()}
         if path.startswith("/v1/"):
             await self._v1(ex, method, path, headers, raw)
         else:
@@ -501,6 +513,9 @@ class UpstreamApp:
         elif (method, path) == ("POST", "/_reset"):
             self.reset()
             await ex.json(200, {"settings": self.settings})
+        elif path.startswith("/_control/jobs"):
+            status, body = jobs.control(self.store, method, path, raw)
+            await ex.json(status, body)
         elif (method, path) == ("GET", "/_stats"):
             await ex.json(200, self.stats())
         elif (method, path) == ("GET", "/_last"):
@@ -517,15 +532,21 @@ class UpstreamApp:
         number = self.requests  # fail_every is keyed on this global, 1-based counter
         self.by_path[path] = self.by_path.get(path, 0) + 1
         self.in_flight += 1
-        dialect = "anthropic" if path == "/v1/messages" else "openai"
+        dialect = "anthropic" if path.startswith("/v1/messages") else "openai"
         ex.watch()
+        ex.headers, ex.store = hdrs, self.store
         try:
             try:
                 body: Any = json.loads(raw) if raw else {}
             except ValueError:
                 body = raw.decode("utf-8", "replace")
+            if hdrs.get("content-type", "").startswith("multipart/form-data"):
+                try:
+                    body, ex.uploads = files.parse_multipart(raw, hdrs["content-type"])
+                except ValueError as exc:
+                    body = f"malformed multipart body: {exc}"
             self.last[path] = {"method": method, "body": body, "headers": hdrs}
-            handler = ROUTES.get((method, path))
+            handler = ROUTES.get((method, path)) or job_routes.route(self.store, method, path)
             try:
                 ex.knobs = dict(self.settings)
                 for name, value in hdrs.items():
@@ -553,7 +574,10 @@ class UpstreamApp:
                 if await ex.wait(STALL_CAP_S):
                     await ex.abort()
             elif await ex.wait(ex.knobs["delay_ms"] / 1000):
-                await handler(ex)
+                try:
+                    await handler(ex)
+                except files.ApiError as exc:  # a file or job endpoint refusing the request
+                    await ex.json(exc.status, _error_body(dialect, exc.status, str(exc)))
         finally:
             self.in_flight -= 1
             self.completed += ex.completed
@@ -594,6 +618,15 @@ class UpstreamHandle:
 
     def last(self, path: str) -> dict[str, Any]:
         return httpx.get(f"{self.url}/_last", params={"path": path}).raise_for_status().json()
+
+    def job(self, job_id: str, state: str, done: int | None = None) -> dict[str, Any]:
+        """Move a job (see tests/upstream/jobs.py); returns its provider object."""
+        payload: dict[str, Any] = {"state": state} if done is None else {"state": state, "done": done}
+        return httpx.post(f"{self.url}/_control/jobs/{job_id}", json=payload).raise_for_status().json()
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every job with its state and what it billed."""
+        return httpx.get(f"{self.url}/_control/jobs").raise_for_status().json()["jobs"]
 
     def __enter__(self) -> UpstreamHandle:
         return self
