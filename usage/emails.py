@@ -1,6 +1,6 @@
 """Alert emails: who gets them and what they say (templates in templates/emails/).
 
-Rendering only: claiming, sending and recording delivery live in usage/alerts.py.
+Rendering only: claiming, sending and recording delivery live in usage/alert_delivery.py.
 """
 
 from __future__ import annotations

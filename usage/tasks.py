@@ -17,7 +17,7 @@ from django.conf import settings
 
 from budgets.admission import renew
 from budgets.instances import alive_ids, dead_ids
-from usage import alerts, spool, webhooks
+from usage import alert_delivery, spool, webhooks
 from usage.audit import audit_counters as run_audit
 from usage.drain import drain_all
 from usage.recording import expire
@@ -67,7 +67,7 @@ def audit_counters() -> dict[str, int]:
 
 @shared_task
 def send_pending_alerts() -> int:
-    return alerts.send_pending() + webhooks.send_pending()
+    return alert_delivery.send_pending() + webhooks.send_pending()
 
 
 @shared_task(
@@ -87,12 +87,12 @@ def send_alert_webhook(delivery_id: int) -> str:
 @shared_task(
     autoretry_for=(SMTPException, OSError),  # SMTPException is an OSError; named for the reader
     max_retries=5,
-    retry_backoff=alerts.RETRY_BACKOFF,  # 30 s, 60 s, 120 s, ... like alerts.backoff()
-    retry_backoff_max=alerts.RETRY_BACKOFF_MAX,
+    retry_backoff=alert_delivery.RETRY_BACKOFF,  # 30 s, 60 s, 120 s, ... like alert_delivery.backoff()
+    retry_backoff_max=alert_delivery.RETRY_BACKOFF_MAX,
     retry_jitter=False,
 )
 def send_alert_email(event_id: int) -> str:
     """Email one AlertEvent. Idempotent: an event already sent (or claimed) is skipped. After
     the retries, the event stays `pending` and `send_pending_alerts` keeps trying until
-    alerts.MAX_ATTEMPTS."""
-    return alerts.deliver(event_id=event_id)
+    alert_delivery.MAX_ATTEMPTS."""
+    return alert_delivery.deliver(event_id=event_id)

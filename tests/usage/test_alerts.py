@@ -20,8 +20,9 @@ from budgets.models import Window
 from tenants.models import Member
 from tests.concurrency import race
 from tests.conftest import usd, window_of
-from usage import alerts
-from usage.alerts import note_refusal, on_windows_changed, send_pending
+from usage import alert_delivery, alerts
+from usage.alert_delivery import send_pending
+from usage.alerts import note_refusal, on_windows_changed
 from usage.drain import drain_all
 from usage.models import AlertEvent
 from usage.recording import Outcome, record
@@ -454,24 +455,24 @@ def test_the_task_retries_with_backoff_then_leaves_the_event_to_the_catch_up(
     use_smtp(settings, free_port())  # nothing listens there
     event = _event(acme)
     assert send_alert_email.max_retries == 5
-    assert send_alert_email.retry_backoff == alerts.RETRY_BACKOFF
+    assert send_alert_email.retry_backoff == alert_delivery.RETRY_BACKOFF
     # when: run as a worker would, retries included (eagerly: no countdown waits)
     result = send_alert_email.apply((event.id,))
     # then: 1 try + 5 retries, all recorded; still pending for the catch-up
     assert result.failed()
     event.refresh_from_db()
     assert (event.status, event.attempts) == ("pending", 6)
-    assert [alerts.backoff(n).total_seconds() for n in (1, 2, 3, 8, 9)] == [30, 60, 120, 3600, 3600]
+    assert [alert_delivery.backoff(n).total_seconds() for n in (1, 2, 3, 8, 9)] == [30, 60, 120, 3600, 3600]
 
 
 @pytest.mark.django_db
 def test_after_the_last_attempt_the_event_is_failed_and_not_retried(acme, owners, settings):
     use_smtp(settings, free_port())
     event = _event(acme)
-    AlertEvent.objects.filter(pk=event.pk).update(attempts=alerts.MAX_ATTEMPTS - 1)
+    AlertEvent.objects.filter(pk=event.pk).update(attempts=alert_delivery.MAX_ATTEMPTS - 1)
     assert send_alert_email(event.id) == "failed"  # not raised: a retry would not help
     event.refresh_from_db()
-    assert (event.status, event.attempts) == ("failed", alerts.MAX_ATTEMPTS)
+    assert (event.status, event.attempts) == ("failed", alert_delivery.MAX_ATTEMPTS)
     assert send_pending(now=datetime.now(UTC) + timedelta(days=1)) == 0
 
 
@@ -489,5 +490,5 @@ def test_a_claim_abandoned_by_a_dead_worker_is_taken_over_after_its_ttl(acme, ow
     now = datetime.now(UTC)
     AlertEvent.objects.filter(pk=event.pk).update(status="sending", claimed_at=now, attempts=1)
     assert send_pending(now=now + timedelta(minutes=1)) == 0  # someone is still on it
-    assert send_pending(now=now + alerts.CLAIM_TTL + timedelta(seconds=1)) == 1
+    assert send_pending(now=now + alert_delivery.CLAIM_TTL + timedelta(seconds=1)) == 1
     assert len(inbox.wait_for(1)) == 1

@@ -210,9 +210,9 @@ def test_replay_spool_moves_spooled_records_into_the_outbox(acme, settings, tmp_
 
 @pytest.mark.django_db
 def test_send_pending_alerts_and_audit_counters_call_their_services(acme, monkeypatch):
-    from usage import alerts
+    from usage import alert_delivery
 
-    monkeypatch.setattr(alerts, "send_pending", lambda: 2)
+    monkeypatch.setattr(alert_delivery, "send_pending", lambda: 2)
     assert send_pending_alerts() == 2
     acme.budget(amount="1")
     acme.admit(worst_nano=WORST)
