@@ -21,7 +21,7 @@ ENDPOINTS = ("/v1/chat/completions", "/v1/responses", "/v1/embeddings")
 DAY = 86400
 
 
-def _page(ex: Any, items: list[dict[str, Any]], anthropic: bool = False) -> dict[str, Any]:
+def page(ex: Any, items: list[dict[str, Any]], anthropic: bool = False) -> dict[str, Any]:
     """Newest first; ``after`` (OpenAI) / ``after_id`` (Anthropic) and ``limit`` as the APIs take."""
     after = ex.query.get("after_id" if anthropic else "after")
     if after:
@@ -239,7 +239,7 @@ async def listing(store: JobStore, ex: Any) -> None:
     jobs = [
         j for j in reversed(store.jobs.values()) if j.kind == "batch" and not (j.gone or j.deleted)
     ]
-    await ex.json(200, _page(ex, [store.render(j) for j in jobs]))
+    await ex.json(200, page(ex, [store.render(j) for j in jobs]))
 
 
 # -- Anthropic ------------------------------------------------------------------------------
@@ -370,7 +370,7 @@ async def listing_messages(store: JobStore, ex: Any) -> None:
         for j in reversed(store.jobs.values())
         if j.kind == "message_batch" and not (j.gone or j.deleted)
     ]
-    await ex.json(200, _page(ex, [store.render(j) for j in jobs], anthropic=True))
+    await ex.json(200, page(ex, [store.render(j) for j in jobs], anthropic=True))
 
 
 RENDER["batch"] = render

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from . import batches, files
+from . import batches, files, media
 from .jobs import JobStore
 
 _ID = r"([A-Za-z0-9_\-]+)"
@@ -27,6 +27,14 @@ TABLE: list[tuple[str, re.Pattern[str], Callable[..., Awaitable[None]]]] = [
     ("GET", re.compile(r"/v1/batches"), batches.listing),
     ("GET", re.compile(rf"/v1/batches/{_ID}"), batches.retrieve),
     ("POST", re.compile(rf"/v1/batches/{_ID}/cancel"), batches.cancel),
+    ("GET", re.compile(rf"/v1/responses/{_ID}"), media.retrieve_response),
+    ("POST", re.compile(rf"/v1/responses/{_ID}/cancel"), media.cancel_response),
+    ("DELETE", re.compile(rf"/v1/responses/{_ID}"), media.delete_response),
+    ("POST", re.compile(r"/v1/videos"), media.create_video),
+    ("GET", re.compile(r"/v1/videos"), media.list_videos),
+    ("GET", re.compile(rf"/v1/videos/{_ID}"), media.retrieve_video),
+    ("GET", re.compile(rf"/v1/videos/{_ID}/content"), media.video_content),
+    ("DELETE", re.compile(rf"/v1/videos/{_ID}"), media.delete_video),
     ("POST", re.compile(r"/v1/messages/batches"), batches.create_messages),
     ("GET", re.compile(r"/v1/messages/batches"), batches.listing_messages),
     ("GET", re.compile(rf"/v1/messages/batches/{_ID}"), batches.retrieve_messages),

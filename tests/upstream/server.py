@@ -27,7 +27,7 @@ from urllib.parse import parse_qs
 import httpx
 import uvicorn
 
-from tests.upstream import files, job_routes, jobs
+from tests.upstream import files, job_routes, jobs, media
 
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -383,6 +383,9 @@ async def _responses(ex: _Exchange) -> None:
     }
     if ex.fail == "no_usage":
         response.pop("usage")
+    if body.get("background") and ex.store is not None:  # a job: tests/upstream/media.py
+        await media.create_response(ex.store, ex, response)
+        return
     if not body.get("stream"):
         await ex.respond(response)
         return

@@ -397,3 +397,130 @@ def test_message_batch_gone_auto_list_and_refusals(
         ant.messages.batches.create(requests=[msg_request("same"), msg_request("same")])
     with pytest.raises(anthropic.BadRequestError, match="non-empty"):
         ant.messages.batches.create(requests=[])
+
+
+# -- background responses -------------------------------------------------------------------
+
+
+def test_background_response_queued_then_completed_with_the_usage_of_a_plain_request(
+    oai: openai.OpenAI, upstream: UpstreamHandle
+) -> None:
+    upstream.control(prompt_tokens=21, completion_tokens=4)
+    queued = oai.responses.create(model="gpt-4o-mini", input="hi", background=True)
+    assert queued.status == "queued" and queued.background is True and queued.usage is None
+    running = oai.responses.retrieve(queued.id)
+    assert running.status == "in_progress" and running.usage is None and running.output == []
+    upstream.job(queued.id, "completed")
+    done = oai.responses.retrieve(queued.id)
+    assert done.status == "completed" and done.output_text and done.usage is not None
+    plain = oai.responses.create(model="gpt-4o-mini", input="hi")
+    assert plain.usage is not None
+    assert (
+        (done.usage.input_tokens, done.usage.output_tokens)
+        == (plain.usage.input_tokens, 4)
+        == (21, 4)
+    )
+    [row] = upstream.jobs()
+    assert row["kind"] == "response" and row["billed"]["input_tokens"] == 21
+
+
+def test_background_response_cancel_expire_fail_gone(
+    oai: openai.OpenAI, upstream: UpstreamHandle
+) -> None:
+    first = oai.responses.create(model="gpt-4o-mini", input="hi", background=True)
+    cancelled = oai.responses.cancel(first.id)
+    assert cancelled.status == "cancelled" and cancelled.usage is None
+    assert oai.responses.retrieve(first.id).status == "cancelled"
+    upstream.job(first.id, "cancelled", done=1)  # the provider billed what it had run
+    billed = oai.responses.retrieve(first.id)
+    assert (
+        billed.status == "cancelled"
+        and billed.usage is not None
+        and billed.usage.total_tokens == 15
+    )
+
+    second = oai.responses.create(model="gpt-4o-mini", input="hi", background=True)
+    upstream.job(second.id, "expired")
+    expired = oai.responses.retrieve(second.id)
+    assert expired.status == "failed" and expired.usage is None and expired.error is not None
+    upstream.job(second.id, "failed")
+    assert oai.responses.retrieve(second.id).status == "failed"
+    upstream.job(second.id, "gone")
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve(second.id)
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.cancel(second.id)
+    billed_lines = {row["id"]: row["billed"]["lines"] for row in upstream.jobs()}
+    assert billed_lines == {first.id: 1, second.id: 0}
+
+
+def test_background_response_auto_complete_and_delete(
+    oai: openai.OpenAI, upstream: UpstreamHandle
+) -> None:
+    upstream.control(job_auto_complete=True)
+    queued = oai.responses.create(model="gpt-4o-mini", input="hi", background=True)
+    assert queued.status == "queued"
+    assert oai.responses.retrieve(queued.id).status == "completed"
+    oai.responses.delete(queued.id)
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve(queued.id)
+    plain = oai.responses.create(model="gpt-4o-mini", input="hi")  # not a job: answered at once
+    assert plain.status == "completed" and [row["id"] for row in upstream.jobs()] == [queued.id]
+
+
+# -- videos ---------------------------------------------------------------------------------
+
+
+def test_video_lifecycle_bills_seconds_when_completed(
+    oai: openai.OpenAI, upstream: UpstreamHandle
+) -> None:
+    queued = oai.videos.create(model="sora-2", prompt="a fox", seconds="8", size="1280x720")
+    assert queued.status == "queued" and queued.progress == 0 and queued.seconds == "8"
+    running = oai.videos.retrieve(queued.id)
+    assert running.status == "in_progress" and 0 < running.progress < 100
+    with pytest.raises(openai.BadRequestError, match="not ready"):
+        oai.videos.download_content(queued.id)
+    upstream.job(queued.id, "completed")
+    done = oai.videos.retrieve(queued.id)
+    assert done.status == "completed" and done.progress == 100 and done.completed_at is not None
+    content = oai.videos.download_content(queued.id)
+    assert content.content.startswith(b"\x00\x00\x00\x18ftyp")
+    assert oai.videos.download_content(queued.id, variant="thumbnail").content.startswith(b"RIFF")
+    assert [v.id for v in oai.videos.list()] == [queued.id]
+    assert oai.videos.delete(queued.id).deleted is True
+    with pytest.raises(openai.NotFoundError):
+        oai.videos.retrieve(queued.id)
+    [row] = upstream.jobs()
+    assert row["billed"]["seconds"] == 8 and row["deleted"] is True
+
+
+def test_video_failed_states_bill_nothing_and_bad_input_is_refused(
+    oai: openai.OpenAI, upstream: UpstreamHandle
+) -> None:
+    ids = [oai.videos.create(prompt="p").id for _ in range(3)]
+    for vid, state in zip(ids, ("cancelled", "expired", "failed"), strict=True):
+        upstream.job(vid, state)
+    codes = []
+    for vid in ids:
+        video = oai.videos.retrieve(vid)
+        assert video.status == "failed" and video.error is not None
+        codes.append(video.error.code)
+    assert codes == ["cancelled", "expired", "generation_failed"]
+    assert [row["billed"]["seconds"] for row in upstream.jobs()] == [0, 0, 0]
+    upstream.job(ids[0], "gone")
+    with pytest.raises(openai.NotFoundError):
+        oai.videos.retrieve(ids[0])
+    with pytest.raises(openai.BadRequestError, match="seconds"):
+        oai.videos.create(prompt="p", seconds="5")  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError, match="size"):
+        oai.videos.create(prompt="p", size="1x1")  # type: ignore[arg-type]
+    as_json = httpx.post(f"{upstream.url}/v1/videos", json={"prompt": "p", "seconds": "12"})
+    assert as_json.status_code == 200 and as_json.json()["seconds"] == "12"
+
+
+def test_video_auto_complete(oai: openai.OpenAI, upstream: UpstreamHandle) -> None:
+    upstream.control(job_auto_complete=True)
+    video = oai.videos.create(prompt="p", seconds="4")
+    assert video.status == "queued"
+    assert oai.videos.retrieve(video.id).status == "completed"
+    assert upstream.jobs()[0]["billed"]["seconds"] == 4
