@@ -16,7 +16,7 @@ from openai.types.embedding_create_params import EmbeddingCreateParams
 from openai.types.responses.response_create_params import ResponseCreateParamsBase
 
 from gateway import billing
-from gateway.estimate import ALLOWED
+from gateway.request_fields import ALLOWED
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "billing.md"
 
