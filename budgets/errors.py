@@ -1,5 +1,5 @@
 from catalog.pricing import usd_str
-from config.errors import CapgateError
+from core.errors import CapgateError
 
 
 class BudgetExceeded(CapgateError):

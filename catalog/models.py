@@ -15,7 +15,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.expressions import Combinable
 
-from config.env import env
+from core.env import env
 from tenants.models import Organization
 
 

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from budgets.errors import BudgetExceeded, BudgetUnavailable
-from config.errors import CapgateError
+from core.errors import CapgateError
 from gateway import metrics, ops, proxy, reservations, runtime
 from gateway.errors import GatewayError, render
 from gateway.estimate import parse_json

@@ -6,7 +6,7 @@ import json
 
 from budgets.errors import BudgetExceeded
 from catalog.pricing import usd_str
-from config.errors import CapgateError
+from core.errors import CapgateError
 
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",

@@ -64,7 +64,7 @@ def _require_dict(body: Any) -> dict:
 def parse_json(raw: bytes) -> dict:
     # The one limited loader (config/jsonlimits.py): a deeply nested body is a 400, not a
     # RecursionError. The body's size is already bounded by MAX_BODY_BYTES (413) when read.
-    from config import jsonlimits
+    from core import jsonlimits
 
     try:
         return _require_dict(jsonlimits.loads(raw))

@@ -23,7 +23,7 @@ from django.db import DatabaseError
 
 from budgets.errors import BudgetExceeded, BudgetUnavailable
 from catalog.pricing import UnpricedFeature, UnpricedModel, Usage, cost_nano, rates_for, usd_str
-from config.errors import CapgateError
+from core.errors import CapgateError
 from gateway import metrics, responses, runtime, upstream
 from gateway.errors import GatewayError, render
 from gateway.estimate import SHAPERS, Shape, parse_json

@@ -29,7 +29,7 @@ from catalog.pricing import (
     usd_to_nano,
     worst_case_nano,
 )
-from config.errors import CapgateError
+from core.errors import CapgateError
 from gateway import responses, tokens
 from gateway.errors import GatewayError, bad_request
 from gateway.estimate import Shape

@@ -29,7 +29,7 @@ from django.conf import settings
 from httpx_aiohttp import AiohttpTransport
 
 from catalog.destinations import allowed_networks, refusal_reason
-from config.errors import CapgateError
+from core.errors import CapgateError
 
 CLIENT_SHARDS = 1  # one aiohttp pool per process; httpcore needed several (see GuardedTransport)
 EXTENSION = "capgate"  # request extension carrying (organization_id, connection_id)

@@ -27,7 +27,7 @@ from limits.errors import StorageError
 from limits.storage import MemoryStorage, storage_from_string
 from limits.strategies import RateLimiter, SlidingWindowCounterRateLimiter
 
-from config.errors import CapgateError
+from core.errors import CapgateError
 from ratelimits.models import RateLimit
 from tenants.models import ApiKey, EndCustomer, Organization, Project
 from tenants.services import Actor, InvalidChange, audit, save_changes, snapshot

@@ -29,7 +29,7 @@ from django.utils import timezone
 from prometheus_client import Counter
 
 from budgets.errors import BudgetExceeded
-from config.errors import CapgateError
+from core.errors import CapgateError
 from tenants.models import hash_key
 
 log = logging.getLogger("capgate.requestlog")

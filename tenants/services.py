@@ -21,7 +21,7 @@ from django.core.validators import validate_email, validate_slug
 from django.db import connection, models, transaction
 from django.utils import timezone
 
-from config.errors import CapgateError
+from core.errors import CapgateError
 from tenants.models import (
     KEY_PREFIX,
     ApiKey,

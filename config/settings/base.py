@@ -1,6 +1,6 @@
 from datetime import timedelta
 
-from config.env import BASE_DIR, env
+from core.env import BASE_DIR, env
 
 SECRET_KEY = env("DJANGO_SECRET_KEY", default="dev-insecure-change-me")
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
@@ -158,14 +158,14 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["tenants.api.auth.OrgPermission"],
-    "DEFAULT_PAGINATION_CLASS": "config.pagination.Pagination",  # one style everywhere (limit/offset)
+    "DEFAULT_PAGINATION_CLASS": "core.pagination.Pagination",  # one style everywhere (limit/offset)
     "PAGE_SIZE": 100,
     "EXCEPTION_HANDLER": "tenants.api.auth.api_exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     # JSON bodies go through config/jsonlimits.py: at most DATA_UPLOAD_MAX_MEMORY_SIZE bytes
     # (Django's 2.5 MB) and CAPGATE["MAX_JSON_DEPTH"] levels, else 413/400 in the API's shape.
     "DEFAULT_PARSER_CLASSES": [
-        "config.parsers.LimitedJSONParser",
+        "core.parsers.LimitedJSONParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],

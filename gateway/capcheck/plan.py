@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from config.errors import CapgateError
+from core.errors import CapgateError
 from gateway.capcheck.scenario import CHAT, MESSAGES
 from gateway.capcheck.scenarios import NAMES as SCENARIOS
 from gateway.estimate import shape_chat

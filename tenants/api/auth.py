@@ -17,7 +17,7 @@ from rest_framework.authentication import BaseAuthentication, get_authorization_
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.response import Response
 
-from config.errors import CapgateError
+from core.errors import CapgateError
 from tenants import services
 from tenants.models import TOKEN_PREFIX, ApiToken
 

@@ -56,7 +56,7 @@ def test_usage_and_request_log_pages_neither_repeat_nor_skip(org_a: Org):
 
 @pytest.mark.django_db
 def test_a_page_is_at_most_1000_rows(org_a: Org, settings):
-    from config.pagination import Pagination
+    from core.pagination import Pagination
 
     assert Pagination.max_limit == 1000
     body = client(user=org_a.owner).get(f"/api/orgs/{org_a.slug}/prices/", {"limit": 10**9}).json()

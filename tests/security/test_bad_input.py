@@ -10,7 +10,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from budgets.models import Budget, Reservation
-from config import jsonlimits
+from core import jsonlimits
 from tests.gateway.conftest import KEY
 from usage.models import UsageRecord
 

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from budgets.errors import BudgetExceeded
 from budgets.models import Hold, Window
-from config.env import BASE_DIR
+from core.env import BASE_DIR
 from tenants.models import Member
 from tests.concurrency import race
 from tests.conftest import usd, window_of

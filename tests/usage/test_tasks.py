@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from budgets.models import GatewayInstance, Reservation
 from config.celery import app
-from config.env import BASE_DIR
+from core.env import BASE_DIR
 from tenants.models import Member
 from tests.concurrency import race
 from tests.conftest import usd, window_of

@@ -1,5 +1,5 @@
 """The management API's JSON parser: DRF's, with the size and depth limits of
-config/jsonlimits.py, so a huge or deeply nested body is a 413/400 in the API's error shape."""
+core/jsonlimits.py, so a huge or deeply nested body is a 413/400 in the API's error shape."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 from rest_framework import exceptions, parsers
 
-from config import jsonlimits
+from core import jsonlimits
 
 
 class RequestTooLarge(exceptions.APIException):

@@ -2,7 +2,7 @@
 
 Python's `json` recurses once per level: a body nested a few thousand levels deep raises
 RecursionError (a 500) instead of a parse error. Both the gateway (`gateway/estimate.py`
-`parse_json`) and the management API (`config/parsers.py`) load bodies through `loads` here, so
+`parse_json`) and the management API (`core/parsers.py`) load bodies through `loads` here, so
 each refuses such a body with a 400 in its own shape. Nothing in a real request comes near the
 default depth (an OpenAI request with a JSON schema nests about 20 levels).
 """
