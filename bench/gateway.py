@@ -25,7 +25,6 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -111,7 +110,10 @@ class Proc:
     def rss_kb(self) -> int:
         # uvicorn runs the app in this process (no --workers): its RSS is the gateway's.
         text = Path(f"/proc/{self.p.pid}/status").read_text()
-        return int(re.search(r"VmRSS:\s+(\d+)", text).group(1))
+        rss = re.search(r"VmRSS:\s+(\d+)", text)
+        if rss is None:
+            raise RuntimeError(f"no VmRSS in /proc/{self.p.pid}/status: has the {self.name} process exited?")
+        return int(rss.group(1))
 
     def stop(self) -> None:
         os.killpg(self.p.pid, signal.SIGTERM)
@@ -378,4 +380,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
