@@ -18,7 +18,8 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection
-from django.db.models import QuerySet
+from django.db.models import DateTimeField, F, QuerySet, Value
+from django.db.models.functions import Least
 from django.utils import timezone
 
 from budgets.errors import BudgetExceeded, BudgetUnavailable
@@ -349,6 +350,28 @@ def renew(*, owner_ids: Sequence[int], now: datetime | None = None, lease: timed
     return Reservation.objects.filter(owner_id__in=list(owner_ids), deadline_at__gt=now).update(
         expires_at=now + lease
     )
+
+
+def hand_to_job(*, request_id: str, job_id: str, deadline_at: datetime, now: datetime | None = None,
+                lease: timedelta | None = None) -> bool:
+    """Move a reservation from the request that made it to the provider job it became: no owning
+    gateway process any more (beat renews it while the provider reports the job alive,
+    `renew_jobs`), the job's id, and the job's hard deadline. The hold itself does not move: it
+    stays on the same windows until the job's usage record is applied. False if it is gone."""
+    now = now or timezone.now()
+    lease = lease or settings.CAPGATE["JOB_LEASE"]
+    return Reservation.objects.filter(request_id=request_id).update(
+        owner=None, job_id=job_id, expires_at=min(now + lease, deadline_at), deadline_at=deadline_at) == 1
+
+
+def renew_jobs(*, request_ids: Sequence[str], now: datetime | None = None, lease: timedelta | None = None) -> int:
+    """Extend the leases of job reservations whose provider still reports the job alive, never
+    past the job's hard deadline. One statement; idempotent."""
+    now = now or timezone.now()
+    lease = lease or settings.CAPGATE["JOB_LEASE"]
+    return Reservation.objects.filter(request_id__in=list(request_ids), job_id__isnull=False,
+                                      deadline_at__gt=now).update(
+        expires_at=Least(Value(now + lease, output_field=DateTimeField()), F("deadline_at")))
 
 
 def headroom(*, budgets: Sequence[Budget], now: datetime | None = None) -> Ceiling | None:

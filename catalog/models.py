@@ -107,6 +107,13 @@ class Model(models.Model):
     long_context_threshold_tokens = models.PositiveIntegerField(null=True, blank=True)
     long_context_input_multiplier = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
     long_context_output_multiplier = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
+    # Batch APIs (OpenAI /v1/batches, Anthropic message batches) bill every token rate at this
+    # multiple of the standard price (0.5 for both today). Null: batches are bounded and billed at
+    # the standard price, which is never below the batch price.
+    batch_multiplier = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
+    # Video generation (OpenAI /v1/videos) is billed per second of output. Null: not priced, so a
+    # video is refused under a blocking cap.
+    video_usd_per_second = models.DecimalField(max_digits=14, decimal_places=6, null=True, blank=True)
     max_output_tokens = models.PositiveIntegerField(null=True, blank=True)
     context_window = models.PositiveIntegerField(null=True, blank=True)
     # Upper bound on the tokens one image part can cost (the provider's tile formula at the

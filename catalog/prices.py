@@ -19,6 +19,7 @@ The file, all prices being Decimal-exact strings of USD per 1M tokens:
          "priority_multiplier": "2", "flex_multiplier": "0.5",        blocking cap when a request uses them)
          "long_context_threshold_tokens": 272000,
          "long_context_input_multiplier": "2", "long_context_output_multiplier": "1.5",
+         "batch_multiplier": "0.5", "video_per_second": "0.10",       (batch price; video per second)
          "note": "free text, not stored"},                           (optional)
         ...
       ]
@@ -62,6 +63,8 @@ _FEATURE_PRICES = {
     "flex_multiplier": "flex_multiplier",
     "long_context_input_multiplier": "long_context_input_multiplier",
     "long_context_output_multiplier": "long_context_output_multiplier",
+    "batch_multiplier": "batch_multiplier",  # x every token rate in a batch (null: standard price)
+    "video_per_second": "video_usd_per_second",  # USD per second of generated video
 }
 _MODEL_KEYS = {"provider", "name", "per_request", "note", "tokenizer", *RATE_FIELDS, *_INT_FIELDS, *_FEATURE_PRICES}
 _TOKENIZERS = {value for value, _ in TOKENIZERS}

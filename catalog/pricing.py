@@ -4,6 +4,7 @@ Worst cases round *up* (a bound must never be below what could be billed); actua
 half-up. Both return ints of nano-USD.
 """
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
@@ -132,6 +133,29 @@ def rates_for(*, model: Model, connection: Connection | None = None, tier: str |
         long_context_output=model.long_context_output_multiplier or Decimal(1),
         model=model.name,
     )
+
+
+def batch_rates(*, rates: Rates, model: Model) -> Rates:
+    """The rates of a batch line: every token rate (and the per-request and per-search prices)
+    times the model's batch multiplier; the standard rates when the catalog gives none."""
+    m = model.batch_multiplier
+    if m is None or m == 1:
+        return rates
+    return dataclasses.replace(
+        rates, input=rates.input * m, output=rates.output * m, cache_read=rates.cache_read * m,
+        cache_write=rates.cache_write * m, per_request=rates.per_request * m,
+        cache_write_1h=rates.cache_write_1h * m if rates.cache_write_1h is not None else None,
+        web_search_per_use=rates.web_search_per_use * m if rates.web_search_per_use is not None else None,
+    )
+
+
+def video_nano(*, model: Model, seconds: int, worst: bool) -> int:
+    """Seconds of video at the model's per-second price: rounded up for a worst case, half-up
+    for a bill. UnpricedFeature when the catalog has no video price for the model."""
+    if model.video_usd_per_second is None:
+        raise UnpricedFeature(model, "video seconds")
+    total = Decimal(seconds) * model.video_usd_per_second * _NANO_PER_USD
+    return int(total.to_integral_value(rounding=ROUND_CEILING if worst else ROUND_HALF_UP))
 
 
 def _nano(tokens: int, usd_per_mtok: Decimal) -> Decimal:

@@ -51,6 +51,14 @@ app.conf.beat_schedule = {
         "schedule": 60.0,
         "options": {"expires": 60},
     },
+    # Provider jobs (jobs/poll.py): each due job is asked about with backoff (5 s, doubling, up to
+    # 5 min), its hold renewed (JOB_LEASE, 15 min) while alive, settled from the final report. Every
+    # 5 s keeps a fresh job's first polls on time; each run takes at most JOB_POLL_PER_RUN jobs.
+    "poll-jobs": {
+        "task": "jobs.tasks.poll_jobs",
+        "schedule": 5.0,
+        "options": {"expires": 5},
+    },
     # Request log retention (REQUEST_LOG_RETENTION_DAYS, 90): rows expire by the day, so hourly
     # keeps the log within an hour of its limit, and each run deletes only an hour's worth of
     # refusals in short batches instead of a day's in one long sweep.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -31,6 +32,9 @@ _PROXIED = {"/v1/chat/completions": "chat", "/v1/messages": "messages", "/v1/emb
 _STORED_RESPONSE = re.compile(r"^/v1/responses/([A-Za-z0-9_\-]{1,200})(/cancel|/input_items)?$")
 _STORED_ACTIONS = {("GET", None): "get", ("DELETE", None): "delete", ("POST", "/cancel"): "cancel",
                    ("GET", "/input_items"): "input_items"}
+# Endpoints served by an app above the gateway (jobs/: files, batches, videos), registered by its
+# AppConfig.ready(): (method, full-path pattern, handler(request, match)).
+ROUTES: list[tuple[str, re.Pattern[str], Callable[[Request, re.Match[str]], Awaitable[None]]]] = []
 
 
 async def handle(req: Request) -> None:
@@ -41,6 +45,10 @@ async def handle(req: Request) -> None:
             return await _error(req, GatewayError("Use POST.", code="method_not_allowed", status=405),
                                 "anthropic" if kind == "messages" else "openai")
         return await proxy.handle(req, kind)
+    for method, pattern, handler in ROUTES:
+        matched = pattern.match(path)
+        if matched is not None and req.method == method:
+            return await handler(req, matched)
     stored = _STORED_RESPONSE.match(path)
     if stored is not None and (req.method, stored.group(2)) in _STORED_ACTIONS:
         return await proxy.handle_stored_response(req, stored.group(1), _STORED_ACTIONS[(req.method, stored.group(2))])
@@ -152,7 +160,7 @@ class CapgateASGI:
                 log.exception("gateway: unhandled error on %s", scope["path"])
                 if not req.started:
                     # In the endpoint's own shape: an Anthropic SDK cannot read OpenAI's error.
-                    flavor = "anthropic" if scope["path"].rstrip("/") == "/v1/messages" else "openai"
+                    flavor = "anthropic" if scope["path"].startswith("/v1/messages") else "openai"
                     await _error(req, InternalError("Internal error", code="internal_error", status=500), flavor)
                 return
         return await self.django_app(scope, receive, send)

@@ -15,6 +15,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import httpx
@@ -58,6 +59,11 @@ def client() -> httpx.AsyncClient:
     if not _clients:
         _clients.extend(upstream.new_client() for _ in range(upstream.CLIENT_SHARDS))
     return _clients[next(_next_client) % len(_clients)]
+
+
+# Background responses (`background: true`) are provider jobs: admitted here like any response,
+# then handed to the jobs app (jobs/background.py), which registers itself at startup.
+BACKGROUND: Callable[[ProxyCall, dict], Awaitable[None]] | None = None
 
 
 def new_request_id() -> str:
@@ -121,7 +127,10 @@ class ProxyCall:
         try:
             body = parse_json(raw)
             self.model_name = str(body.get("model") or "") if isinstance(body, dict) else ""
-            shape = SHAPERS[self.kind](body, self.req.headers)
+            background = self.kind == "responses" and body.get("background") is True and BACKGROUND is not None
+            # A background response is bounded like the same response in the foreground.
+            shape = SHAPERS[self.kind]({k: v for k, v in body.items() if k != "background"} if background else body,
+                                       self.req.headers)
         except CapgateError as exc:
             shape_error = exc
         bg = runtime.background
@@ -151,6 +160,8 @@ class ProxyCall:
         assert shape is not None
         self.text_tokens = shape.text_tokens
         self.shape = shape
+        if self.kind == "responses" and body.get("background") is True and BACKGROUND is not None:
+            return await BACKGROUND(self, body)
         options = body.get("stream_options")
         self.client_stream_options = options if isinstance(options, dict) else {}
         try:

@@ -26,6 +26,7 @@ INSTALLED_APPS = [
     "django_filters",
     "requestlog",
     "gateway",
+    "jobs",
     "dashboard",
     "django_htmx",
 ]
@@ -225,6 +226,18 @@ CAPGATE = {
     "LEASE": timedelta(seconds=env.int("CAPGATE_LEASE_SECONDS", default=120)),
     # A request's hard maximum lifetime; its reservation's deadline.
     "MAX_REQUEST_LIFETIME": timedelta(seconds=env.int("CAPGATE_MAX_REQUEST_SECONDS", default=7200)),
+    # Provider jobs (jobs/): a job's hold is renewed by beat for this long each time the provider
+    # reports it alive (longer than the slowest poll interval, so a live job never lapses), and
+    # never past its hard deadline: a batch's 24 h completion window plus a margin; background
+    # responses and videos a configured maximum. Polls back off from the first to the last interval.
+    "JOB_LEASE": timedelta(seconds=env.int("CAPGATE_JOB_LEASE_SECONDS", default=900)),
+    "JOB_BATCH_DEADLINE": timedelta(hours=env.int("CAPGATE_JOB_BATCH_DEADLINE_HOURS", default=26)),
+    "JOB_MAX_SECONDS": timedelta(seconds=env.int("CAPGATE_JOB_MAX_SECONDS", default=6 * 3600)),
+    "JOB_POLL_FIRST": timedelta(seconds=env.int("CAPGATE_JOB_POLL_FIRST_SECONDS", default=5)),
+    "JOB_POLL_LAST": timedelta(seconds=env.int("CAPGATE_JOB_POLL_LAST_SECONDS", default=300)),
+    "JOB_POLL_PER_RUN": env.int("CAPGATE_JOB_POLL_PER_RUN", default=100),
+    # A batch input file larger than this is refused with 413 before it is parsed.
+    "MAX_FILE_BYTES": env.int("CAPGATE_MAX_FILE_BYTES", default=100 * 1024 * 1024),
     # A lifetime window (a finished run's) with no holds and no charge for this long leaves the
     # live audit set; it stays in history and rejoins it when charged again.
     "AUDIT_IDLE_LIFETIME": timedelta(hours=env.int("CAPGATE_AUDIT_IDLE_LIFETIME_HOURS", default=72)),

@@ -1,0 +1,112 @@
+"""POST /v1/files, GET/DELETE /v1/files/{id}, GET /v1/files/{id}/content.
+
+An upload for purpose "batch" is a batch input file: every line is validated and bounded as the
+live request would be (jobs/sizing.py) before anything is sent, and the file goes to the
+connection its lines route to, with each line's model and output ceiling as capgate decided.
+Output and error files of a batch are registered for its organization when the job reports
+them (jobs/settle.py), so results are proxied to that organization only."""
+
+from __future__ import annotations
+
+import re
+from email import policy
+from email.parser import BytesParser
+
+import httpx
+
+from gateway import proxy, runtime
+from gateway.errors import GatewayError, bad_request
+from gateway.http import Request
+from jobs import service, sizing
+from jobs.http import endpoint, upstream_failed
+from jobs.upstream import loads, send
+from tenants.models import ApiKey
+
+
+def parse_multipart(content_type: str, raw: bytes) -> dict[str, tuple[str | None, bytes]]:
+    """multipart/form-data fields: name -> (filename or None, bytes)."""
+    if not content_type.lower().startswith("multipart/form-data"):
+        raise bad_request("Upload the file as multipart/form-data (fields 'purpose' and 'file').")
+    message = BytesParser(policy=policy.HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1") + b"\r\nMIME-Version: 1.0\r\n\r\n" + raw)
+    if not message.is_multipart():
+        raise bad_request("The multipart body could not be parsed.")
+    fields: dict[str, tuple[str | None, bytes]] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if isinstance(name, str):
+            payload = part.get_payload(decode=True)
+            fields[name] = (part.get_filename(), payload if isinstance(payload, bytes) else b"")
+    return fields
+
+
+@endpoint("openai")
+async def upload(req: Request, key: ApiKey, match: re.Match[str]) -> None:
+    raw = await req.body(sizing.max_file_bytes())
+    fields = parse_multipart(req.headers.get("content-type", ""), raw)
+    purpose = (fields.get("purpose") or (None, b""))[1].decode("utf-8", "replace").strip()
+    if "file" not in fields:
+        raise bad_request("'file' is required.", param="file")
+    if purpose != "batch":
+        raise bad_request("capgate accepts files for purpose 'batch' only (the input of /v1/batches).",
+                          param="purpose", code="unsupported_purpose")
+    filename, content = fields["file"]
+    sized, rewritten = await runtime.db(sizing.size_openai_file, key=key, raw=content)
+    connection = sized.target.connection
+    if connection.kind != "openai":
+        raise bad_request(f"The model '{sized.route}' is not served by an OpenAI connection; batches run on the "
+                          "provider's batch API.", param="model", code="batch_unsupported_connection")
+    try:
+        resp = await send(proxy.client(), connection, "POST", "/v1/files", data={"purpose": "batch"},
+                          files={"file": (filename or "batch.jsonl", rewritten, "application/jsonl")})
+    except httpx.HTTPError as exc:
+        raise upstream_failed(exc) from None
+    data = loads(resp.content)
+    if resp.status_code == 200 and isinstance(data, dict) and isinstance(data.get("id"), str):
+        await runtime.db(service.keep_file, organization_id=key.organization_id, file_id=data["id"],
+                         connection_id=connection.id, purpose="batch", filename=(filename or "")[:255],
+                         size_bytes=len(rewritten), kind=sized.kind, route=sized.route[:200],
+                         model_id=sized.target.model.id, line_count=len(sized.bounds), line_bounds=sized.bounds,
+                         refused_code=sized.refused_code, lane="settle")
+    await req.respond(resp.status_code, resp.content)
+
+
+async def _owned(key: ApiKey, file_id: str):
+    row = await runtime.db(service.owned_file, organization_id=key.organization_id, file_id=file_id)
+    if row is None or row.connection is None:
+        raise service.not_found("file", file_id, "file_id")
+    return row
+
+
+@endpoint("openai")
+async def retrieve(req: Request, key: ApiKey, match: re.Match[str]) -> None:
+    row = await _owned(key, match.group(1))
+    await _proxy(req, row.connection, "GET", f"/v1/files/{row.file_id}")
+
+
+@endpoint("openai")
+async def content(req: Request, key: ApiKey, match: re.Match[str]) -> None:
+    row = await _owned(key, match.group(1))
+    await _proxy(req, row.connection, "GET", f"/v1/files/{row.file_id}/content", raw=True)
+
+
+@endpoint("openai")
+async def delete(req: Request, key: ApiKey, match: re.Match[str]) -> None:
+    row = await _owned(key, match.group(1))
+    status = await _proxy(req, row.connection, "DELETE", f"/v1/files/{row.file_id}")
+    if status == 200:
+        await runtime.db(service.forget_file, organization_id=key.organization_id, file_id=row.file_id,
+                         lane="settle")
+
+
+async def _proxy(req: Request, connection, method: str, path: str, raw: bool = False) -> int:
+    try:
+        resp = await send(proxy.client(), connection, method, path)
+    except httpx.HTTPError as exc:
+        raise upstream_failed(exc) from None
+    content_type = resp.headers.get("content-type", "application/json").encode("latin-1")
+    await req.respond(resp.status_code, resp.content, content_type=content_type if raw else b"application/json")
+    return resp.status_code
+
+
+__all__ = ["GatewayError", "content", "delete", "parse_multipart", "retrieve", "upload"]

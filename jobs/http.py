@@ -1,0 +1,92 @@
+"""The job endpoints under /v1, plugged into the gateway's router (gateway/app.py ROUTES).
+
+Each handler authenticates, finds what the organization owns (anyone else's id is 404, as if
+it did not exist), and proxies to the connection that holds it. Submissions admit the job's
+worst case first (jobs/service.py) and hand the reservation to the job once the provider
+accepted it."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from collections.abc import Awaitable, Callable
+
+from django.db import DatabaseError
+
+from budgets.errors import BudgetExceeded, BudgetUnavailable
+from core.errors import CapgateError
+from gateway import proxy, runtime
+from gateway.errors import GatewayError, render
+from gateway.http import ClientGone, Request
+from gateway.service import authenticate
+from tenants.models import ApiKey
+
+log = logging.getLogger("capgate.jobs")
+Handler = Callable[[Request, ApiKey, re.Match[str]], Awaitable[None]]
+_ID = r"([A-Za-z0-9_\-]{1,200})"
+
+
+def endpoint(flavor: str) -> Callable[[Handler], Callable[[Request, re.Match[str]], Awaitable[None]]]:
+    """Authenticate, run the handler, and answer every refusal in the endpoint's own shape."""
+
+    def wrap(fn: Handler) -> Callable[[Request, re.Match[str]], Awaitable[None]]:
+        @functools.wraps(fn)
+        async def run(req: Request, match: re.Match[str]) -> None:
+            try:
+                key = await runtime.db(authenticate, req.api_key())
+                await fn(req, key, match)
+            except ClientGone:
+                return
+            except CapgateError as exc:
+                if isinstance(exc, BudgetExceeded):
+                    proxy._note_refusal(exc, tipped_by={"key": (req.api_key() or "")[:12], "model": "job"})
+                await error(req, exc, flavor)
+            except DatabaseError:
+                log.exception("jobs: database unavailable")
+                await error(req, BudgetUnavailable("The database is unavailable; nothing was reserved."), flavor)
+
+        return run
+
+    return wrap
+
+
+async def error(req: Request, exc: CapgateError, flavor: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    status, headers, body = render(exc, flavor=flavor)
+    await req.respond(status, body, headers + (extra or []))
+
+
+def upstream_failed(exc: Exception) -> GatewayError:
+    return GatewayError(f"Upstream failed: {type(exc).__name__}", code="upstream_error", status=502)
+
+
+def install() -> None:
+    """Register the job routes with the gateway (called once, from JobsConfig.ready)."""
+    from gateway import app
+    from jobs import batches, files, message_batches, videos
+
+    if app.ROUTES:
+        return
+    for method, path, handler in (
+        ("POST", r"/v1/files", files.upload),
+        ("GET", rf"/v1/files/{_ID}", files.retrieve),
+        ("DELETE", rf"/v1/files/{_ID}", files.delete),
+        ("GET", rf"/v1/files/{_ID}/content", files.content),
+        ("POST", r"/v1/batches", batches.create),
+        ("GET", r"/v1/batches", batches.list_batches),
+        ("GET", rf"/v1/batches/{_ID}", batches.retrieve),
+        ("POST", rf"/v1/batches/{_ID}/cancel", batches.cancel),
+        ("POST", r"/v1/messages/batches", message_batches.create),
+        ("GET", r"/v1/messages/batches", message_batches.list_batches),
+        ("GET", rf"/v1/messages/batches/{_ID}", message_batches.retrieve),
+        ("POST", rf"/v1/messages/batches/{_ID}/cancel", message_batches.cancel),
+        ("GET", rf"/v1/messages/batches/{_ID}/results", message_batches.results),
+        ("POST", r"/v1/videos", videos.create),
+        ("GET", rf"/v1/videos/{_ID}", videos.retrieve),
+        ("GET", rf"/v1/videos/{_ID}/content", videos.content),
+        ("DELETE", rf"/v1/videos/{_ID}", videos.delete),
+    ):
+        app.ROUTES.append((method, re.compile(f"^{path}$"), handler))
+    from jobs import background
+
+    proxy.BACKGROUND = background.submit

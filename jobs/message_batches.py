@@ -1,0 +1,111 @@
+"""Anthropic message batches: POST /v1/messages/batches (the requests are in the body), GET
+(list and one), POST .../cancel, GET .../results — for the organization that made them only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import httpx
+
+from gateway import proxy, runtime
+from gateway.errors import bad_request
+from gateway.estimate import parse_json
+from gateway.http import Request
+from jobs import service, sizing
+from jobs.http import endpoint, upstream_failed
+from jobs.models import Job
+from jobs.submit import Submission, submit
+from jobs.upstream import loads, send
+from tenants.models import ApiKey
+
+
+def _status(data: dict) -> str:
+    return str(data.get("processing_status") or "")
+
+
+@endpoint("anthropic")
+async def create(req: Request, key: ApiKey, match: re.Match[str]) -> None:
+    body = parse_json(await req.body(sizing.max_file_bytes()))
+    sized, requests = await runtime.db(sizing.size_message_batch, key=key, body=body)
+    connection = sized.target.connection
+    if connection.kind != "anthropic":
+        raise bad_request(f"The model '{sized.route}' is not served by an Anthropic connection; message batches "
+                          "run on the provider's batch API.", param="model", code="batch_unsupported_connection")
+    await submit(req, key, Submission(
+        kind=Job.Kind.MESSAGE_BATCH, worst_nano=sized.worst_nano, route=sized.route, refused_code=sized.refused_code,
+        connection=connection, model_id=sized.target.model.id, path="/v1/messages/batches",
+        body={"requests": requests}, detail={"lines": len(requests)}, status_of=_status))
+
+
+async def _owned(key: ApiKey, batch_id: str) -> Job:
+    job = await runtime.db(service.owned_job, organization_id=key.organization_id, kind=Job.Kind.MESSAGE_BATCH,
+                           provider_job_id=batch_id)
+    if job is None or job.connection is None:
+        raise service.not_found("message batch", batch_id, "message_batch_id")
+    return job
+
+
+async def _relay(req: Request, job: Job, method: str, suffix: str = "", raw: bool = False) -> None:
+    try:
+        resp = await send(proxy.client(), job.connection, method, f"/v1/messages/batches/{job.provider_job_id}{suffix}")
+    except httpx.HTTPError as exc:
+        raise upstream_failed(exc) from None
+    content = resp.content
+    data = loads(content) if not raw else None
+    if isinstance(data, dict) and data.get("results_url"):
+        # Results are fetched through capgate, for this organization only.
+        host = req.headers.get("host", "")
+        scheme = req.scope.get("scheme", "http")
+        data["results_url"] = f"{scheme}://{host}/v1/messages/batches/{job.provider_job_id}/results"
+        content = json.dumps(data).encode()
+    ctype = resp.headers.get("content-type", "application/json").encode("latin-1") if raw else b"application/json"
+    await req.respond(resp.status_code, content, content_type=ctype)
+
+
+@endpoint("anthropic")
+async def retrieve(req: Request, key: ApiKey, match: re.Match[str]) -> None:
+    await _relay(req, await _owned(key, match.group(1)), "GET")
+
+
+@endpoint("anthropic")
+async def results(req: Request, key: ApiKey, match: re.Match[str]) -> None:
+    await _relay(req, await _owned(key, match.group(1)), "GET", "/results", raw=True)
+
+
+@endpoint("anthropic")
+async def cancel(req: Request, key: ApiKey, match: re.Match[str]) -> None:
+    job = await _owned(key, match.group(1))
+    await runtime.db(service.request_cancel, job_id=job.id, lane="settle")
+    await _relay(req, job, "POST", "/cancel")
+
+
+@endpoint("anthropic")
+async def list_batches(req: Request, key: ApiKey, match: re.Match[str]) -> None:
+    query = dict(p.split("=", 1) for p in req.scope.get("query_string", b"").decode().split("&") if "=" in p)
+    try:
+        limit = max(1, min(int(query.get("limit", "20")), 100))
+    except ValueError:
+        raise bad_request("'limit' must be an integer.", param="limit") from None
+    jobs = await runtime.db(service.owned_jobs, organization_id=key.organization_id, kind=Job.Kind.MESSAGE_BATCH,
+                            after=query.get("after_id"), limit=limit + 1)
+
+    async def one(job: Job) -> dict:
+        try:
+            resp = await send(proxy.client(), job.connection, "GET", f"/v1/messages/batches/{job.provider_job_id}")
+            data = loads(resp.content)
+            if resp.status_code == 200 and isinstance(data, dict):
+                return data
+        except httpx.HTTPError:
+            pass
+        return {"id": job.provider_job_id, "type": "message_batch", "processing_status": job.provider_status}
+
+    page = [j for j in jobs[:limit] if j.connection is not None]
+    data = await asyncio.gather(*(one(j) for j in page))
+    await req.respond(200, json.dumps({"data": data, "has_more": len(jobs) > limit,
+                                       "first_id": data[0]["id"] if data else None,
+                                       "last_id": data[-1]["id"] if data else None}).encode())
+
+
+

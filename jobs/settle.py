@@ -1,0 +1,141 @@
+"""What a poll learned, applied to the books (sync; beat's worker thread).
+
+- alive: the job's hold is renewed (`renew_jobs`, never past the job's deadline);
+- final: settled from the provider's report — per-line usage at the batch price for batches,
+  the response's usage, a video's billed seconds — through the same usage record and drain as a
+  request; if expiry already charged the worst case, that `estimated` record is corrected once;
+- gone (the provider answers 404): charged at the worst case as `estimated` now, and corrected
+  once if a report arrives later.
+A cancel request changes none of this: the hold stays until the final report says what was
+billed."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from budgets.admission import renew_jobs
+from budgets.models import Reservation
+from catalog.pricing import (
+    UnpricedFeature,
+    UnpricedModel,
+    Usage,
+    batch_rates,
+    cost_nano,
+    rates_for,
+    video_nano,
+)
+from jobs.models import Job
+from usage.models import UsageRecord
+from usage.recording import Outcome, RecordRejected, correct_estimate, record
+
+log = logging.getLogger("capgate.jobs")
+Status = UsageRecord.Status
+
+# Guard point (tests/jobs: its removal test): a live job's hold is renewed on every poll.
+RENEW_LEASES = True
+
+
+@dataclass
+class Report:
+    """One poll's answer. kind: alive | final | gone | error."""
+
+    kind: str
+    provider_status: str = ""
+    usages: list[Usage] = field(default_factory=list)  # per billed line (batch) or the one response
+    seconds: int = 0  # a video's billed seconds
+    provider_model: str = ""
+    result_files: dict = field(default_factory=dict)  # a batch's output/error file ids
+    error: str = ""
+
+
+def _total(usages: list[Usage]) -> Usage:
+    return Usage(input_tokens=sum(u.input_tokens for u in usages), output_tokens=sum(u.output_tokens for u in usages),
+                 cache_read_tokens=sum(u.cache_read_tokens for u in usages),
+                 cache_write_tokens=sum(u.cache_write_tokens for u in usages),
+                 cache_write_1h_tokens=sum(u.cache_write_1h_tokens for u in usages),
+                 web_search_requests=sum(u.web_search_requests for u in usages))
+
+
+def price(job: Job, report: Report) -> tuple[int, str]:
+    """(cost in nano-USD, note). A job whose model left the catalog is charged its worst case."""
+    model, connection = job.model, job.connection
+    if model is None:
+        return job.worst_nano, "model no longer in the catalog: charged at worst case"
+    try:
+        if job.kind == Job.Kind.VIDEO:
+            return video_nano(model=model, seconds=report.seconds, worst=False), ""
+        if job.kind in (Job.Kind.BATCH, Job.Kind.MESSAGE_BATCH):
+            rates = batch_rates(rates=rates_for(model=model, connection=connection), model=model)
+            return sum(cost_nano(usage=u, rates=rates) for u in report.usages), ""
+        return sum(cost_nano(usage=u, rates=rates_for(model=model, connection=connection, tier=u.service_tier))
+                   for u in report.usages), ""
+    except (UnpricedModel, UnpricedFeature) as exc:
+        return job.worst_nano, f"unpriced ({exc}): charged at worst case"
+
+
+def _apply(request_id: str, outcome: Outcome) -> None:
+    """Record the job's outcome once: through its reservation while it has one, else (expiry
+    charged it already) as the one correction of the `estimated` record."""
+    from usage.drain import drain
+
+    reservation = Reservation.objects.filter(request_id=request_id).first()
+    if reservation is not None:
+        try:
+            record(reservation=reservation, outcome=outcome)
+        except RecordRejected:
+            return
+        drain(request_ids=[request_id])
+        return
+    existing = UsageRecord.objects.filter(request_id=request_id).first()
+    if existing is not None:
+        correct_estimate(record_id=existing.pk, outcome=outcome)
+
+
+def apply_report(*, job_id: int, report: Report, now: datetime | None = None) -> str:
+    """Apply one poll's report to a job. Returns the job's state after."""
+    from jobs.service import keep_result_files
+
+    now = now or timezone.now()
+    job = Job.objects.select_related("model", "connection").get(pk=job_id)
+    if report.result_files:
+        keep_result_files(job=job, data=report.result_files)
+    if report.kind == "error":
+        return job.state
+    if report.kind == "alive":
+        held = Reservation.objects.filter(request_id=job.request_id).exists()
+        if held and RENEW_LEASES and job.state in (Job.State.LIVE, Job.State.CANCELLING):
+            renew_jobs(request_ids=[job.request_id], now=now)
+        elif not held and job.state != Job.State.ESTIMATED:
+            job.state = Job.State.ESTIMATED  # lapsed (deadline) and charged at worst case by expiry
+        job.provider_status = report.provider_status[:50]
+        job.save(update_fields=["state", "provider_status"])
+        return job.state
+    if report.kind == "gone":
+        if job.state in (Job.State.LIVE, Job.State.CANCELLING):
+            _apply(job.request_id, Outcome(status=Status.ESTIMATED, cost_nano=job.worst_nano,
+                                           connection_id=job.connection_id,
+                                           error="job gone: the provider no longer reports it; charged at worst case"))
+            job.state = Job.State.ESTIMATED
+            job.save(update_fields=["state"])
+        return job.state
+    if job.state == Job.State.SETTLED:
+        return job.state
+    cost, note = price(job, report)
+    billed = bool(report.usages) or report.seconds > 0
+    outcome = Outcome(status=Status.SERVED if billed or note else Status.FAILED_UPSTREAM, cost_nano=cost,
+                      usage=_total(report.usages), connection_id=job.connection_id,
+                      provider_model=report.provider_model or (job.model.name if job.model else ""),
+                      error="; ".join(e for e in (f"job {report.provider_status}", note, report.error) if e))
+    with transaction.atomic():
+        locked = Job.objects.select_for_update().get(pk=job.pk)
+        if locked.state == Job.State.SETTLED:
+            return locked.state
+        _apply(job.request_id, outcome)
+        Job.objects.filter(pk=job.pk).update(state=Job.State.SETTLED, cost_nano=cost, settled_at=now,
+                                             provider_status=report.provider_status[:50])
+    return Job.State.SETTLED

@@ -1,0 +1,107 @@
+"""Submitting a job: admit its worst case, send it, and hand the reservation to the job.
+
+1. One admission of the whole worst case (jobs/service.py `admit_job`, the live `admit`): a
+   refusal is a 402 in the endpoint's shape before anything reaches the provider.
+2. The submission goes to the provider. Refused (4xx/5xx) or never sent: the reservation is
+   recorded as `failed_upstream` at zero (no job exists). Sent without an answer: recorded as
+   `estimated` at the worst case (a job may exist that capgate cannot see).
+3. Accepted: a Job row and the reservation's move to it (owner cleared, job id, the job's
+   deadline) in one transaction. Beat (jobs/poll.py) then keeps it counted until the provider's
+   final report.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from django.db import DatabaseError
+
+from catalog.models import Connection
+from catalog.pricing import usd_str
+from gateway import proxy, runtime
+from gateway.errors import GatewayError
+from gateway.http import Request
+from jobs import service
+from jobs.upstream import NOT_SENT, loads, send
+from tenants.models import ApiKey
+from usage.models import UsageRecord
+from usage.recording import Outcome
+
+log = logging.getLogger("capgate.jobs")
+
+
+@dataclass
+class Submission:
+    kind: str
+    worst_nano: int
+    route: str
+    refused_code: str
+    connection: Connection
+    model_id: int | None
+    path: str  # the provider endpoint that creates the job
+    body: Any
+    form: dict | None = None  # send as multipart/form-data (fields) instead of JSON
+    files: dict | None = None  # multipart file parts
+    input_file_id: str = ""
+    detail: dict | None = None
+    job_id_of: Callable[[dict], str | None] = lambda data: data.get("id") if isinstance(data.get("id"), str) else None
+    status_of: Callable[[dict], str] = lambda data: str(data.get("status") or "")
+
+
+def capgate_headers(request_id: str, worst_nano: int) -> list[tuple[bytes, bytes]]:
+    return [(b"x-capgate-request-id", request_id.encode()), (b"x-capgate-reserved-usd", usd_str(worst_nano).encode())]
+
+
+async def submit(req: Request, key: ApiKey, sub: Submission) -> None:
+    request_id = proxy.new_request_id()
+    bg = runtime.background
+    h = req.headers
+    admitted = await runtime.db(
+        service.admit_job, key=key, request_id=request_id, worst_nano=sub.worst_nano, model=sub.route,
+        refused_code=sub.refused_code, customer_id=h.get("x-capgate-customer"), run_id=h.get("x-capgate-run"),
+        run_budget_usd=h.get("x-capgate-run-budget-usd"), owner_id=bg.instance_id if bg else None)
+    reservation = admitted.reservation
+    headers = capgate_headers(request_id, reservation.amount_nano)
+    try:
+        if sub.form is not None:
+            resp = await send(proxy.client(), sub.connection, "POST", sub.path, data=sub.form, files=sub.files or {})
+        else:
+            resp = await send(proxy.client(), sub.connection, "POST", sub.path, body=sub.body)
+    except NOT_SENT as exc:
+        await _settle(reservation, Outcome(status=UsageRecord.Status.FAILED_UPSTREAM, connection_id=sub.connection.id,
+                                           error=f"job not submitted: {type(exc).__name__}"))
+        raise GatewayError(f"Upstream failed: {type(exc).__name__}", code="upstream_error", status=502) from None
+    except httpx.HTTPError as exc:
+        await _settle(reservation, Outcome(status=UsageRecord.Status.ESTIMATED, cost_nano=reservation.amount_nano,
+                                           connection_id=sub.connection.id,
+                                           error=f"job submission outcome unknown: {type(exc).__name__}"))
+        raise GatewayError(f"Upstream outcome unknown: {type(exc).__name__}", code="upstream_timeout",
+                           status=504) from None
+    data = loads(resp.content)
+    job_id = sub.job_id_of(data) if resp.status_code == 200 and isinstance(data, dict) else None
+    if job_id is None:
+        await _settle(reservation, Outcome(status=UsageRecord.Status.FAILED_UPSTREAM, connection_id=sub.connection.id,
+                                           error=f"job refused by the provider: status {resp.status_code}"))
+        return await req.respond(resp.status_code if resp.status_code >= 400 else 502, resp.content, headers)
+    assert isinstance(data, dict)
+    try:
+        await runtime.db(service.start_job, reservation=reservation, kind=sub.kind, provider_job_id=job_id,
+                         connection_id=sub.connection.id, model_id=sub.model_id, route=sub.route,
+                         api_key_id=key.id, input_file_id=sub.input_file_id, provider_status=sub.status_of(data),
+                         detail=sub.detail, lane="settle")
+    except DatabaseError:
+        # The job runs; its reservation stays the request's and lapses to a worst-case charge
+        # (the safe direction) since no job row can renew it.
+        log.exception("jobs: %s %s accepted but not recorded; its hold will be charged at worst case", sub.kind, job_id)
+    await req.respond(200, resp.content, headers)
+
+
+async def _settle(reservation, outcome: Outcome) -> None:
+    try:
+        await runtime.db(service.settle_submission, reservation=reservation, outcome=outcome, lane="settle")
+    except DatabaseError:
+        log.exception("jobs: could not settle submission %s; left to expiry", reservation.request_id)
