@@ -116,7 +116,7 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "truncation": _e(TOKENS, "'auto' may drop context; the bound does not count on it"),
         "tools": _e(PRICED, "function, custom and client-run tools are body bytes plus the tool-use overhead; web_search is priced per use, its uses bounded by max_tool_calls (injected when absent), each adding a bounded result; file_search, code_interpreter, image_generation, MCP and other hosted tools are refused under a blocking cap"),
         "service_tier": _e(PRICED, "priority/fast and flex are priced by the catalog's tier multipliers; auto is the connection's configured tier"),
-        "background": _e(REFUSED, "a background response is a provider job billed after the request ends"),
+        "background": _e(TOKENS, "a provider job (jobs/background.py): bounded like the same response in the foreground, admitted at submission, its hold kept until the provider's final report"),
         "prompt": _e(REFUSED, "a stored prompt template adds input the body cannot show"),
         "context_management": _e(REFUSED, "server-side compaction runs model calls of its own"),
         "moderation": _e(REFUSED, "moderation of input and output has no documented price"),

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from budgets.models import Window
+from budgets.models import Reservation, Window
 from gateway import responses as stored_state
 from gateway.models import StoredResponse
 from tests.conftest import make_tenant
@@ -155,8 +155,10 @@ def test_web_search_is_priced_per_call_and_bounded_by_max_tool_calls(gateway, wi
     resp = post(gateway, {"model": "gpt-real", "input": "x", "tools": [{"type": "code_interpreter",
                                                                          "container": {"type": "auto"}}]}, path=PATH)
     assert resp.json()["error"]["code"] == "code_interpreter_under_budget"
-    resp = post(gateway, {"model": "gpt-real", "input": "x", "background": True}, path=PATH)
-    assert resp.json()["error"]["code"] == "background_under_budget"
+    # a background response is a provider job (jobs/): admitted like the foreground one, then held by the job
+    resp = post(gateway, {"model": "gpt-real", "input": "x", "background": True, "max_output_tokens": 10}, path=PATH)
+    assert resp.status_code == 200, resp.text
+    assert Reservation.objects.get(job_id=resp.json()["id"]).owner_id is None
 
 
 def test_stored_responses_are_reachable_by_their_owner_only(gateway, wired, upstream, gpt):  # noqa: F811
