@@ -26,14 +26,13 @@ from budgets.errors import BudgetExceeded, BudgetUnavailable
 from catalog.pricing import UnpricedFeature, UnpricedModel, Usage, cost_nano, rates_for, usd_str
 from core.errors import CapgateError
 from gateway import metrics, responses, runtime, upstream
+from gateway.echo import echo_response, echo_stream
 from gateway.errors import GatewayError, render
 from gateway.estimate import SHAPERS, Shape, parse_json
 from gateway.http import ClientGone, Request
 from gateway.providers import (
     StreamUsage,
     connection_url,
-    echo_response,
-    echo_stream,
     response_state,
     sse_events,
     upstream_headers,
