@@ -7,7 +7,7 @@ at each client count, it runs for a fixed duration:
 
   threads     N Python threads in this process, each with its own DB connection, released by
               one barrier, admitting in a loop as the gateway does: matching_budgets(subject), then
-              budgets.admission.admit(request=AdmissionRequest(..., budgets=budgets))
+              ledger.admission.admit(request=AdmissionRequest(..., budgets=budgets))
   processes   N forked processes doing the same, one connection each (the gateway runs several
               processes; threads share one GIL)
   pgbench     pgbench -c N -j N on bench/pgbench/admission_{1,3}.sql: the classic admission

@@ -1,7 +1,7 @@
 """Budgets, their per-period counter rows (windows) and the reservations held against them.
 
 A blocking budget's current window is a *ceiling*. Admission reserves a request's worst case
-on every ceiling it falls under (budgets/admission.py); the drain (usage/drain.py) moves each
+on every ceiling it falls under (ledger/admission.py); the drain (ledger/drain.py) moves each
 hold into `spent` once the request's actual cost is known.
 """
 

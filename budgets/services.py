@@ -15,8 +15,8 @@ from django.core.validators import validate_email
 from django.db import OperationalError, transaction
 from django.utils import timezone
 
-from budgets.admission import windows_for_update
 from budgets.models import Budget, Hold, Window
+from ledger.admission import windows_for_update
 from tenants.models import ApiKey, EndCustomer, Member, Organization, Project
 from tenants.services import Actor, InvalidChange, audit, save_changes, snapshot
 
@@ -162,7 +162,7 @@ def _retire_windows(budget: Budget) -> None:
 def delete_budget(*, budget: Budget, actor: Actor) -> None:
     """Delete the budget with its windows and holds; live reservations keep their other holds and
     settle as usual. A budget recreated for the same scope starts mid-life: its first window
-    carries the period's applied spend and the holds of requests in flight (budgets/windows.py).
+    carries the period's applied spend and the holds of requests in flight (ledger/windows.py).
 
     1. Lock the budget row: a window being created for it finishes first, or is not created.
     2. Delete its holds, then lock its windows (FOR UPDATE, in id order) — holds before windows,

@@ -60,7 +60,7 @@ def check_migrations() -> Check:
 
 
 def check_spool() -> Check:
-    from usage.spool import spool_dir
+    from ledger.spool import spool_dir
 
     try:
         probe = spool_dir() / f".readyz-{uuid.uuid4().hex}"

@@ -157,7 +157,7 @@ def _state_rows() -> dict[str, Any]:
 
 def _spool_lines() -> tuple[int, int]:
     """Records waiting in this host's spool, and files in its dead letter."""
-    from usage.spool import pending, spool_dir
+    from ledger.spool import pending, spool_dir
 
     waiting = 0
     for path in pending():

@@ -40,8 +40,8 @@ from gateway.providers import (
     usage_from_body,
 )
 from gateway.service import Prepared, Target, admit_call
+from ledger.recording import Outcome
 from requestlog import buffer as request_log
-from usage.recording import Outcome
 
 log = logging.getLogger("capgate.gateway")
 NOT_BILLED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
@@ -433,8 +433,8 @@ class ProxyCall:
 
     async def record(self, outcome: Outcome, target: Target | None = None) -> None:
         """Insert the usage record; if the database is down, spool it to disk (fsync'd)."""
-        from usage.recording import RecordRejected, record
-        from usage.spool import append
+        from ledger.recording import RecordRejected, record
+        from ledger.spool import append
 
         p = self.prepared
         assert p is not None

@@ -25,7 +25,6 @@ from decimal import Decimal, InvalidOperation
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from budgets.admission import AdmissionRequest, Subject, admit, matching_budgets
 from budgets.models import Reservation
 from catalog.pricing import (
     TokenBound,
@@ -46,10 +45,11 @@ from gateway.service import (
     run_budget,
     settle_rates,
 )
+from ledger.admission import AdmissionRequest, Subject, admit, matching_budgets
+from ledger.recording import Outcome, record, release
 from tenants.models import TOKEN_PREFIX, ApiKey, ApiToken
 from tenants.services import Actor, audit, authenticate_token
 from usage.models import UsageRecord
-from usage.recording import Outcome, record, release
 
 # The reservation API's own fields: everything else in a chat-shaped body is the chat request.
 OWN_FIELDS = ("request_id", "ttl_seconds", "amount_usd")
@@ -253,7 +253,7 @@ def settle(*, raw_key: str | None, reservation_id: str, body: dict) -> tuple[int
     else:
         raise bad_request("Give 'usage' (token counts) or 'cost_usd'.", param="usage")
     rec = record(reservation=reservation, outcome=Outcome(status="served", cost_nano=cost, usage=usage))
-    from usage.drain import drain
+    from ledger.drain import drain
 
     drain(request_ids=[rec.request_id])
     rec.refresh_from_db()

@@ -128,8 +128,8 @@ class Background:
 
     async def stop(self) -> None:
         from budgets.instances import stop
+        from ledger.drain import drain_all
         from requestlog import buffer as request_log
-        from usage.drain import drain_all
 
         for task in self._tasks:
             task.cancel()
@@ -157,7 +157,7 @@ class Background:
     async def _drain(self) -> None:
         # Woken by each recorded response; waits one interval so that a burst settles in one
         # batch (one lock per hot ceiling per batch), then drains until the outbox is empty.
-        from usage.drain import drain
+        from ledger.drain import drain
 
         while True:
             try:
@@ -189,7 +189,7 @@ class Background:
                             len(request_log.refusals))
 
     async def _replay(self) -> None:
-        from usage.spool import pending, replay
+        from ledger.spool import pending, replay
 
         while True:
             await asyncio.sleep(2.0)

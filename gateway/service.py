@@ -14,7 +14,6 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from budgets.admission import AdmissionRequest, Ceiling, Subject, admit, headroom, matching_budgets
 from budgets.errors import BudgetExceeded
 from budgets.models import Budget, Reservation
 from catalog.models import Connection, Model, Route
@@ -34,6 +33,7 @@ from gateway import responses, tokens
 from gateway.errors import GatewayError, bad_request
 from gateway.estimate import Shape
 from gateway.limits import enforce_limits
+from ledger.admission import AdmissionRequest, Ceiling, Subject, admit, headroom, matching_budgets
 from tenants.models import ApiKey, EndCustomer, hash_key
 
 # Which connection kinds can serve which endpoint without translating formats.

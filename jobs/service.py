@@ -9,7 +9,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from budgets.admission import (
+from budgets.models import Budget, Reservation
+from gateway.errors import GatewayError
+from gateway.service import create_run_budget, end_customer, run_budget
+from jobs.models import Job, JobFile
+from ledger.admission import (
     AdmissionRequest,
     Admitted,
     Subject,
@@ -17,12 +21,8 @@ from budgets.admission import (
     hand_to_job,
     matching_budgets,
 )
-from budgets.models import Budget, Reservation
-from gateway.errors import GatewayError
-from gateway.service import create_run_budget, end_customer, run_budget
-from jobs.models import Job, JobFile
+from ledger.recording import Outcome, RecordRejected, record
 from tenants.models import ApiKey
-from usage.recording import Outcome, RecordRejected, record
 
 # Guard points (each has a removal test in tests/jobs/): the worst case is admitted at
 # submission, and the reservation then moves to the job.
@@ -92,7 +92,7 @@ def start_job(*, reservation: Reservation, kind: str, provider_job_id: str, conn
 def settle_submission(*, reservation: Reservation, outcome: Outcome) -> None:
     """A submission that did not become a job: recorded like a live request (failed_upstream
     when the provider refused it, estimated when the outcome is unknown) and drained."""
-    from usage.drain import drain
+    from ledger.drain import drain
 
     try:
         record(reservation=reservation, outcome=outcome)
@@ -142,7 +142,7 @@ def request_cancel(*, job_id: int) -> None:
     Job.objects.filter(pk=job_id, state=Job.State.LIVE).update(state=Job.State.CANCELLING, cancel_requested_at=now,
                                                                next_poll_at=now)
     if not KEEP_HOLD_ON_CANCEL:  # what the guard prevents: settling on the cancel request alone
-        from usage.recording import release
+        from ledger.recording import release
 
         job = Job.objects.get(pk=job_id)
         reservation = Reservation.objects.filter(request_id=job.request_id).first()

@@ -18,7 +18,6 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from budgets.admission import renew_jobs
 from budgets.models import Reservation
 from catalog.pricing import (
     UnpricedFeature,
@@ -30,8 +29,9 @@ from catalog.pricing import (
     video_nano,
 )
 from jobs.models import Job
+from ledger.admission import renew_jobs
+from ledger.recording import Outcome, RecordRejected, correct_estimate, record
 from usage.models import UsageRecord
-from usage.recording import Outcome, RecordRejected, correct_estimate, record
 
 log = logging.getLogger("capgate.jobs")
 Status = UsageRecord.Status
@@ -81,7 +81,7 @@ def price(job: Job, report: Report) -> tuple[int, str]:
 def _apply(request_id: str, outcome: Outcome) -> None:
     """Record the job's outcome once: through its reservation while it has one, else (expiry
     charged it already) as the one correction of the `estimated` record."""
-    from usage.drain import drain
+    from ledger.drain import drain
 
     reservation = Reservation.objects.filter(request_id=request_id).first()
     if reservation is not None:

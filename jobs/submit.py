@@ -27,9 +27,9 @@ from gateway.errors import GatewayError
 from gateway.http import Request
 from jobs import service
 from jobs.upstream import NOT_SENT, loads, send
+from ledger.recording import Outcome
 from tenants.models import ApiKey
 from usage.models import UsageRecord
-from usage.recording import Outcome
 
 log = logging.getLogger("capgate.jobs")
 

@@ -1,7 +1,7 @@
 """Refusals on their way to the request log: noted in memory by the gateway, written in batches.
 
 Why not an insert per refusal: admission is one statement under the ceiling's row lock
-(budgets/admission.py), and a refusal is the answer a hot, exhausted cap gives most often. An
+(ledger/admission.py), and a refusal is the answer a hot, exhausted cap gives most often. An
 insert there — or even right after it, on the database threads that admit — would make every
 refusal burst cost the admissions behind it. So `note()` only appends to a list (no I/O, on the
 event loop), and the gateway's background loop (gateway/runtime.py) hands the list to

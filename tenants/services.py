@@ -325,7 +325,7 @@ def remove_member(*, member: Member, actor: Actor) -> None:
 def freeze_subject_name(*, organization_id: int, name: str, pk: int, label: str) -> None:
     """Write a subject's name into the `subject` of its usage records before it is deleted (their
     foreign key then goes NULL; the id and name stay). Records of requests still in flight get
-    it from the deletion's audit entry when they are written (usage.recording)."""
+    it from the deletion's audit entry when they are written (ledger.recording)."""
     usage_record = apps.get_model("usage", "UsageRecord")  # by name: usage builds on tenants
     with connection.cursor() as cursor:
         cursor.execute(

@@ -4,7 +4,7 @@
     spent_nano    == seed + sum of cost_nano of applied usage records charged to the window
 
 where the seed is the spend a window was created with (a budget created mid-period starts with
-the period's already-recorded spend; budgets.admission.ensure_windows).
+the period's already-recorded spend; ledger.admission.ensure_windows).
 
 A window can agree with its own rows and still be wrong about the request behind them (a
 proxied call's cost replaced by someone else's $0 settle). So beside the windows there is a
@@ -13,7 +13,7 @@ check per request:
     every record's cost_nano == what was reported for it (reported_cost_nano), where reported
 
 A report that reaches an already-final record is kept on it rather than dropped
-(usage.recording), so a lost cost shows here.
+(ledger.recording), so a lost cost shows here.
 
 Live windows: those with holds, and those not retired whose period is not over; a lifetime
 window with no holds leaves the set after CAPGATE["AUDIT_IDLE_LIFETIME"] without a charge (a

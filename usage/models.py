@@ -1,5 +1,5 @@
 """The book of record. Each request outcome is one UsageRecord; unapplied rows are the outbox
-that usage/drain.py applies to the budget windows."""
+that ledger/drain.py applies to the budget windows."""
 
 from django.contrib.postgres.fields import ArrayField
 from django.db import models

@@ -15,12 +15,13 @@ from smtplib import SMTPException
 from celery import shared_task
 from django.conf import settings
 
-from budgets.admission import renew
 from budgets.instances import alive_ids, dead_ids
-from usage import alert_delivery, spool, webhooks
+from ledger import spool
+from ledger.admission import renew
+from ledger.drain import drain_all
+from ledger.recording import expire
+from usage import alert_delivery, webhooks
 from usage.audit import audit_counters as run_audit
-from usage.drain import drain_all
-from usage.recording import expire
 
 log = logging.getLogger(__name__)
 

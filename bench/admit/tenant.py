@@ -11,8 +11,8 @@ from typing import Any
 from django.db import connection, connections
 from django.utils import timezone
 
-from budgets.admission import Subject, ensure_windows, matching_budgets
 from budgets.models import Budget, Hold, Reservation, Window
+from ledger.admission import Subject, ensure_windows, matching_budgets
 from tenants.models import ApiKey, Organization, Project
 from usage.models import UsageRecord
 

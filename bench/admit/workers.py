@@ -16,10 +16,10 @@ from django.db import connection, connections
 from bench.admit.cell import Cell, check_cycle, check_reserved, cpu_ticks
 from bench.admit.tenant import Tenant, close_db
 from bench.admit.whatif import WHATIF
-from budgets.admission import AdmissionRequest, Admitted, Subject, admit, matching_budgets
 from budgets.errors import BudgetExceeded
-from usage.drain import drain, drain_all
-from usage.recording import Outcome, record
+from ledger.admission import AdmissionRequest, Admitted, Subject, admit, matching_budgets
+from ledger.drain import drain, drain_all
+from ledger.recording import Outcome, record
 
 
 def production_admit(subject: Subject, request_id: str, worst: int) -> Admitted:

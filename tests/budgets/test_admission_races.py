@@ -6,14 +6,14 @@ import pytest
 from django.db import OperationalError
 from django.db.models import Sum
 
-from budgets import admission
 from budgets.errors import BudgetExceeded
 from budgets.models import Hold, Reservation, Window
+from ledger import admission
+from ledger.drain import drain, drain_all
+from ledger.recording import Outcome, record, release
 from tests.concurrency import race
 from tests.conftest import usd, window_of
-from usage.drain import drain, drain_all
 from usage.models import UsageRecord
-from usage.recording import Outcome, record, release
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

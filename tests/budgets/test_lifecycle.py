@@ -4,13 +4,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from budgets.admission import renew
 from budgets.models import GatewayInstance, Reservation, Window
 from budgets.periods import LIFETIME_START, period_bounds
+from ledger.admission import renew
+from ledger.drain import drain_all
+from ledger.recording import Outcome, expire, record
 from tests.conftest import usd
-from usage.drain import drain_all
 from usage.models import UsageRecord
-from usage.recording import Outcome, expire, record
 
 pytestmark = pytest.mark.django_db
 

@@ -10,8 +10,8 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from budgets import admission
 from budgets.models import Reservation, Window
+from ledger import admission
 from tenants.models import ApiKey
 from usage.models import UsageRecord
 

@@ -13,13 +13,13 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from budgets import windows as budget_windows
 from budgets.models import Budget, Reservation, Window
 from budgets.periods import period_bounds
 from gateway import reservations
+from ledger import recording
+from ledger import windows as budget_windows
 from tenants.models import ApiKey, ApiToken, AuditLogEntry, EndCustomer, hash_key
 from tests.gateway.conftest import KEY, wait_settled
-from usage import recording
 from usage.audit import audit_counters
 from usage.models import UsageRecord
 
@@ -328,8 +328,8 @@ def test_without_detaching_deleted_subjects_the_records_are_lost(gateway, wired,
 
 
 def test_a_spooled_record_refused_for_good_goes_to_the_dead_letter(wired, settings, tmp_path):
-    from usage import spool
-    from usage.recording import Outcome
+    from ledger import spool
+    from ledger.recording import Outcome
 
     settings.CAPGATE = {**settings.CAPGATE, "DATA_DIR": str(tmp_path)}
     res = Reservation(request_id="req_gone", organization_id=wired.org.id + 999, amount_nano=5, created_at=timezone.now())

@@ -12,8 +12,8 @@ from django.db import connections
 
 from budgets.models import Reservation, Window
 from gateway import runtime
+from ledger import spool
 from tests.gateway.conftest import KEY, wait_settled
-from usage import spool
 from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)

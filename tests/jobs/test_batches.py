@@ -14,12 +14,12 @@ from budgets.models import Reservation, Window
 from jobs import service, settle
 from jobs.models import Job, JobFile
 from jobs.poll import poll_jobs
+from ledger.recording import expire
 from tests.conftest import usd
 from tests.gateway.conftest import wait_settled
 from tests.jobs.conftest import oa, upload
 from usage.audit import audit_counters
 from usage.models import UsageRecord
-from usage.recording import expire
 
 
 def _clean() -> None:

@@ -11,8 +11,8 @@ import threading
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from budgets.admission import AdmissionRequest, Subject, admit
 from budgets.models import Reservation
+from ledger.admission import AdmissionRequest, Subject, admit
 from tenants import services
 from tenants.models import EndCustomer
 from tenants.services import Actor

@@ -17,15 +17,15 @@ from django.db import connection
 
 from budgets.errors import BudgetExceeded
 from budgets.models import Window
+from ledger.drain import drain_all
+from ledger.recording import Outcome, record
 from tenants.models import Member
 from tests.concurrency import race
 from tests.conftest import usd, window_of
 from usage import alert_delivery, alerts
 from usage.alert_delivery import send_pending
 from usage.alerts import note_refusal, on_windows_changed
-from usage.drain import drain_all
 from usage.models import AlertEvent
-from usage.recording import Outcome, record
 from usage.tasks import send_alert_email
 
 NOV = datetime(2026, 11, 15, 12, tzinfo=UTC)

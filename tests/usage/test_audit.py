@@ -23,15 +23,15 @@ from django.utils import timezone
 from budgets.errors import BudgetExceeded
 from budgets.models import Hold, Window
 from core.env import BASE_DIR
+from ledger.drain import drain, drain_all
+from ledger.recording import Outcome, expire, record, release
 from tenants.models import Member
 from tests.concurrency import race
 from tests.conftest import usd, window_of
 from tests.usage.test_tasks import _database_url
 from usage import audit as audit_module
 from usage.audit import audit_counters
-from usage.drain import drain, drain_all
 from usage.models import AlertEvent, AuditRun
-from usage.recording import Outcome, expire, record, release
 from usage.tasks import send_alert_email
 
 WORST = usd("0.037")

@@ -9,9 +9,9 @@ import pytest
 from django.utils import timezone
 
 from budgets.models import Window
+from ledger.drain import drain
+from ledger.recording import Outcome, record
 from usage.audit import audit_counters
-from usage.drain import drain
-from usage.recording import Outcome, record
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -21,14 +21,14 @@ from django.utils import timezone
 from budgets.models import GatewayInstance, Reservation
 from config.celery import app
 from core.env import BASE_DIR
+from ledger import drain as drain_module
+from ledger import recording
+from ledger.recording import Outcome, record
 from tenants.models import Member
 from tests.concurrency import race
 from tests.conftest import usd, window_of
 from tests.usage.test_alerts import SmtpInbox, dropped_constraint
-from usage import drain as drain_module
-from usage import recording
 from usage.models import AlertEvent, UsageRecord
-from usage.recording import Outcome, record
 from usage.tasks import (
     audit_counters,
     drain_usage,
@@ -196,7 +196,7 @@ def test_overlapping_drain_runs_apply_each_record_once(acme):
 
 
 def test_replay_spool_moves_spooled_records_into_the_outbox(acme, settings, tmp_path):
-    from usage import spool
+    from ledger import spool
 
     settings.CAPGATE = {**settings.CAPGATE, "DATA_DIR": tmp_path}
     budget = acme.budget(amount="1")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
-from usage.drain import drain_all
-from usage.recording import expire
+from ledger.drain import drain_all
+from ledger.recording import expire
 
 
 class Command(BaseCommand):

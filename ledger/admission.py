@@ -25,7 +25,7 @@ from django.utils import timezone
 from budgets.errors import BudgetExceeded, BudgetUnavailable
 from budgets.models import Budget, Reservation, Window
 from budgets.periods import period_bounds
-from budgets.windows import create_windows
+from ledger.windows import create_windows
 
 # Narrowest first: when several ceilings refuse, the user is told the most specific one.
 _SCOPE_ORDER = {s: i for i, s in enumerate(["run", "end_customer", "key", "member", "project", "organization"])}
@@ -116,7 +116,7 @@ def current_windows(*, budgets: Sequence[Budget], now: datetime) -> dict[int, Wi
 
     Creation is INSERT .. ON CONFLICT DO NOTHING, so racing first requests agree on one row.
     A window created mid-life starts with the period's whole truth for its scope: recorded spend
-    plus the holds of requests in flight (budgets/windows.py). A budget deleted or reconfigured
+    plus the holds of requests in flight (ledger/windows.py). A budget deleted or reconfigured
     since it was read has no window here: the caller reads the budgets again.
     Runs outside the admission statement: it takes no lock the admission needs.
     """

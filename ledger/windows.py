@@ -14,7 +14,7 @@ window is created under a SHARE ROW EXCLUSIVE lock on the reservation table: it 
 admission statement and drain in progress to commit, and holds new ones off for the few
 milliseconds it takes. The mode conflicts with itself, so two such creations queue instead of
 deadlocking when each, inside a caller's transaction, goes on to insert a reservation. An admission that read the budgets before the edit re-checks them inside its own
-statement (budgets.admission._ADMIT_SQL, `stale`) and retries.
+statement (ledger.admission._ADMIT_SQL, `stale`) and retries.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Recording outcomes: the request path's one cheap insert into the outbox.
 
-No locks here: the drain (usage/drain.py) applies records to windows in batches.
+No locks here: the drain (ledger/drain.py) applies records to windows in batches.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from budgets.admission import windows_for_update
 from budgets.models import Reservation, Window
 from catalog.pricing import Usage
+from ledger.admission import windows_for_update
 from usage.models import UsageRecord
 
 Status = UsageRecord.Status
@@ -222,7 +222,7 @@ def correct_estimate(*, record_id: int, outcome: Outcome) -> UsageRecord:
 
 def release(*, reservation: Reservation, error: str = "") -> UsageRecord:
     """Give a reservation's room back: a zero-cost `released` record, applied at once."""
-    from usage.drain import drain
+    from ledger.drain import drain
 
     rec = record(reservation=reservation, outcome=Outcome(status=Status.RELEASED, error=error))
     drain(request_ids=[rec.request_id])
@@ -247,7 +247,7 @@ def expire(*, now: datetime | None = None, limit: int = 1000, dead_owner_ids: Se
     insert is ON CONFLICT DO NOTHING on the unique request id, so two expiries racing charge
     once. Returns the records this call inserted.
     """
-    from usage.drain import drain
+    from ledger.drain import drain
 
     now = now or timezone.now()
     lapsed_q = Q(expires_at__lt=now) | Q(deadline_at__lt=now)

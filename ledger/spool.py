@@ -27,7 +27,7 @@ from django.db import InterfaceError, OperationalError
 
 from budgets.models import Reservation
 from catalog.pricing import Usage
-from usage.recording import Outcome, record
+from ledger.recording import Outcome, record
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ from functools import partial
 from django.db import connection, transaction
 from django.utils import timezone
 
-from budgets.admission import windows_for_update
 from budgets.models import Hold, Reservation
+from ledger.admission import windows_for_update
+from ledger.recording import relaxed_commit
 from usage.alerts import on_windows_changed
 from usage.models import UsageRecord
-from usage.recording import relaxed_commit
 
 
 def drain(*, limit: int = 500, request_ids: Sequence[str] | None = None) -> int:
