@@ -67,8 +67,9 @@ async def submit(req: Request, key: ApiKey, sub: Submission) -> None:
     reservation = admitted.reservation
     headers = capgate_headers(request_id, reservation.amount_nano)
     try:
-        if sub.form is not None:
-            resp = await send(proxy.client(), sub.connection, "POST", sub.path, data=sub.form, files=sub.files or {})
+        if sub.form is not None:  # multipart/form-data, as the SDK sends it (plain fields as nameless parts)
+            parts = {**{k: (None, v) for k, v in sub.form.items()}, **(sub.files or {})}
+            resp = await send(proxy.client(), sub.connection, "POST", sub.path, files=parts)
         else:
             resp = await send(proxy.client(), sub.connection, "POST", sub.path, body=sub.body)
     except NOT_SENT as exc:
