@@ -109,7 +109,7 @@ def run_one(*, plan: Plan, scenario: str, concurrency: int) -> RunReport:
     if during is not None:
         during.start()
     try:
-        fire(setup, plan, sent)
+        (shape.send or fire)(setup, plan, sent)
         if during is not None:
             during.join(timeout=60)
         settle_s = wait_settled(organization_id=setup.organization.id, timeout=plan.settle_timeout)

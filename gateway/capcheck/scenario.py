@@ -18,7 +18,7 @@ from catalog.models import Connection, Model
 from tenants.models import ApiKey, Organization, Project
 
 if TYPE_CHECKING:
-    from gateway.capcheck.plan import Plan, Setup, Tokens
+    from gateway.capcheck.plan import Plan, Sent, Setup, Tokens
     from usage.models import UsageRecord
 
 CHAT = "/v1/chat/completions"
@@ -106,6 +106,11 @@ class Scenario:
     # The mode of request `index`: plain | stream | disconnect (leaves after the first chunk) |
     # fault (echo answers 500) | customer (names the end customer CUSTOMER).
     mode: Callable[[int], str] = _plain
+    # Sends the burst and fills in what each request was told (`Sent.status`, `code`,
+    # `request_id`, `latency_s`, `error`). None: every request at once as one HTTP call each
+    # (gateway/capcheck/load.py `fire`). A scenario whose requests take several calls (e.g. a job
+    # submitted, then polled) brings its own.
+    send: Callable[[Setup, Plan, list[Sent]], None] | None = None
     # Started with the burst and joined after it (e.g. the admin actions).
     during: Callable[[Setup, Plan], MidBurst] | None = None
     # Checks beyond the four properties, from the run's usage records: each problem found is a
