@@ -10,8 +10,9 @@ from rest_framework import mixins, serializers
 from budgets import services
 from budgets.models import Budget, Reservation
 from budgets.selectors import current_status
-from catalog.api import UsdField
+from catalog.fields import UsdField
 from tenants import services as tenant_services
+from tenants.api.fields import WholeNumberField, choice_field
 from tenants.api.refs import EndCustomerRefField, OrgRelatedField
 from tenants.api.views import OrgViewSet
 from tenants.models import ApiKey, ApiToken, EndCustomer, Member, Organization, Project
@@ -59,8 +60,8 @@ class ProjectSerializer(serializers.ModelSerializer):
     slug = serializers.SlugField(max_length=100)
     default_customer_budget_usd = UsdField(source="default_customer_budget_nano", required=False,
                                            allow_null=True, help_text="Cap for each end customer without one.")
-    default_customer_budget_period = serializers.ChoiceField(choices=Budget.Period.choices, required=False)
-    default_customer_budget_mode = serializers.ChoiceField(choices=Budget.Mode.choices, required=False)
+    default_customer_budget_period = choice_field("Period", Budget.Period.choices, required=False)
+    default_customer_budget_mode = choice_field("Mode", Budget.Mode.choices, required=False)
 
     class Meta:
         model = Project
@@ -106,7 +107,14 @@ class WindowStatusSerializer(serializers.Serializer):
     percent_used = serializers.DecimalField(max_digits=12, decimal_places=2)
 
 
+# A threshold's one message, however it is wrong (not a number, 0, 5000).
+THRESHOLD_MESSAGE = "Whole percentages from 1 to 1000, e.g. 50, 80, 100."
+
+
 class BudgetSerializer(serializers.ModelSerializer):
+    scope = choice_field("Scope", Budget.Scope.choices)
+    period = choice_field("Period", Budget.Period.choices, required=False)
+    mode = choice_field("Mode", Budget.Mode.choices, required=False)
     amount_usd = UsdField(source="amount_nano")
     project = OrgRelatedField(org_path="organization", by="slug", queryset=Project.objects.all(), required=False,
                               allow_null=True)
@@ -117,8 +125,10 @@ class BudgetSerializer(serializers.ModelSerializer):
     end_customer = EndCustomerRefField(queryset=EndCustomer.objects.all(), required=False, allow_null=True)
     run_id = serializers.CharField(max_length=200, required=False, allow_null=True)
     timezone = serializers.CharField(max_length=64, required=False)
-    thresholds = serializers.ListField(child=serializers.IntegerField(min_value=1, max_value=1000), required=False,
-                                       max_length=20)
+    thresholds = serializers.ListField(
+        child=WholeNumberField(min_value=1, max_value=1000, error_messages={
+            "invalid": THRESHOLD_MESSAGE, "min_value": THRESHOLD_MESSAGE, "max_value": THRESHOLD_MESSAGE}),
+        required=False, max_length=20)
     recipients = serializers.ListField(child=serializers.EmailField(), required=False, max_length=50)
     current = serializers.SerializerMethodField()
 

@@ -2,41 +2,16 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import mixins, serializers
 
 from catalog import services
+from catalog.fields import UsdField as UsdField  # re-exported: the other apps' read-only USD fields
+from catalog.fields import rate_field
 from catalog.models import Connection, Model, Route
-from catalog.pricing import nano_to_usd, usd_to_nano
+from tenants.api.fields import choice_field, output_ceiling_field
 from tenants.api.refs import OrgRelatedField
 from tenants.api.views import OrgViewSet
-
-MAX_USD = Decimal("4611686018")
-
-
-class UsdField(serializers.DecimalField):
-    """USD as a decimal string in and out (e.g. "5.00"); nano-USD ints inside."""
-
-    def __init__(self, **kwargs):
-        kwargs.setdefault("max_digits", 20)
-        kwargs.setdefault("decimal_places", 9)
-        kwargs.setdefault("min_value", Decimal(0))
-        kwargs.setdefault("max_value", MAX_USD)
-        super().__init__(**kwargs)
-
-    def to_internal_value(self, data) -> int:  # type: ignore[override]
-        return usd_to_nano(super().to_internal_value(data))
-
-    def to_representation(self, value) -> str:  # type: ignore[override]
-        return super().to_representation(nano_to_usd(value))
-
-
-def rate_field() -> serializers.DecimalField:
-    """An optional USD-per-1M-tokens rate; null means the catalog's list price applies."""
-    return serializers.DecimalField(max_digits=14, decimal_places=6, min_value=Decimal(0),
-                                    max_value=Decimal("99999999"), required=False, allow_null=True)
 
 
 class ConnectionSerializer(serializers.ModelSerializer):
@@ -44,6 +19,7 @@ class ConnectionSerializer(serializers.ModelSerializer):
                                    trim_whitespace=False,
                                    help_text="Write-only: stored encrypted, never returned.")
     has_secret = serializers.SerializerMethodField()
+    kind = choice_field("Kind", Connection.Kind.choices)
     base_url = serializers.URLField(required=False, allow_blank=True, max_length=200)
     input_usd_per_mtok = rate_field()
     output_usd_per_mtok = rate_field()
@@ -89,7 +65,10 @@ class ConnectionViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelM
 
 class ModelRefField(serializers.CharField):
     def to_internal_value(self, data) -> Model:  # type: ignore[override]
-        return services.find_model(super().to_internal_value(data))
+        try:
+            return services.find_model(super().to_internal_value(data))
+        except services.InvalidChange as exc:  # a field error, named by its place in the list
+            raise serializers.ValidationError(exc.message) from exc
 
     def to_representation(self, value) -> str:
         return str(value)
@@ -103,8 +82,7 @@ class RouteTargetSerializer(serializers.Serializer):
 class RouteSerializer(serializers.ModelSerializer):
     targets = RouteTargetSerializer(many=True, help_text="Tried in order (failover).")
     name = serializers.CharField(max_length=200)
-    default_max_output_tokens = serializers.IntegerField(
-        required=False, allow_null=True, min_value=1, max_value=1_000_000,
+    default_max_output_tokens = output_ceiling_field(
         help_text="Output ceiling sent upstream when a request names none (the tighter of this and the key's).")
 
     class Meta:

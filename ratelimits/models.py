@@ -22,8 +22,9 @@ class RateLimit(models.Model):
     end_customer = models.ForeignKey(
         EndCustomer, on_delete=models.CASCADE, null=True, blank=True, related_name="rate_limits"
     )
-    # Either may be empty (not limited); a limit limits at least one of them.
-    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    # Either may be empty (not limited); a limit limits at least one of them. Both hold up to
+    # services.MAX_PER_MINUTE (a 32-bit column refused the API's own maximum with a 500).
+    requests_per_minute = models.PositiveBigIntegerField(null=True, blank=True)
     # Tokens as admission bounds them: the input bound plus the output ceiling (not the usage).
     tokens_per_minute = models.PositiveBigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

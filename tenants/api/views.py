@@ -17,6 +17,7 @@ from rest_framework.response import Response
 
 from tenants import services
 from tenants.api.auth import OrgPermission
+from tenants.api.fields import choice_field, output_ceiling_field
 from tenants.api.refs import OrgRelatedField
 from tenants.models import ApiKey, ApiToken, EndCustomer, Member, Project
 from tenants.selectors import Access, access_for_token, access_for_user
@@ -61,6 +62,7 @@ class OrgViewSet(viewsets.GenericViewSet):
 
 class MemberSerializer(serializers.ModelSerializer):
     email = serializers.EmailField(source="user.email")
+    role = choice_field("Role", Member.Role.choices, required=False)
 
     class Meta:
         model = Member
@@ -69,7 +71,7 @@ class MemberSerializer(serializers.ModelSerializer):
 
 
 class MemberRoleSerializer(serializers.Serializer):
-    role = serializers.ChoiceField(choices=Member.Role.choices)
+    role = choice_field("Role", Member.Role.choices)
 
 
 @extend_schema_view(partial_update=extend_schema(request=MemberRoleSerializer, responses=MemberSerializer),
@@ -109,6 +111,8 @@ class KeySerializer(serializers.ModelSerializer):
                              allow_null=True)
     allowed_models = serializers.ListField(child=serializers.CharField(max_length=200), required=False,
                                            max_length=500)
+    default_max_output_tokens = output_ceiling_field(
+        help_text="Output ceiling sent upstream when a request names none (the tighter of this and the route's).")
     active = serializers.SerializerMethodField()
 
     class Meta:
@@ -133,8 +137,7 @@ class KeyUpdateSerializer(serializers.Serializer):
     allowed_models = serializers.ListField(child=serializers.CharField(max_length=200), required=False,
                                            max_length=500)
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
-    default_max_output_tokens = serializers.IntegerField(
-        required=False, allow_null=True, min_value=1, max_value=1_000_000,
+    default_max_output_tokens = output_ceiling_field(
         help_text="Output ceiling sent upstream when a request names none (the tighter of this and the route's).")
 
 

@@ -1,0 +1,119 @@
+"""The management API's field rules for money and prices, written once (the others are in
+tenants/api/fields.py).
+
+Each rule is a DRF serializer field. The API's serializers are built from them, the dashboard
+forms wrap the same fields (dashboard/fields.py), `manage.py apply` feeds every item of its file
+through the API's serializers, and the price-file loader (catalog/prices.py) feeds every model
+through PriceSerializer below. So a value is accepted or refused, with the same message,
+whichever way it arrives (docs/decisions.md, 2026-12-01).
+
+The services check what no single field can (a key budget names its key, a timezone exists,
+thresholds are distinct); every path reaches them after these fields.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any, cast
+
+from django.db import models
+from rest_framework import serializers
+
+from catalog.models import TOKENIZERS, Model
+from catalog.pricing import nano_to_usd, usd_to_nano
+from tenants.api.fields import MAX_INT, NUMBER_MESSAGES, WholeNumberField, choice_field
+
+# The largest amount a budget or cap holds (2**62 nano-USD, rounded down to whole USD).
+MAX_USD = Decimal("4611686018")
+
+class UsdField(serializers.DecimalField):
+    """USD as a decimal string in and out (e.g. "5.00"); nano-USD ints inside. At most nine
+    decimal places (one nano-USD), never negative, at most MAX_USD."""
+
+    def __init__(self, **kwargs: Any):
+        kwargs.setdefault("max_digits", 20)
+        kwargs.setdefault("decimal_places", 9)
+        kwargs.setdefault("error_messages", NUMBER_MESSAGES)
+        # The range is checked on the USD amount, before it becomes nano-USD: DRF's validators
+        # would compare the nano-USD int with the USD bound (and refuse any amount over $4.61).
+        least, most = kwargs.pop("min_value", Decimal(0)), kwargs.pop("max_value", MAX_USD)
+        super().__init__(**kwargs)
+        self.min_value, self.max_value = least, most  # also what the OpenAPI schema shows
+
+    def to_internal_value(self, data: Any) -> int:  # type: ignore[override]
+        if isinstance(data, bool):  # Decimal(True) is 1: a YAML `yes` is not an amount
+            self.fail("invalid")
+        amount = super().to_internal_value(data)
+        if self.min_value is not None and amount < self.min_value:
+            self.fail("min_value", min_value=self.min_value)
+        if self.max_value is not None and amount > self.max_value:
+            self.fail("max_value", max_value=self.max_value)
+        return usd_to_nano(amount)
+
+    def to_representation(self, value: Any) -> str:  # type: ignore[override]
+        return super().to_representation(nano_to_usd(value))
+
+
+class DecimalField(serializers.DecimalField):
+    """A non-negative decimal (a price, a rate, a multiplier); a bool is not a number."""
+
+    def __init__(self, **kwargs: Any):
+        kwargs.setdefault("min_value", Decimal(0))
+        kwargs.setdefault("error_messages", NUMBER_MESSAGES)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> Decimal:  # type: ignore[override]
+        if isinstance(data, bool):
+            self.fail("invalid")
+        return cast(Decimal, super().to_internal_value(data))
+
+
+def rate_field(**kwargs: Any) -> DecimalField:
+    """An optional USD-per-1M-tokens rate (a connection's negotiated rate, a list price); null
+    means the catalog's list price applies (on a connection) or unpriced (in the catalog)."""
+    kwargs.setdefault("required", False)
+    kwargs.setdefault("allow_null", True)
+    return DecimalField(max_digits=14, decimal_places=6, max_value=Decimal("99999999"), **kwargs)
+
+
+def _model_field(name: str) -> Any:
+    """The catalog column a price is stored in: its digits are the field's limits."""
+    return Model._meta.get_field(name)
+
+
+def _price(name: str) -> DecimalField:
+    column = cast(models.DecimalField, _model_field(name))
+    assert column.max_digits is not None and column.decimal_places is not None
+    return DecimalField(max_digits=column.max_digits, decimal_places=column.decimal_places, required=False,
+                        allow_null=column.null)
+
+
+def token_count_field(**kwargs: Any) -> WholeNumberField:
+    """A count of tokens a model allows or a feature adds: positive, or null (unknown)."""
+    kwargs.setdefault("required", False)
+    kwargs.setdefault("allow_null", True)
+    return WholeNumberField(min_value=1, max_value=MAX_INT, **kwargs)
+
+
+class PriceSerializer(serializers.Serializer):
+    """A catalog model's list price, as `apply`, the price file and the staff price form set it
+    (the fields of catalog.services.set_model_price). Every field is optional: a price file
+    additionally requires input and output (catalog/prices.py)."""
+
+    input_usd_per_mtok = _price("input_usd_per_mtok")
+    output_usd_per_mtok = _price("output_usd_per_mtok")
+    cache_read_usd_per_mtok = _price("cache_read_usd_per_mtok")
+    cache_write_usd_per_mtok = _price("cache_write_usd_per_mtok")
+    per_request_usd = _price("per_request_usd")
+    max_output_tokens = token_count_field()
+    context_window = token_count_field()
+    max_image_tokens = token_count_field()
+    cache_write_1h_usd_per_mtok = _price("cache_write_1h_usd_per_mtok")
+    web_search_usd_per_use = _price("web_search_usd_per_use")
+    priority_multiplier = _price("priority_multiplier")
+    flex_multiplier = _price("flex_multiplier")
+    long_context_input_multiplier = _price("long_context_input_multiplier")
+    long_context_output_multiplier = _price("long_context_output_multiplier")
+    server_tool_result_tokens = token_count_field()
+    long_context_threshold_tokens = token_count_field()
+    tokenizer = choice_field("Tokenizer", TOKENIZERS, nullable=True, required=False)
