@@ -130,8 +130,8 @@ def test_unknown_model_fails_naming_the_item_and_changes_nothing(tmp_path):
     ("budget", "message"),
     [
         ({"name": "b", "scope": "key", "amount_usd": "1"}, r"budgets\[0\]\.api_key: A key budget names its api key"),
-        ({"name": "b", "scope": "organization", "amount_usd": "-1"}, r"budgets\[0\]\.amount_usd: expected a non-negative"),
-        ({"name": "b", "scope": "organization", "amount_usd": "abc"}, r"budgets\[0\]\.amount_usd: 'abc' is not a decimal"),
+        ({"name": "b", "scope": "organization", "amount_usd": "-1"}, r"budgets\[0\]\.amount_usd: Ensure this value is greater than or equal to 0\."),
+        ({"name": "b", "scope": "organization", "amount_usd": "abc"}, r"budgets\[0\]\.amount_usd: Enter a number\."),
         ({"name": "b", "scope": "organization", "amount_usd": "1", "period": "year"}, r"budgets\[0\]\.period: Period must be"),
         ({"name": "b", "scope": "organization", "amount_usd": "1", "timezone": "Mars/Base"}, r"budgets\[0\]\.timezone"),
         ({"name": "b", "scope": "project", "project": "ghost", "amount_usd": "1"}, r"budgets\[0\]\.project: no project 'ghost'"),

@@ -7,7 +7,7 @@ import pytest
 from django.urls import reverse
 
 from catalog.models import Connection, Model, Provider, Route, RouteTarget
-from dashboard.services.apply import apply_config
+from dashboard.services.apply_document import apply_config
 from tenants.models import ApiKey, ApiToken, Member
 from tests.conftest import make_tenant
 

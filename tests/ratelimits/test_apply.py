@@ -12,8 +12,10 @@ import pytest
 import yaml
 from django.core.management import CommandError, call_command
 from django.db import IntegrityError
+from rest_framework import serializers
 
-from dashboard.services import apply as apply_service
+from dashboard.services import apply_document as apply_service
+from ratelimits import api as ratelimit_api
 from ratelimits import services
 from ratelimits.models import RateLimit
 from tenants.models import AuditLogEntry, Organization
@@ -128,11 +130,11 @@ def test_reapplying_is_a_no_op_and_a_changed_rate_is_an_update(tmp_path):
         ({"tokens_per_minute": 0}, r"rate_limits\[2\]\.tokens_per_minute: A whole number from 1"),
         (
             {"requests_per_minute": "many"},
-            r"rate_limits\[2\]\.requests_per_minute: a whole number per minute",
+            r"rate_limits\[2\]\.requests_per_minute: A whole number from 1",
         ),
         (
             {"requests_per_minute": 1.5},
-            r"rate_limits\[2\]\.requests_per_minute: a whole number per minute",
+            r"rate_limits\[2\]\.requests_per_minute: A whole number from 1",
         ),
         (
             {"requests_per_minute": None, "tokens_per_minute": None},
@@ -196,17 +198,21 @@ def test_a_subject_is_fixed_once_created(tmp_path):
 
 @pytest.mark.django_db
 def test_nothing_changed_guard_removed_keeps_the_entries_before_the_bad_one(tmp_path, monkeypatch):
-    # The removal test of "nothing changes": apply's one transaction is the guard.
+    # The removal test of "nothing changes": apply's one transaction is the guard. Apply goes
+    # on past a bad item (to report every error), so without it every good entry is written.
     monkeypatch.setattr(apply_service.transaction, "atomic", contextlib.nullcontext)
     with pytest.raises(CommandError, match=r"rate_limits\[2\]"):
         run(write(tmp_path, config(_2={"requests_per_minute": 0})))
-    assert set(RateLimit.objects.values_list("name", flat=True)) == {"whole-org", "per-project"}
+    assert set(RateLimit.objects.values_list("name", flat=True)) == {"whole-org", "per-project", "per-customer"}
 
 
 @pytest.mark.django_db
 def test_named_path_guard_removed_is_a_bare_database_error(tmp_path, monkeypatch):
     # The removal test of the service's check: without it the constraint still refuses the row,
     # but as a bare IntegrityError that names no item.
+    # The serializer's bound (the API's rule, which apply now meets first) goes too.
+    monkeypatch.setitem(ratelimit_api.RateLimitSerializer._declared_fields, "requests_per_minute",
+                        serializers.IntegerField(required=False, allow_null=True))
     monkeypatch.setattr(services, "_check_fields", lambda fields, current=None: None)
     with pytest.raises(IntegrityError, match="rate_limit_positive"):
         run(write(tmp_path, config(_2={"requests_per_minute": 0})))

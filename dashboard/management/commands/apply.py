@@ -6,7 +6,8 @@ from pathlib import Path
 import yaml
 from django.core.management.base import BaseCommand, CommandError
 
-from dashboard.services.apply import ApplyError, apply_config
+from dashboard.services.apply import ApplyError
+from dashboard.services.apply_document import apply_config
 
 
 class Command(BaseCommand):
@@ -21,7 +22,11 @@ class Command(BaseCommand):
         try:
             result = apply_config(data=data, dry_run=dry_run)
         except ApplyError as exc:
-            raise CommandError(f"{exc} (nothing was changed)") from exc
+            # Every bad item, one a line, each with its path in the file.
+            if len(exc.problems) == 1:
+                raise CommandError(f"{exc} (nothing was changed)") from exc
+            raise CommandError(f"{len(exc.problems)} errors (nothing was changed):\n  "
+                               + str(exc).replace("\n", "\n  ")) from exc
         for change in result.changes:
             self.stdout.write(str(change))
         for label, secret in result.secrets:
