@@ -26,7 +26,10 @@ The file, all prices being Decimal-exact strings of USD per 1M tokens:
     }
 
 load_catalog() validates the whole file before it touches the database and writes in one
-transaction, so a bad file changes nothing. Loading is an upsert keyed on (provider slug, model
+transaction, so a bad file changes nothing; it reports every problem at once. Each model's
+prices and limits are checked by catalog.fields.PriceSerializer, the rules (and messages) of
+`manage.py apply`'s prices and the staff price form; the file adds its own: input and output are
+required, and a price is a string (a JSON number with a fraction is not exact). Loading is an upsert keyed on (provider slug, model
 name): new models are created; an existing model is left exactly as it is unless overwrite=True,
 so prices an operator edited survive a reload. Models missing from the file are never deleted
 (route targets protect them).
@@ -37,15 +40,16 @@ from __future__ import annotations
 import datetime
 import json
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, cast
 
 from django.db import connection, transaction
 from django.utils.text import slugify
 
-from catalog.models import TOKENIZERS, Model, Provider
+from catalog.fields import PriceSerializer
+from catalog.models import Model, Provider
 from catalog.pricing import RATE_FIELDS
+from tenants.api.fields import flat_errors
 
 DEFAULT_CATALOG_PATH = Path(__file__).resolve().parent / "data" / "prices.json"
 
@@ -67,10 +71,6 @@ _FEATURE_PRICES = {
     "video_per_second": "video_usd_per_second",  # USD per second of generated video
 }
 _MODEL_KEYS = {"provider", "name", "per_request", "note", "tokenizer", *RATE_FIELDS, *_INT_FIELDS, *_FEATURE_PRICES}
-_TOKENIZERS = {value for value, _ in TOKENIZERS}
-# Mirrors the DecimalField(max_digits=14, decimal_places=6) on Model and PositiveIntegerField.
-_MAX_DIGITS, _DECIMAL_PLACES = 14, 6
-_MAX_INT = 2_147_483_647
 _NAME_MAX = cast(int, Model._meta.get_field("name").max_length)  # a CharField: always set
 # Serializes concurrent loads (any bigint unique to this purpose).
 _ADVISORY_LOCK_KEY = 0x6361_7067_7072_6963  # "capgpric"
@@ -84,6 +84,8 @@ FIELD_ATTRS: dict[str, str] = {
     "tokenizer": "tokenizer",
     "prices_as_of": "prices_as_of",
 }
+_PRICE_KEYS = (*RATE_FIELDS, "per_request", *_FEATURE_PRICES)
+_KEY_OF = {attr: key for key, attr in FIELD_ATTRS.items()}  # a price's key in the file, by column
 
 
 @dataclass(frozen=True)
@@ -324,61 +326,28 @@ def _validate_model(i, raw, providers, prices_as_of, problem) -> _Entry | None:
         ok = False
 
     values: dict[str, Any] = {}
-    for rate in RATE_FIELDS:
-        required = rate in _REQUIRED_RATES
-        if rate not in raw and required:
+    for rate in _REQUIRED_RATES:  # the file's own rule: every model is priced
+        if rate not in raw:
             problem("is required (USD per 1M tokens, as a string)", model=where, field=rate)
             ok = False
-            continue
-        price, error = _price(raw.get(rate), nullable=not required)
-        if error:
-            problem(error, model=where, field=rate)
+        elif raw[rate] is None:
+            problem("must be a price, not null", model=where, field=rate)
             ok = False
-        values[rate] = price
-    per_request, error = _price(raw.get("per_request", "0"), nullable=False)
-    if error:
-        problem(error, model=where, field="per_request")
+    # Every price and limit: the rules of the API and the staff price form (PriceSerializer),
+    # after the file's one rule of its own: a JSON number with a fraction is not exact.
+    data = {FIELD_ATTRS[key]: raw.get(key) for key in (*_PRICE_KEYS, *_INT_FIELDS, "tokenizer")}
+    data[FIELD_ATTRS["per_request"]] = raw.get("per_request", "0")
+    for key in _PRICE_KEYS:
+        if isinstance(raw.get(key), float):
+            problem(f'must be a decimal string such as "2.50", not {raw[key]!r}', model=where, field=key)
+            ok = False
+            del data[FIELD_ATTRS[key]]
+    serializer = PriceSerializer(data=data)
+    if not serializer.is_valid():
+        for attr, message in flat_errors(serializer.errors):
+            problem(message, model=where, field=_KEY_OF.get(attr, attr))
         ok = False
-    values["per_request"] = per_request
-    for key in _FEATURE_PRICES:
-        price, error = _price(raw.get(key), nullable=True)
-        if error:
-            problem(error, model=where, field=key)
-            ok = False
-        values[key] = price
-    for key in _INT_FIELDS:
-        value = raw.get(key)
-        if value is not None and (type(value) is not int or not 1 <= value <= _MAX_INT):
-            problem(f"must be a positive integer or null, not {value!r}", model=where, field=key)
-            ok = False
-        values[key] = value
-    tokenizer = raw.get("tokenizer")
-    if tokenizer is not None and (not isinstance(tokenizer, str) or tokenizer not in _TOKENIZERS):  # a list: unhashable
-        problem(f"must be one of {', '.join(sorted(_TOKENIZERS))} or null, not {tokenizer!r}", model=where, field="tokenizer")
-        ok = False
-    values["tokenizer"] = tokenizer
+    for key in (*_PRICE_KEYS, *_INT_FIELDS, "tokenizer"):
+        values[key] = serializer.validated_data.get(FIELD_ATTRS[key]) if ok else None
     values["prices_as_of"] = prices_as_of
     return _Entry(provider, name, values) if ok else None
-
-
-def _price(value: Any, *, nullable: bool) -> tuple[Decimal | None, str | None]:
-    """A validated price, or an error message. Floats are refused: they are not exact."""
-    if value is None:
-        return None, None if nullable else "must be a price, not null"
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        return None, f"must be a decimal string such as \"2.50\", not {value!r}"
-    try:
-        price = Decimal(value.strip() if isinstance(value, str) else value)
-    except InvalidOperation:
-        return None, f"is not a number: {value!r}"
-    if not price.is_finite():
-        return None, f"is not a finite number: {value!r}"
-    if price < 0:
-        return None, f"must not be negative: {value!r}"
-    exponent = price.normalize().as_tuple().exponent
-    assert isinstance(exponent, int)
-    if -exponent > _DECIMAL_PLACES:
-        return None, f"has more than {_DECIMAL_PLACES} decimal places: {value!r}"
-    if price >= Decimal(10) ** (_MAX_DIGITS - _DECIMAL_PLACES):
-        return None, f"is too large: {value!r}"
-    return price, None

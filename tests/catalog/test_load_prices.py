@@ -169,17 +169,18 @@ def _with(mutate) -> dict:
 @pytest.mark.parametrize(
     "mutate, model, field, fragment",
     [
-        (lambda d: d["models"][0].update(input="-1"), "acme/big", "input", "negative"),
-        (lambda d: d["models"][0].update(output="ten"), "acme/big", "output", "not a number"),
+        (lambda d: d["models"][0].update(input="-1"), "acme/big", "input", "greater than or equal to 0"),
+        (lambda d: d["models"][0].update(output="ten"), "acme/big", "output", "Enter a number"),
         (lambda d: d["models"][0].update(output=1.5), "acme/big", "output", "decimal string"),
-        (lambda d: d["models"][0].update(cache_read="NaN"), "acme/big", "cache_read", "finite"),
+        (lambda d: d["models"][0].update(cache_read="NaN"), "acme/big", "cache_read", "Enter a number"),
         (lambda d: d["models"][0].update(cache_write="0.0000001"), "acme/big", "cache_write", "decimal places"),
         (lambda d: d["models"][0].update(input=None), "acme/big", "input", "not null"),
         (lambda d: d["models"][0].pop("output"), "acme/big", "output", "required"),
         (lambda d: d["models"][0].update(inptu="3"), "acme/big", "inptu", "unknown key"),
         (lambda d: d["models"][0].pop("name"), "models[0]", "name", "required"),
         (lambda d: d["models"][0].update(provider="nope"), "nope/big", "provider", "providers"),
-        (lambda d: d["models"][0].update(max_output_tokens=-5), "acme/big", "max_output_tokens", "positive"),
+        (lambda d: d["models"][0].update(max_output_tokens=-5), "acme/big", "max_output_tokens",
+         "greater than or equal to 1"),
         # A wrong encoding would under-count prompts: only the ones the gateway ships, or null.
         (lambda d: d["models"][0].update(tokenizer="gpt2"), "acme/big", "tokenizer", "o200k_base"),
         (lambda d: d["models"][0].update(tokenizer=""), "acme/big", "tokenizer", "or null"),
@@ -260,7 +261,7 @@ def test_command_rejects_a_bad_file_and_changes_nothing(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(bad))
 
-    with pytest.raises(CommandError, match=r"(?s)acme/big field 'input': must not be negative.*Nothing was changed"):
+    with pytest.raises(CommandError, match=r"(?s)acme/big field 'input': Ensure this value is greater than or equal to 0\..*Nothing was changed"):
         run("--file", str(path), "--overwrite")
     assert snapshot() == before
 
