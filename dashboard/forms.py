@@ -1,31 +1,21 @@
-"""Dashboard forms: parse and shape input; the services validate the rules and report field errors
-(InvalidChange.param names the form field)."""
+"""Dashboard forms: parse and shape input. A field the API also takes is the API's own field
+(dashboard/fields.py: same rules, same messages); the services check the rest and report field
+errors (InvalidChange.param names the form field)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, time, timedelta
-from decimal import Decimal
 from typing import Any, cast
 
 from django import forms
 
-from budgets.models import Budget
+from budgets.api import BudgetSerializer, OrganizationSerializer, ProjectSerializer
 from budgets.services import SUBJECT_FIELD
-from catalog.models import Connection
-from catalog.pricing import usd_to_nano
+from catalog.api import ConnectionSerializer
+from dashboard.fields import api_field, comma_list, show_list
+from tenants.api.views import KeySerializer
 from tenants.models import ApiKey, ApiToken, EndCustomer, Member, Organization, Project
 from tenants.services import InvalidChange, NotAllowed
-
-MAX_USD = Decimal("4611686018")
-
-
-def usd_field(**kwargs: Any) -> forms.DecimalField:
-    return forms.DecimalField(min_value=Decimal(0), max_value=MAX_USD, max_digits=20, decimal_places=9,
-                              **kwargs)
-
-
-def nano(value: Decimal | None) -> int | None:
-    return None if value is None else usd_to_nano(value)
 
 
 def add_service_error(form: forms.Form, exc: InvalidChange | NotAllowed) -> None:
@@ -43,15 +33,6 @@ class CommaListField(forms.CharField):
         return ", ".join(str(v) for v in value) if isinstance(value, list) else value
 
 
-class ThresholdsField(CommaListField):
-    def to_python(self, value: Any) -> list[int]:  # type: ignore[override]
-        parts = super().to_python(value)
-        try:
-            return [int(p.rstrip("%")) for p in parts]
-        except ValueError as exc:
-            raise forms.ValidationError("Whole percentages, e.g. 50, 80, 100.") from exc
-
-
 class OrgForm(forms.Form):
     """A form whose choices are limited to one organization."""
 
@@ -66,18 +47,19 @@ class OrgForm(forms.Form):
 
 class BudgetForm(OrgForm):
     name = forms.CharField(max_length=200, required=False)
-    scope = forms.ChoiceField(choices=Budget.Scope.choices)
+    scope = api_field(BudgetSerializer, "scope")
     project = forms.ModelChoiceField(queryset=Project.objects.none(), required=False)
     member = forms.ModelChoiceField(queryset=Member.objects.none(), required=False)
     api_key = forms.ModelChoiceField(queryset=ApiKey.objects.none(), required=False, label="Key")
     end_customer = forms.ModelChoiceField(queryset=EndCustomer.objects.none(), required=False)
     run_id = forms.CharField(max_length=200, required=False, label="Run id")
-    period = forms.ChoiceField(choices=Budget.Period.choices, initial="month")
+    period = api_field(BudgetSerializer, "period", initial="month")
     timezone = forms.CharField(max_length=64, initial="UTC")
-    mode = forms.ChoiceField(choices=Budget.Mode.choices, initial="block",
-                             help_text="block refuses requests before the provider call; alert only notifies")
-    amount_usd = usd_field(label="Amount (USD)")
-    thresholds = ThresholdsField(required=False, initial="50, 80, 100", help_text="percent of the amount")
+    mode = api_field(BudgetSerializer, "mode", initial="block",
+                     help_text="block refuses requests before the provider call; alert only notifies")
+    amount_usd = api_field(BudgetSerializer, "amount_usd", label="Amount (USD)")
+    thresholds = api_field(BudgetSerializer, "thresholds", parse=comma_list, show=show_list, required=False,
+                           initial="50, 80, 100", help_text="percent of the amount")
     recipients = CommaListField(required=False, widget=forms.Textarea,
                                 help_text="emails, comma-separated; empty: the organization's owners")
 
@@ -108,7 +90,7 @@ class BudgetForm(OrgForm):
 
     def service_kwargs(self) -> dict[str, Any]:
         d = dict(self.cleaned_data)
-        d["amount_nano"] = nano(d.pop("amount_usd"))
+        d["amount_nano"] = d.pop("amount_usd")  # the API's field: nano-USD
         if not d.get("thresholds"):
             d["thresholds"] = [50, 80, 100]
         d["run_id"] = d.get("run_id") or None
@@ -123,8 +105,8 @@ class KeyForm(OrgForm):
     allowed_models = CommaListField(required=False, help_text="comma-separated; empty: every routed model")
     expires_at = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
                                      help_text="UTC")
-    default_max_output_tokens = forms.IntegerField(
-        required=False, min_value=1, max_value=1_000_000, label="Default output ceiling",
+    default_max_output_tokens = api_field(
+        KeySerializer, "default_max_output_tokens", required=False, label="Default output ceiling",
         help_text="tokens sent upstream when a request names none; empty: the model's maximum")
 
     def __init__(self, *args: Any, can_choose_member: bool = True, **kwargs: Any):
@@ -138,15 +120,17 @@ class KeyForm(OrgForm):
 class ProjectForm(OrgForm):
     slug = forms.SlugField(max_length=100)
     name = forms.CharField(max_length=200)
-    default_customer_budget_usd = usd_field(required=False, label="Default end-customer cap (USD)",
-                                            help_text="applies to each end customer without a budget of its own")
-    default_customer_budget_period = forms.ChoiceField(choices=Budget.Period.choices, initial="month",
-                                                       label="Cap period")
-    default_customer_budget_mode = forms.ChoiceField(choices=Budget.Mode.choices, initial="block", label="Cap mode")
+    default_customer_budget_usd = api_field(
+        ProjectSerializer, "default_customer_budget_usd", required=False, label="Default end-customer cap (USD)",
+        help_text="applies to each end customer without a budget of its own")
+    default_customer_budget_period = api_field(ProjectSerializer, "default_customer_budget_period",
+                                               initial="month", label="Cap period")
+    default_customer_budget_mode = api_field(ProjectSerializer, "default_customer_budget_mode", initial="block",
+                                             label="Cap mode")
 
     def service_kwargs(self) -> dict[str, Any]:
         d = dict(self.cleaned_data)
-        d["default_customer_budget_nano"] = nano(d.pop("default_customer_budget_usd"))
+        d["default_customer_budget_nano"] = d.pop("default_customer_budget_usd")  # the API's field: nano-USD
         return d
 
 
@@ -172,21 +156,21 @@ class RoleForm(forms.Form):
 RATE_FIELDS = ("input_usd_per_mtok", "output_usd_per_mtok", "cache_read_usd_per_mtok", "cache_write_usd_per_mtok")
 
 
-def rate_field(label: str) -> forms.DecimalField:
-    return forms.DecimalField(required=False, min_value=Decimal(0), max_digits=14, decimal_places=6, label=label,
-                              help_text="USD per 1M tokens; empty: the catalog's list price")
+def rate_field(name: str, label: str) -> forms.Field:
+    return api_field(ConnectionSerializer, name, required=False, label=label,
+                     help_text="USD per 1M tokens; empty: the catalog's list price")
 
 
 class ConnectionForm(forms.Form):
     name = forms.CharField(max_length=100)
-    kind = forms.ChoiceField(choices=Connection.Kind.choices)
+    kind = api_field(ConnectionSerializer, "kind")
     base_url = forms.URLField(required=False, max_length=200, assume_scheme="https")
     secret = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False), strip=False,
                              help_text="write-only: stored encrypted, never shown; leave empty to keep")
-    input_usd_per_mtok = rate_field("Negotiated input rate")
-    output_usd_per_mtok = rate_field("Negotiated output rate")
-    cache_read_usd_per_mtok = rate_field("Negotiated cache-read rate")
-    cache_write_usd_per_mtok = rate_field("Negotiated cache-write rate")
+    input_usd_per_mtok = rate_field("input_usd_per_mtok", "Negotiated input rate")
+    output_usd_per_mtok = rate_field("output_usd_per_mtok", "Negotiated output rate")
+    cache_read_usd_per_mtok = rate_field("cache_read_usd_per_mtok", "Negotiated cache-read rate")
+    cache_write_usd_per_mtok = rate_field("cache_write_usd_per_mtok", "Negotiated cache-write rate")
     options = forms.JSONField(required=False, initial=dict, help_text='e.g. {"delay_ms": 20} for echo')
     enabled = forms.BooleanField(required=False, initial=True)
 
@@ -201,7 +185,8 @@ class PolicyForm(forms.Form):
     allow_unpriced = forms.BooleanField(
         required=False, label="Allow models with no price",
         help_text="blocking budgets then do not govern that traffic (it cannot be bounded)")
-    default_run_budget_usd = usd_field(required=False, label="Default run budget (USD)",
+    default_run_budget_usd = api_field(OrganizationSerializer, "default_run_budget_usd", required=False,
+                                       label="Default run budget (USD)",
                                        help_text="for X-Capgate-Run without X-Capgate-Run-Budget-Usd")
 
 

@@ -18,8 +18,11 @@ from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
 from catalog import services
+from catalog.api import RouteSerializer
+from catalog.fields import PriceSerializer
 from catalog.models import Model, Route
 from dashboard.access import org_view, render_org, require_manage
+from dashboard.fields import api_field
 from dashboard.forms import OrgForm, add_service_error
 from tenants.selectors import Access
 from tenants.services import InvalidChange
@@ -32,8 +35,8 @@ class RouteForm(OrgForm):
     rows, tried in row order; empty rows are skipped."""
 
     name = forms.CharField(max_length=200, help_text="the model name your app sends")
-    default_max_output_tokens = forms.IntegerField(
-        required=False, min_value=1, max_value=1_000_000, label="Default output ceiling",
+    default_max_output_tokens = api_field(
+        RouteSerializer, "default_max_output_tokens", required=False, label="Default output ceiling",
         help_text="tokens sent upstream when a request names none (the tighter of this and the key's); "
                   "empty: the model's maximum")
 
@@ -112,15 +115,19 @@ def route_delete(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
 
 
 class PriceForm(forms.Form):
-    """The catalog fields set_model_price takes, with the model's own digits and limits (so a
-    multiplier the column cannot hold is a form error, not a database error)."""
+    """The catalog fields set_model_price takes, each the PriceSerializer field `apply` and the
+    price file are checked with (the model's own digits and limits, so a multiplier the column
+    cannot hold is a form error, not a database error). Labels and help come from the model."""
 
     def __init__(self, *args: Any, creating: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)
         if creating:
             self.fields["model"] = forms.CharField(max_length=250, help_text="provider/model, e.g. openai/gpt-4o")
-        for name, field in fields_for_model(Model, fields=services.MODEL_PRICE_FIELDS).items():
-            self.fields[name] = field
+        shown = fields_for_model(Model, fields=services.MODEL_PRICE_FIELDS)
+        for name in services.MODEL_PRICE_FIELDS:
+            required = name == "per_request_usd"  # not null: 0 is free
+            self.fields[name] = api_field(PriceSerializer, name, required=required, label=shown[name].label,
+                                          help_text=shown[name].help_text)
         self.order_fields(["model", *services.MODEL_PRICE_FIELDS])
 
 

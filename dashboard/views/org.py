@@ -15,7 +15,7 @@ from django.views.decorators.http import require_POST
 
 from catalog import services as catalog_services
 from catalog.models import Connection, Model
-from catalog.pricing import nano_to_usd, usd_to_nano
+from catalog.pricing import nano_to_usd
 from dashboard.access import org_view, render_org, require_manage
 from dashboard.forms import (
     RATE_FIELDS,
@@ -107,10 +107,10 @@ def connections(request: HttpRequest, access: Access) -> HttpResponse:
     if request.method == "POST" and "policy" in request.POST:
         require_manage(access)
         if policy.is_valid():
-            usd = policy.cleaned_data["default_run_budget_usd"]
             services.update_organization(organization=org, actor=access.actor,
                                          allow_unpriced=policy.cleaned_data["allow_unpriced"],
-                                         default_run_budget_nano=None if usd is None else usd_to_nano(usd))
+                                         # the API's field: nano-USD
+                                         default_run_budget_nano=policy.cleaned_data["default_run_budget_usd"])
             messages.success(request, "Policy saved.")
             return redirect("dashboard:connections", org.slug)
     return render_org(

@@ -12,8 +12,10 @@ from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
 from dashboard.access import org_view, render_org, require_manage
+from dashboard.fields import api_field
 from dashboard.forms import OrgForm, add_service_error
 from ratelimits import services
+from ratelimits.api import RateLimitSerializer
 from ratelimits.models import RateLimit
 from tenants.models import ApiKey, EndCustomer, Project
 from tenants.selectors import Access
@@ -22,13 +24,13 @@ from tenants.services import InvalidChange
 
 class RateLimitForm(OrgForm):
     name = forms.CharField(max_length=200, required=False, help_text="what a refused caller reads")
-    scope = forms.ChoiceField(choices=RateLimit.Scope.choices)
+    scope = api_field(RateLimitSerializer, "scope")
     project = forms.ModelChoiceField(queryset=Project.objects.none(), required=False)
     api_key = forms.ModelChoiceField(queryset=ApiKey.objects.none(), required=False, label="Key")
     end_customer = forms.ModelChoiceField(queryset=EndCustomer.objects.none(), required=False)
-    requests_per_minute = forms.IntegerField(min_value=1, max_value=services.MAX_PER_MINUTE, required=False)
-    tokens_per_minute = forms.IntegerField(min_value=1, max_value=services.MAX_PER_MINUTE, required=False,
-                                           help_text="input bound + output ceiling of each request")
+    requests_per_minute = api_field(RateLimitSerializer, "requests_per_minute", required=False)
+    tokens_per_minute = api_field(RateLimitSerializer, "tokens_per_minute", required=False,
+                                  help_text="input bound + output ceiling of each request")
 
     SUBJECT = ("scope", "project", "api_key", "end_customer")
 

@@ -121,7 +121,7 @@ def test_owner_creates_and_edits_a_route_with_ordered_targets(org_a: Org):
 @pytest.mark.parametrize("data,field,message", [
     ({"connection_0": "", "model_0": ""}, None, "at least one target"),
     ({"model_0": ""}, "model_0", "both a connection and a model"),
-    ({"default_max_output_tokens": "0"}, "default_max_output_tokens", "greater than or equal to 1"),
+    ({"default_max_output_tokens": "0"}, "default_max_output_tokens", "A whole number of tokens from 1 to 1,000,000"),
     ({"name": "echo-1"}, "name", "exists"),
 ])
 @pytest.mark.django_db

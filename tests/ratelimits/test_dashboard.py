@@ -83,22 +83,22 @@ def test_owner_edits_the_rates_but_not_the_subject_and_deletes(org_a: Org):
         (
             {"scope": "organization", "requests_per_minute": "-5"},
             "requests_per_minute",
-            "greater than or equal to 1",
+            "A whole number from 1 to 1,000,000,000,000,000, or empty.",
         ),
         (
             {"scope": "organization", "requests_per_minute": "0"},
             "requests_per_minute",
-            "greater than or equal to 1",
+            "A whole number from 1 to 1,000,000,000,000,000, or empty.",
         ),
         (
             {"scope": "organization", "tokens_per_minute": "0"},
             "tokens_per_minute",
-            "greater than or equal to 1",
+            "A whole number from 1 to 1,000,000,000,000,000, or empty.",
         ),
         (
             {"scope": "organization", "requests_per_minute": "ten"},
             "requests_per_minute",
-            "Enter a whole number.",
+            "A whole number from 1 to 1,000,000,000,000,000, or empty.",
         ),
         (
             {"scope": "organization"},
@@ -110,7 +110,11 @@ def test_owner_edits_the_rates_but_not_the_subject_and_deletes(org_a: Org):
             "api_key",
             "A key rate limit names its api key.",
         ),
-        ({"scope": "galaxy", "requests_per_minute": "5"}, "scope", "Select a valid choice."),
+        (
+            {"scope": "galaxy", "requests_per_minute": "5"},
+            "scope",
+            "Scope must be one of organization, project, key, end_customer.",
+        ),
     ],
 )
 @pytest.mark.django_db
