@@ -97,8 +97,9 @@ def token_count_field(**kwargs: Any) -> WholeNumberField:
 
 class PriceSerializer(serializers.Serializer):
     """A catalog model's list price, as `apply`, the price file and the staff price form set it
-    (the fields of catalog.services.set_model_price). Every field is optional: a price file
-    additionally requires input and output (catalog/prices.py)."""
+    (the fields of catalog.services.set_model_price, and the price file's batch and video prices).
+    Every field is optional: a price file additionally requires input and output
+    (catalog/prices.py)."""
 
     input_usd_per_mtok = _price("input_usd_per_mtok")
     output_usd_per_mtok = _price("output_usd_per_mtok")
@@ -116,4 +117,6 @@ class PriceSerializer(serializers.Serializer):
     long_context_output_multiplier = _price("long_context_output_multiplier")
     server_tool_result_tokens = token_count_field()
     long_context_threshold_tokens = token_count_field()
+    batch_multiplier = _price("batch_multiplier")  # the price file's; apply and the form do not set it yet
+    video_usd_per_second = _price("video_usd_per_second")
     tokenizer = choice_field("Tokenizer", TOKENIZERS, nullable=True, required=False)

@@ -18,6 +18,7 @@ from typing import Any
 from catalog.api import ConnectionSerializer, RouteSerializer
 from catalog.fields import PriceSerializer
 from catalog.services import (
+    MODEL_PRICE_FIELDS,
     RATE_FIELDS,
     create_connection,
     find_model,
@@ -39,7 +40,7 @@ from dashboard.services.apply import (
 from tenants.models import Organization
 from tenants.services import InvalidChange
 
-PRICE_FIELDS = {"model", *PriceSerializer().fields}
+PRICE_FIELDS = {"model", *MODEL_PRICE_FIELDS}  # what set_model_price takes
 CONNECTION_FIELDS = {"name", "kind", "base_url", "secret", "secret_env", "rates", "options", "enabled"}
 ROUTE_FIELDS = {"name", "targets", "default_max_output_tokens"}
 # A connection's rates are a mapping in the file (`rates: {input: "2"}`), four fields in the API.
