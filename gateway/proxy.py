@@ -25,7 +25,7 @@ from django.db import DatabaseError
 from budgets.errors import BudgetExceeded, BudgetUnavailable
 from catalog.pricing import UnpricedFeature, UnpricedModel, Usage, cost_nano, rates_for, usd_str
 from core.errors import CapgateError
-from gateway import metrics, responses, runtime, upstream
+from gateway import echo_jobs, metrics, responses, runtime, upstream
 from gateway.echo import echo_response, echo_stream
 from gateway.errors import GatewayError, render
 from gateway.estimate import SHAPERS, Shape, parse_json
@@ -510,7 +510,7 @@ async def handle_stored_response(req: Request, response_id: str, action: str) ->
                                                     status=404, param="response_id"), flavor="openai")
         return await req.respond(status, body, headers)
     suffix = {"get": "", "delete": "", "cancel": "/cancel", "input_items": "/input_items"}[action]
-    if connection.kind == "echo":  # echo keeps nothing: answer as a provider would
+    if connection.kind == "echo":  # echo keeps only background responses: answer as a provider would
         data: dict = {"id": response_id, "object": "response", "status": "completed"}
         if action == "delete":
             data = {"id": response_id, "object": "response.deleted", "deleted": True}
@@ -519,6 +519,9 @@ async def handle_stored_response(req: Request, response_id: str, action: str) ->
         elif action == "input_items":
             data = {"object": "list", "data": [], "has_more": False}
         status, content = 200, json.dumps(data).encode()
+        kept = await echo_jobs.send(connection, req.method, f"/v1/responses/{response_id}{suffix}")
+        if kept.status_code == 200:  # a background response: echo keeps those (gateway/echo_jobs.py)
+            content = kept.content
     else:
         target = Target(connection=connection, model=None)  # type: ignore[arg-type]
         try:

@@ -38,7 +38,7 @@ from tenants.models import ApiKey, EndCustomer, hash_key
 
 # Which connection kinds can serve which endpoint without translating formats.
 COMPATIBLE = {"chat": {"openai", "echo"}, "embeddings": {"openai", "echo"}, "messages": {"anthropic", "echo"},
-              "responses": {"openai", "echo"}, "videos": {"openai"}}
+              "responses": {"openai", "echo"}, "videos": {"openai", "echo"}}
 _EXTERNAL_ID = re.compile(r"^[\w.@:+\-]{1,200}$")
 MAX_RUN_BUDGET_USD = Decimal("1000000")
 

@@ -37,7 +37,7 @@ async def submit(call: ProxyCall, body: dict) -> None:
                                             "GET /v1/responses/{id}.", code="invalid_request", status=400,
                                             param="stream"))
     target = next((t for t in p.targets if runtime.health.ok(t.connection.id)), p.targets[0])
-    if target.connection.kind != "openai":
+    if target.connection.kind not in ("openai", "echo"):
         await call.record(Outcome(status=UsageRecord.Status.FAILED_UPSTREAM, error="background not supported here"))
         return await call.fail(GatewayError("Background responses need an OpenAI connection.",
                                             code="background_unsupported_connection", status=400, param="model"))

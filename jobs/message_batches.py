@@ -30,7 +30,7 @@ async def create(req: Request, key: ApiKey, match: re.Match[str]) -> None:
     body = parse_json(await req.body(sizing.max_file_bytes()))
     sized, requests = await runtime.db(sizing.size_message_batch, key=key, body=body)
     connection = sized.target.connection
-    if connection.kind != "anthropic":
+    if connection.kind not in ("anthropic", "echo"):
         raise bad_request(f"The model '{sized.route}' is not served by an Anthropic connection; message batches "
                           "run on the provider's batch API.", param="model", code="batch_unsupported_connection")
     await submit(req, key, Submission(

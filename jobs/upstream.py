@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 
 from catalog.models import Connection
-from gateway import upstream
+from gateway import echo_jobs, upstream
 from gateway.providers import connection_url, upstream_headers
 from gateway.service import Target
 
@@ -27,6 +27,8 @@ async def send(client: httpx.AsyncClient, connection: Connection | None, method:
                body: Any = None, files: dict | None = None, data: dict | None = None) -> httpx.Response:
     """One call to `path` (starting /v1/) on the connection. `body` is sent as JSON."""
     assert connection is not None, "callers check that the job's connection still exists"
+    if connection.kind == "echo":  # the built-in provider answers without HTTP, as for chat
+        return await echo_jobs.send(connection, method, path, body=body, files=files, data=data)
     kwargs: dict[str, Any] = {"headers": headers(connection, multipart=files is not None),
                               "extensions": upstream.tag(organization_id=connection.organization_id,
                                                          connection_id=connection.id)}
