@@ -16,8 +16,9 @@ async def send(connection, method, path, *, body=None, files=None, data=None) ->
 The arguments are those of `jobs.upstream.send` without the HTTP client: `path` starts with
 /v1/ (a query string, e.g. `?variant=thumbnail`, may follow), `body` is a JSON body, `files` and
 `data` a multipart upload in httpx's form ({"file": (filename, content[, content_type])},
-{"purpose": "batch"}). It answers as the provider would, as an httpx.Response: status, JSON or
-bytes, content-type; errors in the provider's own shape (Anthropic's for /v1/messages/...).
+{"purpose": "batch"}; a `files` part whose filename is None is a plain field). It answers as
+the provider would, as an httpx.Response: status, JSON or bytes, content-type; errors in the
+provider's own shape (Anthropic's for /v1/messages/...).
 Paths: POST /v1/files, GET|DELETE /v1/files/{id}, GET /v1/files/{id}/content; POST /v1/batches,
 GET /v1/batches/{id}, POST /v1/batches/{id}/cancel; POST /v1/messages/batches, GET
 /v1/messages/batches/{id}, POST .../cancel, GET .../results; POST /v1/responses (background or
@@ -79,7 +80,12 @@ class _Call:
     ) -> None:
         self.connection, self.opts, self.r = connection, dict(connection.options or {}), r
         self.body = body if isinstance(body, dict) else {}
-        self.files, self.data, self.query = files or {}, data or {}, query
+        self.files, self.data, self.query = {}, dict(data or {}), query
+        for name, part in (files or {}).items():  # a part without a filename is a plain field
+            if isinstance(part, tuple) and part[0] is None:
+                self.data[name] = part[1].decode() if isinstance(part[1], bytes) else str(part[1])
+            else:
+                self.files[name] = part
 
     async def put(self, key: str, value: Any) -> None:
         await self.r.set(

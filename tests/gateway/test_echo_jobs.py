@@ -265,6 +265,8 @@ def test_video_queued_then_completed_with_billed_seconds() -> None:
         ]
         == "image/webp"
     )
+    as_parts = call(conn, "POST", "/v1/videos", files={"prompt": (None, b"p"), "seconds": (None, "12")})
+    assert as_parts.status_code == 200 and as_parts.json()["seconds"] == "12"
     assert call(conn, "POST", "/v1/videos", body={"prompt": "p", "seconds": "5"}).status_code == 400
     assert call(conn, "POST", "/v1/videos", body={"seconds": "4"}).status_code == 400
     assert call(conn, "DELETE", f"/v1/videos/{queued.id}").json()["deleted"] is True
