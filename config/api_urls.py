@@ -7,6 +7,7 @@ from rest_framework.routers import SimpleRouter
 
 from budgets.api import BudgetViewSet, OrganizationViewSet, ProjectViewSet, ReservationViewSet
 from catalog.api import ConnectionViewSet, PriceViewSet, RouteViewSet
+from jobs.api import JobViewSet
 from ratelimits.api import RateLimitViewSet
 from requestlog.api import RequestLogViewSet
 from tenants.api.views import EndCustomerViewSet, KeyViewSet, MemberViewSet
@@ -30,6 +31,7 @@ for prefix, viewset in [
     ("usage", UsageViewSet),
     ("requests", RequestLogViewSet),
     ("reservations", ReservationViewSet),
+    ("jobs", JobViewSet),
     ("alerts", AlertEventViewSet),
     ("alert-channels", AlertChannelViewSet),
     ("alert-deliveries", AlertDeliveryViewSet),

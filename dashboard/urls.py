@@ -23,6 +23,7 @@ urlpatterns = [
     path("htmx.js", live.htmx_js, name="htmx_js"),
     path(ORG, overview.overview, name="overview"),
     path(ORG + "reservations/", live.reservations, name="reservations"),
+    path(ORG + "jobs/", live.jobs, name="jobs"),
     path(ORG + "budgets/", manage.budgets, name="budgets"),
     path(ORG + "budgets/new/", manage.budget_new, name="budget_new"),
     path(ORG + "budgets/<int:pk>/", manage.budget_edit, name="budget_edit"),

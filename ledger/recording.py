@@ -61,6 +61,7 @@ def build_record(*, reservation: Reservation, outcome: Outcome) -> UsageRecord:
         api_key_id=reservation.api_key_id,
         end_customer_id=reservation.end_customer_id,
         run_id=reservation.run_id,
+        job_id=reservation.job_id,
         reservation_id=reservation.id,
         model=reservation.model,
         connection_id=outcome.connection_id,

@@ -23,7 +23,7 @@ class RequestLogEntrySerializer(serializers.ModelSerializer):
         model = RequestLogEntry
         fields = ["request_id", "at", "status", "code", "http_status", "project", "member", "api_key", "end_customer",
                   "customer", "run_id", "model", "provider_model", "connection", "budget", "input_tokens",
-                  "output_tokens", "reserved_usd", "input_bound", "cost_usd", "excess_usd", "latency_ms", "message"]
+                  "output_tokens", "reserved_usd", "input_bound", "cost_usd", "excess_usd", "latency_ms", "message", "job_id"]
         read_only_fields = fields
 
 

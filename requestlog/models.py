@@ -93,6 +93,7 @@ class RequestLogEntry(models.Model):
     message = models.TextField()
     at = models.DateTimeField()  # admitted at (usage) or answered at (refusal)
     input_bound = models.CharField(max_length=5)  # "exact" | "bytes" | "" (see UsageRecord)
+    job_id = models.CharField(max_length=200, null=True)  # the provider job this request submitted
 
     class Meta:
         managed = False

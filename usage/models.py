@@ -54,6 +54,8 @@ class UsageRecord(models.Model):
     # How the reserved worst case bounded the prompt: "exact" (the model's tokenizer), "bytes"
     # (the byte bound), or "" when not known (reservation API, expiry).
     input_bound = models.CharField(max_length=5, blank=True, default="")
+    # A provider job's id (jobs/): this record settles the job the request submitted.
+    job_id = models.CharField(max_length=200, null=True, blank=True)
     admitted_at = models.DateTimeField()  # usage belongs to the windows of this moment
     created_at = models.DateTimeField(auto_now_add=True)
     applied = models.BooleanField(default=False)

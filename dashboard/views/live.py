@@ -20,6 +20,7 @@ from django.views.decorators.http import require_GET
 
 from budgets.selectors import live_reservations
 from dashboard.access import org_view, render_org
+from jobs.selectors import jobs_of
 from tenants.selectors import Access
 
 # Seconds between polls; the page says so.
@@ -48,3 +49,16 @@ def reservations(request: HttpRequest, access: Access) -> HttpResponse:
     template = "dashboard/_reservations_live.html" if request.htmx else "dashboard/reservations.html"  # type: ignore[attr-defined]
     return render_org(request, access, template, "overview", page=page, held_count=held["n"] or 0,
                       held_nano=held["total"] or 0, now=timezone.now(), refresh=RESERVATIONS_REFRESH)
+
+
+@org_view()
+def jobs(request: HttpRequest, access: Access) -> HttpResponse:
+    """Provider jobs still held (batches, background responses, videos): their hold, age and
+    provider status, each linked to the request that created it. `?all=1` lists settled ones too.
+    An htmx poll gets only the fragment (`_jobs_live.html`)."""
+    show_all = request.GET.get("all") == "1"
+    rows = jobs_of(organization_id=access.organization.id, live=not show_all)
+    page = Paginator(rows, 100).get_page(request.GET.get("page"))
+    template = "dashboard/_jobs_live.html" if request.htmx else "dashboard/jobs.html"  # type: ignore[attr-defined]
+    return render_org(request, access, template, "overview", page=page, show_all=show_all, now=timezone.now(),
+                      refresh=RESERVATIONS_REFRESH)

@@ -23,6 +23,7 @@ RESOURCES = {
     "prices": (None, None),
     "usage": (None, None),
     "reservations": (None, None),
+    "jobs": (None, None),
     "alerts": (None, None),
 }
 

@@ -11,6 +11,7 @@ import anthropic
 import openai
 import pytest
 
+from tests.api.conftest import org_a, org_b  # noqa: F401  (fixtures)
 from tests.gateway.conftest import KEY, gateway, upstream, wired  # noqa: F401  (fixtures)
 
 LINE_MAX_TOKENS = 1000
