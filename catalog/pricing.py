@@ -5,7 +5,6 @@ half-up. Both return ints of nano-USD.
 """
 
 import dataclasses
-from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 from typing import cast
@@ -186,17 +185,6 @@ def worst_case_nano(*, bound: TokenBound, rates: Rates) -> int:
         + bound.web_searches * (rates.web_search_per_use or Decimal(0)) * _NANO_PER_USD
     )
     return int(total.to_integral_value(rounding=ROUND_CEILING))
-
-
-def worst_case_over_route(*, bound: TokenBound, targets: Iterable[tuple[Model, Connection | None]]) -> int:
-    """The worst case at the most expensive target the request could fail over to.
-
-    Raises UnpricedModel if any target is unpriced: a failover to it would be uncounted.
-    """
-    worst = 0
-    for model, connection in targets:
-        worst = max(worst, worst_case_nano(bound=bound, rates=rates_for(model=model, connection=connection)))
-    return worst
 
 
 def nano_per_output_token(*, rates: Rates, input_tokens: int) -> Decimal:

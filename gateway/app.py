@@ -22,7 +22,7 @@ from gateway import metrics, ops, proxy, reservations, runtime
 from gateway.errors import GatewayError, render
 from gateway.estimate import parse_json
 from gateway.http import ClientGone, Request
-from gateway.service import authenticate, list_models
+from gateway.routing import authenticate, list_models
 from requestlog import buffer as request_log
 
 log = logging.getLogger("capgate.gateway")

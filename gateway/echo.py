@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.providers import SSEEvent
-from gateway.service import Target
+from gateway.routing import Target
 
 
 def max_output(body: dict) -> Any:

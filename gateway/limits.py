@@ -12,7 +12,7 @@ from ratelimits.services import enforce_rate_limits
 from tenants.models import ApiKey, EndCustomer
 
 if TYPE_CHECKING:
-    from gateway.service import Target
+    from gateway.routing import Target
 
 
 def enforce_limits(*, key: ApiKey, customer: EndCustomer | None, tokens: int, targets: Sequence[Target]) -> None:

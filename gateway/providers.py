@@ -14,7 +14,7 @@ import httpx
 
 from catalog.pricing import Usage
 from gateway import billing
-from gateway.service import Target
+from gateway.routing import Target
 
 ANTHROPIC_VERSION = "2023-06-01"
 PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "embeddings": "/v1/embeddings",

@@ -23,29 +23,15 @@ from datetime import timedelta
 from decimal import Decimal, InvalidOperation
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 
 from budgets.models import Reservation
-from catalog.pricing import (
-    TokenBound,
-    UnpricedModel,
-    Usage,
-    cost_nano,
-    usd_to_nano,
-    worst_case_nano,
-)
-from catalog.pricing import rates_for as _rates_for
+from catalog.pricing import Usage, cost_nano, usd_to_nano
 from gateway.errors import GatewayError, bad_request
-from gateway.estimate import shape_chat
-from gateway.service import (
-    authenticate,
-    create_run_budget,
-    end_customer,
-    resolve_route,
-    run_budget,
-    settle_rates,
-)
-from ledger.admission import AdmissionRequest, Subject, admit, matching_budgets
+from gateway.estimate import Shape, shape_chat
+from gateway.routing import authenticate, resolve_route, settle_rates
+from gateway.service import reserve
+from gateway.subjects import key_actor, payer
 from ledger.recording import Outcome, record, release
 from tenants.models import TOKEN_PREFIX, ApiKey, ApiToken
 from tenants.services import Actor, audit, authenticate_token
@@ -118,41 +104,26 @@ def create(*, raw_key: str | None, body: dict, headers: dict[str, str], owner_id
     model = body.get("model", "")
     if not isinstance(model, str):
         raise bad_request("'model' must be a string.", param="model")
+    lease = timedelta(seconds=ttl)
+    shape, targets, amount = None, None, None
     if "amount_usd" in body:
-        worst = _usd(body["amount_usd"], "amount_usd")
+        amount = _usd(body["amount_usd"], "amount_usd")
     else:
         if not model:
             raise bad_request("Give 'amount_usd', or a 'model' with 'messages' or token bounds.", param="model")
         targets = resolve_route(key=key, name=model, kind="chat")
         if "messages" in body:
             shape = shape_chat({k: v for k, v in body.items() if k not in OWN_FIELDS})
-            bound_in, bound_out, n = shape.text_tokens, shape.max_output, shape.choices
         else:
-            bound_in, bound_out, n = _int(body, "input_tokens"), _int(body, "max_output_tokens", low=1), 1
-        if bound_out is None:
-            caps = [t.model.max_output_tokens for t in targets if t.model.max_output_tokens]
-            bound_out = min(caps) if caps else settings.CAPGATE["DEFAULT_MAX_OUTPUT_TOKENS"]
-        try:
-            worst = max(worst_case_nano(bound=TokenBound(bound_in, bound_out, n),
-                                        rates=_rates_for(model=t.model, connection=t.connection)) for t in targets)
-        except UnpricedModel as exc:
-            raise GatewayError(f"Model {exc.model} has no price: give 'amount_usd' instead.",
-                               code="unpriced_model_under_budget", status=402) from None
-    customer = end_customer(key=key, external_id=headers.get("x-capgate-customer"))
-    run_id = headers.get("x-capgate-run")
-    run_amount = headers.get("x-capgate-run-budget-usd")
-    new_run_nano = run_budget(key=key, run_id=run_id, amount_usd=run_amount)
-    subject = Subject(organization_id=key.organization_id, project_id=key.project_id, member_id=key.member_id,
-                      api_key_id=key.id, end_customer_id=customer.id if customer else None, run_id=run_id)
+            shape = Shape(kind="chat", model=model, text_tokens=_int(body, "input_tokens"), images=0,
+                          unbounded_parts=0, max_output=_int(body, "max_output_tokens", low=1), output_param=None,
+                          choices=1, stream=False)
+    who = payer(key=key, customer_id=headers.get("x-capgate-customer"), run_id=headers.get("x-capgate-run"),
+                run_budget_usd=headers.get("x-capgate-run-budget-usd"))
     try:
-        # A run's first reservation creates its budget in the same transaction: refused, it leaves none.
-        with transaction.atomic():
-            if new_run_nano is not None and run_id is not None:
-                create_run_budget(key=key, run_id=run_id, amount_nano=new_run_nano, explicit=run_amount is not None)
-            admitted = admit(request=AdmissionRequest(
-                subject=subject, request_id=request_id, worst_nano=worst, model=model, owner_id=None,
-                lease=timedelta(seconds=ttl), budgets=matching_budgets(subject), origin=Reservation.Origin.API,
-            ))
+        # Sized and admitted as the proxy sizes and admits, except that the caller makes the call.
+        prepared = reserve(payer=who, request_id=request_id, model=model, shape=shape, targets=targets,
+                           amount_nano=amount, proxied=False, lease=lease, origin=Reservation.Origin.API)
     except IntegrityError:
         # The same request id admitted concurrently: the unique request id kept it to one
         # reservation (this statement changed nothing); answer with that one.
@@ -160,7 +131,7 @@ def create(*, raw_key: str | None, body: dict, headers: dict[str, str], owner_id
         if existing is None:
             raise
         return 200, view(existing)
-    return 201, view(admitted.reservation)
+    return 201, view(prepared.reservation)
 
 
 def _caller(raw_key: str | None) -> ApiKey | ApiToken:
@@ -204,10 +175,7 @@ def _find(caller: ApiKey | ApiToken, reservation_id: str) -> tuple[Reservation |
 
 
 def _audited(caller: ApiKey | ApiToken, action: str, rec: UsageRecord) -> None:
-    if isinstance(caller, ApiToken):
-        actor = Actor.of_token(caller)
-    else:
-        actor = Actor(label=f"key {caller.name} ({caller.prefix}…)")
+    actor = Actor.of_token(caller) if isinstance(caller, ApiToken) else key_actor(caller)
     entry = Reservation(id=rec.reservation_id, request_id=rec.request_id)
     audit(organization=caller.organization, actor=actor, action="update", obj=entry,
           changes={"status": ["reserved", rec.status], "cost_nano": [rec.reserved_nano, rec.cost_nano],

@@ -19,7 +19,7 @@ from core.errors import CapgateError
 from gateway import proxy, runtime
 from gateway.errors import GatewayError, render
 from gateway.http import ClientGone, Request
-from gateway.service import authenticate
+from gateway.routing import authenticate
 from tenants.models import ApiKey
 
 log = logging.getLogger("capgate.jobs")

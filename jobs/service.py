@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from budgets.models import Budget, Reservation
 from gateway.errors import GatewayError
-from gateway.service import create_run_budget, end_customer, run_budget
+from gateway.subjects import create_run_budget, end_customer, run_budget
 from jobs.models import Job, JobFile
 from ledger.admission import (
     AdmissionRequest,

@@ -23,7 +23,8 @@ from core.errors import CapgateError
 from gateway import responses
 from gateway.errors import bad_request
 from gateway.estimate import SHAPERS, Shape, parse_json
-from gateway.service import Target, _bound, _catalog_max_output, _default_output, resolve_route
+from gateway.routing import Target, resolve_route
+from gateway.sizing import _bound, _catalog_max_output, _default_output
 from tenants.models import ApiKey
 
 # The endpoints an OpenAI batch may call, as the live endpoint kinds.

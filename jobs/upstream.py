@@ -10,7 +10,7 @@ import httpx
 from catalog.models import Connection
 from gateway import echo_jobs, upstream
 from gateway.providers import connection_url, upstream_headers
-from gateway.service import Target
+from gateway.routing import Target
 
 # Connect refused or never sent: the provider cannot have started anything.
 NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)

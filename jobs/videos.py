@@ -16,7 +16,7 @@ from gateway import proxy, runtime
 from gateway.errors import bad_request
 from gateway.estimate import parse_json
 from gateway.http import Request
-from gateway.service import Target, resolve_route
+from gateway.routing import Target, resolve_route
 from jobs import service
 from jobs.files import parse_multipart
 from jobs.http import endpoint, upstream_failed

@@ -6,7 +6,7 @@ import pytest
 from catalog import services
 from catalog.models import Connection
 from gateway.providers import upstream_url
-from gateway.service import Target
+from gateway.routing import Target
 from tenants.services import Actor, InvalidChange
 
 ACTOR = Actor(label="test")

@@ -5,12 +5,10 @@ import pytest
 from catalog.models import Connection, Model, Provider
 from catalog.pricing import (
     TokenBound,
-    UnpricedModel,
     Usage,
     cost_nano,
     rates_for,
     worst_case_nano,
-    worst_case_over_route,
 )
 
 pytestmark = pytest.mark.django_db
@@ -48,17 +46,7 @@ def test_actual_cost_prices_each_token_kind(opus):
     assert cost_nano(usage=usage, rates=rates_for(model=opus)) == 15_000_000 + 15_000_000 + 4_500_000 + 7_500_000
 
 
-def test_negotiated_rates_override_list_prices_and_route_takes_the_maximum(opus, acme):
+def test_negotiated_rates_override_list_prices(opus, acme):
     discounted = Connection(organization=acme.org, name="d", kind="anthropic", output_usd_per_mtok=Decimal("50"))
     assert rates_for(model=opus, connection=discounted).output == Decimal("50")
     assert rates_for(model=opus, connection=discounted).input == Decimal("15")
-    bound = TokenBound(input_tokens=10, output_tokens=10)
-    assert worst_case_over_route(bound=bound, targets=[(opus, discounted), (opus, None)]) == worst_case_nano(
-        bound=bound, rates=rates_for(model=opus)
-    )
-
-
-def test_an_unpriced_target_anywhere_in_the_route_is_reported(opus):
-    free = Model.objects.create(provider=opus.provider, name="mystery")
-    with pytest.raises(UnpricedModel):
-        worst_case_over_route(bound=TokenBound(1, 1), targets=[(opus, None), (free, None)])

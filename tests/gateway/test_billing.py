@@ -18,7 +18,8 @@ import pytest
 
 from budgets.models import Budget, Window
 from catalog.models import Connection, Model, Provider, RouteTarget
-from gateway import service
+from gateway import service, sizing
+from tenants.models import AuditLogEntry
 from tests.conftest import usd
 from tests.gateway.conftest import KEY, wait_settled
 from usage.models import UsageRecord
@@ -176,8 +177,8 @@ def test_web_search_under_a_cap_worth_ten_bills_within_it_and_is_recorded(gatewa
 
 def test_without_web_search_in_the_worst_case_the_provider_bills_past_the_cap(gateway, wired, upstream, claude,
                                                                                  monkeypatch):
-    bound = service._bound
-    monkeypatch.setattr(service, "_bound", lambda shape, *a: bound(
+    bound = sizing._bound
+    monkeypatch.setattr(sizing, "_bound", lambda shape, *a: bound(
         dataclasses.replace(shape, web_searches=0, server_tool_uses=0), *a))
     budget, calibration, _, billed = _search_burst(wired, gateway, upstream, claude)
     assert calibration + billed > budget.amount_nano
@@ -351,6 +352,22 @@ def test_every_admitted_response_carries_its_reserved_worst_case_and_the_room_le
     assert "x-capgate-reserved-usd" in stream.headers and "x-capgate-budget-remaining-usd" in stream.headers
 
 
+def test_the_reservation_api_sizes_a_chat_body_as_the_proxy_does(gateway, wired, upstream, gpt):
+    # given: a provider project billing at priority by default, under a blocking cap
+    wired.openai.options = {**wired.openai.options, "service_tier": "priority"}
+    wired.openai.save()
+    upstream.control(tier="priority")
+    wired.budget(amount="5")
+    body = {"model": "gpt-real", "max_tokens": 100, "messages": [{"role": "user", "content": "Size me."}]}
+    # when: the proxy calls it, then the reservation API reserves the same body
+    assert post(gateway, body).status_code == 200
+    wait_settled()
+    reserved = post(gateway, body, path="/v1/reservations")
+    # then: one sizing, at the tier the connection bills (the reservation API once sized at none)
+    assert reserved.status_code == 201, reserved.text
+    assert reserved.json()["amount_nano"] == UsageRecord.objects.get().reserved_nano
+
+
 # --- issue 15: unpriced fallbacks and run budgets ---------------------------------------------
 
 
@@ -373,7 +390,7 @@ def test_an_unpriced_fallback_is_not_tried_under_a_cap_and_the_priced_target_is_
 def test_with_the_unpriced_target_governing_the_route_the_cap_stops_counting(gateway, wired, upstream, gpt,
                                                                                monkeypatch):
     # the guard removed: one unpriced target makes the whole route ungoverned again
-    real = service._price_targets
+    real = sizing._price_targets
 
     def old(shape, targets):
         priced, no_model, no_feature = real(shape, targets)
@@ -381,7 +398,7 @@ def test_with_the_unpriced_target_governing_the_route_the_cap_stops_counting(gat
             return [], no_model, no_feature
         return priced, no_model, no_feature
 
-    monkeypatch.setattr(service, "_price_targets", old)
+    monkeypatch.setattr(sizing, "_price_targets", old)
     wired.org.allow_unpriced = True
     wired.org.save()
     free = Model.objects.create(provider=gpt.provider, name="gpt-unpriced")
@@ -405,3 +422,13 @@ def test_a_refused_first_call_of_a_run_leaves_no_run_budget(gateway, wired, upst
                 headers={"X-Capgate-Run": "run-1", "X-Capgate-Run-Budget-Usd": "1"})
     assert resp.status_code == 200
     assert Budget.objects.get(scope="run").amount_nano == usd("1")
+
+
+def test_a_run_budget_is_created_through_create_budget_with_the_key_as_actor(gateway, wired, upstream):
+    body = {"model": "gpt-test", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}
+    for _ in range(2):  # the second call finds the budget: created (and audited) once
+        assert post(gateway, body, headers={"X-Capgate-Run": "run-a", "X-Capgate-Run-Budget-Usd": "1"}).status_code == 200
+    budget = Budget.objects.get(scope="run")
+    entry = AuditLogEntry.objects.get(object_type="budget", object_id=str(budget.pk))
+    assert entry.action == "create" and entry.actor == f"key {wired.key.name} ({wired.key.prefix}…)"
+    assert entry.changes["amount_nano"] == [None, usd("1")]

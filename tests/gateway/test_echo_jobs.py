@@ -73,7 +73,7 @@ def batch(conn: Connection, lines: list[dict[str, Any]], endpoint: str = CHAT) -
 
 def live_usage(kind: str, body: dict[str, Any], **options: Any) -> dict[str, Any]:
     """What echo answers the same request live, through the proxy's entry point."""
-    from gateway.service import Target
+    from gateway.routing import Target
 
     target = Target(connection=connection(**options), model=None)  # type: ignore[arg-type]
     return json.loads(

@@ -152,7 +152,7 @@ def test_key_and_route_lookups_are_cached_briefly_but_budgets_never(wired, setti
     from django.test.utils import CaptureQueriesContext
 
     from budgets.errors import BudgetExceeded
-    from gateway.service import authenticate, lookups, resolve_route
+    from gateway.routing import authenticate, lookups, resolve_route
 
     settings.CAPGATE = {**settings.CAPGATE, "LOOKUP_CACHE_SECONDS": 60.0}
     lookups.clear()
