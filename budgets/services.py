@@ -15,8 +15,9 @@ from django.core.validators import validate_email
 from django.db import OperationalError, transaction
 from django.utils import timezone
 
-from budgets.models import Budget, Hold, Window
-from ledger.admission import windows_for_update
+from budgets.models import Budget
+from ledger import windows as ledger_windows
+from ledger.locks import budget_for_update
 from tenants.models import ApiKey, EndCustomer, Member, Organization, Project
 from tenants.services import Actor, InvalidChange, audit, save_changes, snapshot
 
@@ -144,19 +145,11 @@ def update_budget(*, budget: Budget, actor: Actor, **fields: Any) -> dict[str, l
     with transaction.atomic():
         locked = Budget.objects.select_for_update().get(pk=budget.pk)
         if any(f in fields and fields[f] != getattr(locked, f) for f in VERSIONED_FIELDS):
-            _retire_windows(locked)
+            ledger_windows.retire(locked)
             budget.version = locked.version + 1
             budget.version_at = timezone.now()
             Budget.objects.filter(pk=budget.pk).update(version=budget.version, version_at=budget.version_at)
         return save_changes(obj=budget, organization=budget.organization, actor=actor, fields=fields)
-
-
-def _retire_windows(budget: Budget) -> None:
-    ids = list(Window.objects.filter(budget=budget, budget_version=budget.version, retired_at__isnull=True)
-               .values_list("id", flat=True))
-    if ids:
-        list(windows_for_update(ids).values_list("id", flat=True))
-        Window.objects.filter(id__in=ids).update(retired_at=timezone.now())
 
 
 def delete_budget(*, budget: Budget, actor: Actor) -> None:
@@ -168,18 +161,15 @@ def delete_budget(*, budget: Budget, actor: Actor) -> None:
     2. Delete its holds, then lock its windows (FOR UPDATE, in id order) — holds before windows,
        the drain's order, so the two cannot deadlock. Admissions holding on a window finish
        first; later ones wait, then find it gone and read the budgets again.
-    3. Delete the holds added meanwhile, then the budget with its windows.
+    3. Delete the holds added meanwhile (steps 2-3: ledger.windows.release_budget), then the
+       budget with its windows.
     A deadlock with some other writer is retried (twice).
     """
     for attempt in range(3):
         try:
             with transaction.atomic():
-                Budget.objects.select_for_update().filter(pk=budget.pk).first()
-                Hold.objects.filter(window__budget_id=budget.pk).delete()
-                ids = list(Window.objects.filter(budget_id=budget.pk).values_list("id", flat=True))
-                list(Window.objects.select_for_update(of=("self",)).filter(id__in=ids).order_by("id")
-                     .values_list("id", flat=True))
-                Hold.objects.filter(window_id__in=ids).delete()
+                budget_for_update(budget.pk)
+                ledger_windows.release_budget(budget.pk)
                 audit(organization=budget.organization, actor=actor, action="delete", obj=budget,
                       changes={"amount_nano": [budget.amount_nano, None]})
                 budget.delete()

@@ -18,14 +18,14 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection
-from django.db.models import DateTimeField, F, QuerySet, Value
+from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Least
 from django.utils import timezone
 
 from budgets.errors import BudgetExceeded, BudgetUnavailable
-from budgets.models import Budget, Reservation, Window
-from budgets.periods import period_bounds
-from ledger.windows import create_windows
+from budgets.models import Budget, Reservation
+from ledger.locks import ADMIT_WINDOW_LOCK
+from ledger.windows import current_windows
 
 # Narrowest first: when several ceilings refuse, the user is told the most specific one.
 _SCOPE_ORDER = {s: i for i, s in enumerate(["run", "end_customer", "key", "member", "project", "organization"])}
@@ -101,68 +101,6 @@ def matching_budgets(subject: Subject) -> list[Budget]:
     }))
 
 
-@dataclass(frozen=True)
-class WindowState:
-    """A window's counters as one unlocked, consistent read saw them."""
-
-    id: int
-    spent_nano: int
-    reserved_nano: int
-
-
-def current_windows(*, budgets: Sequence[Budget], now: datetime) -> dict[int, WindowState]:
-    """Return {budget_id: window state} for the period containing `now`, creating missing
-    windows. The counters come from one unlocked statement: a consistent snapshot.
-
-    Creation is INSERT .. ON CONFLICT DO NOTHING, so racing first requests agree on one row.
-    A window created mid-life starts with the period's whole truth for its scope: recorded spend
-    plus the holds of requests in flight (ledger/windows.py). A budget deleted or reconfigured
-    since it was read has no window here: the caller reads the budgets again.
-    Runs outside the admission statement: it takes no lock the admission needs.
-    """
-    if not budgets:
-        return {}
-    bounds = {b.id: period_bounds(period=b.period, tz=b.timezone, now=now) for b in budgets}
-    found = _read_windows(budgets, bounds)
-    missing = [b for b in budgets if b.id not in found]
-    if missing:
-        create_windows(budgets=missing, bounds=bounds)
-        found.update(_read_windows(missing, bounds))
-    return found
-
-
-def _read_windows(budgets: Sequence[Budget], bounds: dict) -> dict[int, WindowState]:
-    """One statement, so the counters of all the windows come from one snapshot."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT w.budget_id, w.id, w.spent_nano, w.reserved_nano
-              FROM budgets_window w
-              JOIN unnest(%s::bigint[], %s::int[], %s::timestamptz[]) AS k(budget_id, version, period_start)
-                ON w.budget_id = k.budget_id AND w.budget_version = k.version AND w.period_start = k.period_start
-            """,
-            [[b.id for b in budgets], [b.version for b in budgets], [bounds[b.id][0] for b in budgets]],
-        )
-        rows = cursor.fetchall()
-    return {budget_id: WindowState(wid, spent, reserved) for budget_id, wid, spent, reserved in rows}
-
-
-def ensure_windows(*, budgets: Sequence[Budget], now: datetime) -> dict[int, int]:
-    """{budget_id: window_id} for the period containing `now` (see current_windows)."""
-    return {bid: w.id for bid, w in current_windows(budgets=budgets, now=now).items()}
-
-
-def windows_for_update(ids: Sequence[int]) -> QuerySet[Window]:
-    """Lock windows in ascending id order (the one global order: no deadlocks).
-
-    FOR NO KEY UPDATE, not FOR UPDATE: holds reference windows by foreign key, and inserting one
-    takes FOR KEY SHARE on the window, which FOR UPDATE would conflict with (two admissions that
-    inserted holds and then waited on each other's windows would deadlock). We only change
-    counters, never the key, so NO KEY UPDATE is the exact strength needed.
-    """
-    return Window.objects.select_for_update(no_key=True, of=("self",)).filter(id__in=ids).order_by("id")
-
-
 def _code(scope: str) -> str:
     return "customer_budget" if scope == Budget.Scope.END_CUSTOMER else f"{scope}_budget"
 
@@ -184,7 +122,7 @@ def _refusal(ceilings: list[Ceiling], worst_nano: int) -> BudgetExceeded | None:
 
 # Guard points. Production never changes these; the guard-removal tests do, to show that the
 # cap leaks without the row lock or without reading what others have reserved.
-LOCK_CLAUSE = "FOR NO KEY UPDATE OF w"  # why NO KEY: see windows_for_update
+LOCK_CLAUSE = ADMIT_WINDOW_LOCK  # the ledger's one window lock (ledger/locks.py)
 COUNT_RESERVED = True
 RACE_DELAY_SECONDS = 0.0  # > 0 sleeps between the read and the write (race tests only)
 # Budgets edited or deleted while a request is admitted make it read them again; a burst of edits

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from functools import partial
 
 from django.db import connection, transaction
 from django.utils import timezone
 
 from budgets.models import Hold, Reservation
-from ledger.admission import windows_for_update
-from ledger.recording import relaxed_commit
-from usage.alerts import on_windows_changed
+from ledger.locks import lock_windows, records_for_drain, relaxed_commit
+from ledger.signals import send_after_commit
 from usage.models import UsageRecord
 
 
@@ -32,10 +30,7 @@ def drain(*, limit: int = 500, request_ids: Sequence[str] | None = None) -> int:
     """
     with transaction.atomic():
         relaxed_commit()  # a drain lost in a crash is simply redone (see relaxed_commit)
-        qs = UsageRecord.objects.select_for_update(skip_locked=True).filter(applied=False)
-        if request_ids is not None:
-            qs = qs.filter(request_id__in=list(request_ids))
-        records = list(qs.order_by("id")[:limit])
+        records = records_for_drain(request_ids=request_ids, limit=limit)
         if not records:
             return 0
         reservation_ids = [r.reservation_id for r in records if r.reservation_id is not None]
@@ -67,13 +62,13 @@ def drain(*, limit: int = 500, request_ids: Sequence[str] | None = None) -> int:
         # held for two statements, not across the whole batch's writes.
         window_ids = sorted(spent)
         if window_ids:
-            list(windows_for_update(window_ids).values_list("id", flat=True))
+            lock_windows(window_ids)
             _apply_deltas([(wid, spent[wid], released[wid]) for wid in window_ids])
-            # Thresholds are checked after commit: outside the window locks, and an alert that
-            # fails cannot undo the drain (on_windows_changed never raises).
+            # Thresholds are checked after commit (usage connects to windows_changed): outside
+            # the window locks, and an alert that fails cannot undo the drain.
             charged = [wid for wid in window_ids if spent[wid] > 0]
             if charged:
-                transaction.on_commit(partial(on_windows_changed, window_ids=charged), robust=True)
+                send_after_commit(window_ids=charged)
         return len(records)
 
 

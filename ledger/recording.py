@@ -5,18 +5,24 @@ No locks here: the drain (ledger/drain.py) applies records to windows in batches
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
 from budgets.models import Reservation, Window
+from catalog.models import Connection
 from catalog.pricing import Usage
-from ledger.admission import windows_for_update
+from ledger.drain import drain
+from ledger.locks import claim_lapsed, lock_windows, record_for_update, relaxed_commit
+from ledger.signals import send_after_commit
+from tenants.models import ApiKey, AuditLogEntry, EndCustomer, Member, Organization, Project
 from usage.models import UsageRecord
 
 Status = UsageRecord.Status
@@ -27,6 +33,7 @@ log = logging.getLogger(__name__)
 REPORTED = (Status.SERVED, Status.FAILED_UPSTREAM)
 # The record's subject references, with the model name the tenants audit log uses for each.
 SUBJECT_REFS = (("project", "project"), ("member", "member"), ("api_key", "apikey"), ("end_customer", "endcustomer"))
+_SUBJECT_MODELS = {"project": Project, "member": Member, "apikey": ApiKey, "endcustomer": EndCustomer}
 
 
 class RecordRejected(Exception):
@@ -139,20 +146,15 @@ def _detach_deleted(row: UsageRecord) -> bool:
     """Clear references to subjects (and the connection) deleted since admission, keeping each
     one's id and name frozen in `row.subject`. False if nothing was missing or the organization
     itself is gone (then there is nothing left to charge)."""
-    from django.apps import apps
-
     if not DETACH_DELETED_SUBJECTS:
         return False
-    from catalog.models import Connection
-    from tenants.models import Organization
-
     if not Organization.objects.filter(pk=row.organization_id).exists():
         return False
     detached = False
     for name, model_name in SUBJECT_REFS:
         ref = getattr(row, f"{name}_id")
-        model = apps.get_model("tenants", model_name)
-        if ref is not None and not model.objects.filter(pk=ref).exists():
+        model = _SUBJECT_MODELS[model_name]
+        if ref is not None and not model._default_manager.filter(pk=ref).exists():
             setattr(row, f"{name}_id", None)
             row.subject[name] = {"id": ref, "name": deleted_name(row.organization_id, model_name, ref)}
             detached = True
@@ -162,28 +164,27 @@ def _detach_deleted(row: UsageRecord) -> bool:
     return detached
 
 
+def freeze_subject_name(sender: Any, *, organization_id: int, name: str, pk: int, label: str, **kwargs: Any) -> None:
+    """Write a subject's name into the `subject` of its usage records before it is deleted (their
+    foreign key then goes NULL; the id and name stay). Connected to tenants' `subject_deleting`
+    (ledger/apps.py), sent inside the deletion's transaction."""
+    if name not in {ref for ref, _ in SUBJECT_REFS}:
+        raise ValueError(f"not a subject reference: {name!r}")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {UsageRecord._meta.db_table} SET subject = jsonb_set(subject, %s, %s::jsonb)"
+            f" WHERE organization_id = %s AND {name}_id = %s",
+            [[name], json.dumps({"id": pk, "name": label[:300]}), organization_id, pk],
+        )
+
+
 def deleted_name(organization_id: int, model_name: str, pk: int) -> str:
     """The name a deleted subject had, from the audit entry of its deletion."""
-    from django.apps import apps
-
-    entry = (apps.get_model("tenants", "AuditLogEntry").objects
+    entry = (AuditLogEntry.objects
              .filter(organization_id=organization_id, object_type=model_name, object_id=str(pk), action="delete")
              .order_by("-id").first())
     return entry.object_repr if entry is not None else ""
 
-
-def relaxed_commit() -> None:
-    """Let this transaction's commit return before its WAL reaches disk.
-
-    Only for writes whose loss in a database crash errs on the safe side: a lost usage record
-    leaves its reservation (committed durably at admission) to be charged at worst case when it
-    lapses; a lost drain leaves records unapplied and holds in place, to be drained again. The
-    admission statement itself always commits durably. Inside an outer transaction this applies
-    to that whole transaction, so callers that need durability must not nest it.
-    """
-    if connection.in_atomic_block:
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL synchronous_commit = off")
 
 
 def correct_estimate(*, record_id: int, outcome: Outcome) -> UsageRecord:
@@ -195,12 +196,12 @@ def correct_estimate(*, record_id: int, outcome: Outcome) -> UsageRecord:
        id order; then update the record in place (never a second record).
     """
     with transaction.atomic():
-        rec = UsageRecord.objects.select_for_update().get(pk=record_id)
+        rec = record_for_update(record_id)
         if rec.status != Status.ESTIMATED or outcome.status == Status.ESTIMATED:
             return rec
         delta = outcome.cost_nano - rec.cost_nano
         if rec.applied and delta and rec.window_ids:
-            list(windows_for_update(rec.window_ids).values_list("id", flat=True))
+            lock_windows(rec.window_ids)
             Window.objects.filter(id__in=rec.window_ids).update(spent_nano=F("spent_nano") + delta)
         rec.status = outcome.status
         rec.cost_nano = outcome.cost_nano
@@ -215,25 +216,17 @@ def correct_estimate(*, record_id: int, outcome: Outcome) -> UsageRecord:
         rec.error = outcome.error
         rec.save()
         if rec.applied and delta > 0 and rec.window_ids:
-            from usage.alerts import on_windows_changed
-
-            transaction.on_commit(lambda: on_windows_changed(window_ids=rec.window_ids), robust=True)
+            send_after_commit(window_ids=rec.window_ids)
         return rec
 
 
 def release(*, reservation: Reservation, error: str = "") -> UsageRecord:
     """Give a reservation's room back: a zero-cost `released` record, applied at once."""
-    from ledger.drain import drain
-
     rec = record(reservation=reservation, outcome=Outcome(status=Status.RELEASED, error=error))
     drain(request_ids=[rec.request_id])
     rec.refresh_from_db()
     return rec
 
-
-def claim_lapsed(condition: Q, *, limit: int) -> list[Reservation]:
-    """Lock lapsed reservations for this expiry run, skipping those another run holds."""
-    return list(Reservation.objects.select_for_update(skip_locked=True).filter(condition).order_by("expires_at")[:limit])
 
 
 def expire(*, now: datetime | None = None, limit: int = 1000, dead_owner_ids: Sequence[int] = ()) -> int:
@@ -248,8 +241,6 @@ def expire(*, now: datetime | None = None, limit: int = 1000, dead_owner_ids: Se
     insert is ON CONFLICT DO NOTHING on the unique request id, so two expiries racing charge
     once. Returns the records this call inserted.
     """
-    from ledger.drain import drain
-
     now = now or timezone.now()
     lapsed_q = Q(expires_at__lt=now) | Q(deadline_at__lt=now)
     if dead_owner_ids:

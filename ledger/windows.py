@@ -15,17 +15,26 @@ admission statement and drain in progress to commit, and holds new ones off for 
 milliseconds it takes. The mode conflicts with itself, so two such creations queue instead of
 deadlocking when each, inside a caller's transaction, goes on to insert a reservation. An admission that read the budgets before the edit re-checks them inside its own
 statement (ledger.admission._ADMIT_SQL, `stale`) and retries.
+
+Reading a window's counters (`current_windows`, which creates missing ones) and the window writes
+budgets' edits need (`retire` on a new version, `release_budget` before a deletion) are here too.
+The seed reads usage records by table name in SQL: the ledger sits above usage's models, so
+this is a choice of one statement over an ORM query, not a way round the import layers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
+from django.utils import timezone
 
-from budgets.models import Budget
+from budgets.models import Budget, Hold, Window
+from budgets.periods import period_bounds
+from ledger.locks import lock_reservations_table, lock_windows, windows_for_delete
 
 Bounds = dict[int, tuple[datetime, datetime | None]]
 
@@ -51,6 +60,57 @@ def _subject(budget: Budget) -> Any:
     }[Budget.Scope(budget.scope)]
 
 
+@dataclass(frozen=True)
+class WindowState:
+    """A window's counters as one unlocked, consistent read saw them."""
+
+    id: int
+    spent_nano: int
+    reserved_nano: int
+
+
+def current_windows(*, budgets: Sequence[Budget], now: datetime) -> dict[int, WindowState]:
+    """Return {budget_id: window state} for the period containing `now`, creating missing
+    windows. The counters come from one unlocked statement: a consistent snapshot.
+
+    Creation is INSERT .. ON CONFLICT DO NOTHING, so racing first requests agree on one row.
+    A window created mid-life starts with the period's whole truth for its scope: recorded spend
+    plus the holds of requests in flight (create_windows). A budget deleted or reconfigured
+    since it was read has no window here: the caller reads the budgets again.
+    Runs outside the admission statement: it takes no lock the admission needs.
+    """
+    if not budgets:
+        return {}
+    bounds = {b.id: period_bounds(period=b.period, tz=b.timezone, now=now) for b in budgets}
+    found = _read_windows(budgets, bounds)
+    missing = [b for b in budgets if b.id not in found]
+    if missing:
+        create_windows(budgets=missing, bounds=bounds)
+        found.update(_read_windows(missing, bounds))
+    return found
+
+
+def _read_windows(budgets: Sequence[Budget], bounds: dict) -> dict[int, WindowState]:
+    """One statement, so the counters of all the windows come from one snapshot."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT w.budget_id, w.id, w.spent_nano, w.reserved_nano
+              FROM budgets_window w
+              JOIN unnest(%s::bigint[], %s::int[], %s::timestamptz[]) AS k(budget_id, version, period_start)
+                ON w.budget_id = k.budget_id AND w.budget_version = k.version AND w.period_start = k.period_start
+            """,
+            [[b.id for b in budgets], [b.version for b in budgets], [bounds[b.id][0] for b in budgets]],
+        )
+        rows = cursor.fetchall()
+    return {budget_id: WindowState(wid, spent, reserved) for budget_id, wid, spent, reserved in rows}
+
+
+def ensure_windows(*, budgets: Sequence[Budget], now: datetime) -> dict[int, int]:
+    """{budget_id: window_id} for the period containing `now` (see current_windows)."""
+    return {bid: w.id for bid, w in current_windows(budgets=budgets, now=now).items()}
+
+
 def mid_life(budget: Budget, start: datetime) -> bool:
     """Created or reconfigured after its period began: in-flight requests may lack its hold."""
     return budget.version_at is not None and budget.version_at > start
@@ -69,8 +129,7 @@ def create_windows(*, budgets: Sequence[Budget], bounds: Bounds) -> None:
             # Run budgets are created by their run's own first call, before it admits: no
             # request of the run can hold a stale list, so they skip the table lock.
             if CARRY_HOLDS and any(b.scope != Budget.Scope.RUN for b in carried):
-                with connection.cursor() as cursor:
-                    cursor.execute("LOCK TABLE budgets_reservation IN SHARE ROW EXCLUSIVE MODE")
+                lock_reservations_table()
             for b in carried:
                 _create(b, bounds[b.id], carry=CARRY_HOLDS)
 
@@ -112,3 +171,25 @@ def _create(budget: Budget, bounds: tuple[datetime, datetime | None], *, carry: 
     """
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
+
+
+def retire(budget: Budget) -> None:
+    """Retire the budget's current windows (a new version starts; budgets.services.update_budget
+    holds the budget row): lock them in id order, so admissions on them finish first and later
+    ones are refused by their own statement and read the budget again."""
+    ids = list(Window.objects.filter(budget=budget, budget_version=budget.version, retired_at__isnull=True)
+               .values_list("id", flat=True))
+    if ids:
+        lock_windows(ids)
+        Window.objects.filter(id__in=ids).update(retired_at=timezone.now())
+
+
+def release_budget(budget_id: int) -> None:
+    """Before a budget is deleted (its row locked by the caller): delete its holds, lock its
+    windows FOR UPDATE in id order, then delete the holds added meanwhile. Holds before windows,
+    the drain's order (ledger/locks.py), so the two cannot deadlock. The windows go with the
+    budget row (ON DELETE CASCADE)."""
+    Hold.objects.filter(window__budget_id=budget_id).delete()
+    ids = list(Window.objects.filter(budget_id=budget_id).values_list("id", flat=True))
+    windows_for_delete(ids)
+    Hold.objects.filter(window_id__in=ids).delete()

@@ -7,18 +7,16 @@ so each change is validated and audited once, in one place.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
-from django.apps import apps
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import validate_email, validate_slug
-from django.db import connection, models, transaction
+from django.db import models, transaction
 from django.utils import timezone
 
 from core.errors import CapgateError
@@ -33,6 +31,7 @@ from tenants.models import (
     Project,
     hash_key,
 )
+from tenants.signals import subject_deleting
 
 SECRET_CHANGED = "(changed)"
 
@@ -323,16 +322,13 @@ def remove_member(*, member: Member, actor: Actor) -> None:
 
 
 def freeze_subject_name(*, organization_id: int, name: str, pk: int, label: str) -> None:
-    """Write a subject's name into the `subject` of its usage records before it is deleted (their
-    foreign key then goes NULL; the id and name stay). Records of requests still in flight get
-    it from the deletion's audit entry when they are written (ledger.recording)."""
-    usage_record = apps.get_model("usage", "UsageRecord")  # by name: usage builds on tenants
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {usage_record._meta.db_table} SET subject = jsonb_set(subject, %s, %s::jsonb)"
-            f" WHERE organization_id = %s AND {name}_id = %s",
-            [[name], json.dumps({"id": pk, "name": label[:300]}), organization_id, pk],
-        )
+    """Have the subject's name written into the `subject` of its usage records before it is
+    deleted (their foreign key then goes NULL; the id and name stay). The write is the ledger's
+    (ledger.recording.freeze_subject_name, connected to `subject_deleting` in ledger/apps.py):
+    tenants sits below it. It runs here, synchronously, inside the deletion's transaction.
+    Records of requests still in flight get the name from the deletion's audit entry when they
+    are written (ledger.recording)."""
+    subject_deleting.send(sender=None, organization_id=organization_id, name=name, pk=pk, label=label)
 
 
 # Tests widen the window between the owner checks and the write (the guard-removal test).

@@ -4,7 +4,7 @@
     spent_nano    == seed + sum of cost_nano of applied usage records charged to the window
 
 where the seed is the spend a window was created with (a budget created mid-period starts with
-the period's already-recorded spend; ledger.admission.ensure_windows).
+the period's already-recorded spend; ledger.windows.ensure_windows).
 
 A window can agree with its own rows and still be wrong about the request behind them (a
 proxied call's cost replaced by someone else's $0 settle). So beside the windows there is a

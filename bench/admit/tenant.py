@@ -12,7 +12,8 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from budgets.models import Budget, Hold, Reservation, Window
-from ledger.admission import Subject, ensure_windows, matching_budgets
+from ledger.admission import Subject, matching_budgets
+from ledger.windows import ensure_windows
 from tenants.models import ApiKey, Organization, Project
 from usage.models import UsageRecord
 

@@ -22,6 +22,7 @@ INSTALLED_APPS = [
     "catalog",
     "budgets",
     "usage",
+    "ledger",
     "ratelimits",
     "django_filters",
     "requestlog",

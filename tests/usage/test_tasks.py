@@ -104,7 +104,7 @@ def _widen_expiry_race(monkeypatch):
     # Every racer reads the lapsed reservations and finds no record for them before anyone
     # inserts one, and every drain reads its holds before anyone applies them: the
     # interleaving a missing guard would need, every time.
-    real_build, real_lock = recording.build_record, drain_module.windows_for_update
+    real_build, real_lock = recording.build_record, drain_module.lock_windows
 
     def slow_build(**kw):
         time.sleep(0.03)
@@ -115,7 +115,7 @@ def _widen_expiry_race(monkeypatch):
         return real_lock(ids)
 
     monkeypatch.setattr(recording, "build_record", slow_build)
-    monkeypatch.setattr(drain_module, "windows_for_update", slow_lock)
+    monkeypatch.setattr(drain_module, "lock_windows", slow_lock)
 
 
 @pytest.mark.django_db(transaction=True)
