@@ -7,6 +7,8 @@ class JobsConfig(AppConfig):
     def ready(self) -> None:
         # The gateway serves /v1/*; the job endpoints live here, above it, and are plugged into
         # its router (and its background-response hand-off) once the apps are loaded.
-        from jobs import http
+        from gateway.capcheck import jobs as capcheck_jobs
+        from jobs import capcheck, http
 
         http.install()
+        capcheck_jobs.settle_jobs = capcheck.settle_organization

@@ -12,6 +12,8 @@ default and the run all read this list.
 - admin-actions: the cap edited and the end customer deleted mid-burst (admin_actions.py).
 - server-tools, service-tier, route-alias: paid features and route aliases, with the books
   checked against echo's bill (billing.py).
+- jobs: every request a one-line OpenAI batch on echo, admitted at submission, held by its job
+  and settled by the jobs app's poll (jobs.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from budgets.models import Budget
-from gateway.capcheck import billing
+from gateway.capcheck import billing, jobs
 from gateway.capcheck.admin_actions import ADMIN_ACTIONS
 from gateway.capcheck.scenario import Build, Scenario
 from tenants.models import Project
@@ -56,6 +58,7 @@ ALL: dict[str, Scenario] = {
         billing.SERVER_TOOLS,
         billing.SERVICE_TIER,
         billing.ROUTE_ALIAS,
+        jobs.JOBS,
     )
 }
 NAMES = tuple(ALL)
