@@ -40,18 +40,24 @@ def backoff(polls: int) -> timedelta:
     return min(first * (2 ** min(max(polls - 1, 0), 20)), last)
 
 
+# Guard point (its removal test in tests/jobs/test_poll.py): a claim skips jobs another beat
+# holds and moves each claimed job's next poll forward, so two beats never poll one job twice.
+CLAIM_EXCLUSIVE = True
+
+
 def claim(*, now: datetime | None = None, limit: int | None = None) -> list[Job]:
     now = now or timezone.now()
     limit = limit or settings.CAPGATE["JOB_POLL_PER_RUN"]
     due = (Q(state__in=[Job.State.LIVE, Job.State.CANCELLING])
            | Q(state=Job.State.ESTIMATED, deadline_at__gt=now - LATE_REPORT_GRACE))
     with transaction.atomic():
-        jobs = list(Job.objects.select_for_update(skip_locked=True, of=("self",)).select_related("connection")
-                    .filter(due, next_poll_at__lte=now).order_by("next_poll_at")[:limit])
+        jobs = list(Job.objects.select_for_update(skip_locked=CLAIM_EXCLUSIVE, of=("self",))
+                    .select_related("connection").filter(due, next_poll_at__lte=now)
+                    .order_by("next_poll_at")[:limit])
         for job in jobs:
             job.polls += 1
             job.last_polled_at = now
-            job.next_poll_at = now + backoff(job.polls)
+            job.next_poll_at = now + backoff(job.polls) if CLAIM_EXCLUSIVE else job.next_poll_at
         Job.objects.bulk_update(jobs, ["polls", "last_polled_at", "next_poll_at"])
     return jobs
 
