@@ -27,7 +27,7 @@ def _widget(api_field: serializers.Field, required: bool) -> forms.Widget:
 
 class ApiField(forms.Field):
     """A form field validated by `api_field` (a serializer's field, e.g.
-    `BudgetSerializer().fields["amount_usd"]`). Empty is None (or "required")."""
+    `BudgetSerializer().fields["amount_usd"]`). Empty is None, or [] for a list (or "required")."""
 
     def __init__(self, api_field: serializers.Field, *, parse: Callable[[str], Any] | None = None,
                  show: Callable[[Any], Any] | None = None, **kwargs: Any):
@@ -37,7 +37,7 @@ class ApiField(forms.Field):
 
     def to_python(self, value: Any) -> Any:
         if value in self.empty_values:
-            return None
+            return [] if isinstance(self.api_field, serializers.ListField) else None
         if self.parse is not None:
             value = self.parse(value)
         try:
@@ -61,9 +61,14 @@ def usd_form_field(**kwargs: Any) -> ApiField:
 
 
 def comma_list(text: Any) -> list[str]:
-    """"50, 80%, 100" or one per line -> ["50", "80", "100"] (a trailing % is a percentage)."""
+    """"a, b" or one per line -> ["a", "b"]."""
     parts = str(text).replace("\n", ",").split(",")
-    return [part.strip().removesuffix("%").strip() for part in parts if part.strip()]
+    return [part.strip() for part in parts if part.strip()]
+
+
+def percentages(text: Any) -> list[str]:
+    """"50, 80%, 100" -> ["50", "80", "100"]: a trailing % is a percentage."""
+    return [part.removesuffix("%").strip() for part in comma_list(text)]
 
 
 def show_list(value: Any) -> Any:

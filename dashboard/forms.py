@@ -12,7 +12,7 @@ from django import forms
 from budgets.api import BudgetSerializer, OrganizationSerializer, ProjectSerializer
 from budgets.services import SUBJECT_FIELD
 from catalog.api import ConnectionSerializer
-from dashboard.fields import api_field, comma_list, show_list
+from dashboard.fields import api_field, comma_list, percentages, show_list
 from tenants.api.views import KeySerializer
 from tenants.models import ApiKey, ApiToken, EndCustomer, Member, Organization, Project
 from tenants.services import InvalidChange, NotAllowed
@@ -58,7 +58,7 @@ class BudgetForm(OrgForm):
     mode = api_field(BudgetSerializer, "mode", initial="block",
                      help_text="block refuses requests before the provider call; alert only notifies")
     amount_usd = api_field(BudgetSerializer, "amount_usd", label="Amount (USD)")
-    thresholds = api_field(BudgetSerializer, "thresholds", parse=comma_list, show=show_list, required=False,
+    thresholds = api_field(BudgetSerializer, "thresholds", parse=percentages, show=show_list, required=False,
                            initial="50, 80, 100", help_text="percent of the amount")
     recipients = CommaListField(required=False, widget=forms.Textarea,
                                 help_text="emails, comma-separated; empty: the organization's owners")
@@ -102,7 +102,8 @@ class KeyForm(OrgForm):
     project = forms.ModelChoiceField(queryset=Project.objects.none())
     member = forms.ModelChoiceField(queryset=Member.objects.none(), required=False,
                                     help_text="whose key it is (spend can be capped per member)")
-    allowed_models = CommaListField(required=False, help_text="comma-separated; empty: every routed model")
+    allowed_models = api_field(KeySerializer, "allowed_models", parse=comma_list, show=show_list, required=False,
+                               help_text="comma-separated; empty: every routed model")
     expires_at = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
                                      help_text="UTC")
     default_max_output_tokens = api_field(

@@ -8,12 +8,15 @@ from rest_framework import mixins, serializers, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from tenants.api.fields import choice_field
 from tenants.api.views import OrgViewSet
 from usage import channels
 from usage.alert_models import AlertChannel, AlertDelivery
 
 
 class AlertChannelSerializer(serializers.ModelSerializer):
+    kind = choice_field("Kind", AlertChannel.Kind.choices)
+    payload_format = choice_field("Payload format", AlertChannel.Format.choices, required=False)
     emails = serializers.ListField(child=serializers.CharField(max_length=254), required=False,
                                    max_length=channels.MAX_EMAILS)
     url = serializers.CharField(required=False, allow_blank=True, max_length=500)

@@ -18,22 +18,25 @@ from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
 from dashboard.access import org_view, render_org, require_manage
-from dashboard.forms import CommaListField, add_service_error
+from dashboard.fields import api_field, comma_list, show_list
+from dashboard.forms import add_service_error
 from tenants.selectors import Access
 from tenants.services import InvalidChange
 from usage import channels
+from usage.alert_api import AlertChannelSerializer
 from usage.alert_models import AlertChannel, AlertDelivery
 
 
 class ChannelForm(forms.Form):
     name = forms.CharField(max_length=100)
-    kind = forms.ChoiceField(choices=AlertChannel.Kind.choices, initial="email",
-                             help_text="email: added to every alert email; webhook: a signed POST per alert")
-    emails = CommaListField(required=False, widget=forms.Textarea, help_text="email channels: comma-separated")
+    kind = api_field(AlertChannelSerializer, "kind", initial="email",
+                     help_text="email: added to every alert email; webhook: a signed POST per alert")
+    emails = api_field(AlertChannelSerializer, "emails", parse=comma_list, show=show_list, required=False,
+                       widget=forms.Textarea, help_text="email channels: comma-separated")
     url = forms.CharField(required=False, max_length=500, label="Webhook URL",
                           help_text="webhook channels: a public http(s) URL")
-    payload_format = forms.ChoiceField(choices=AlertChannel.Format.choices, initial="capgate",
-                                       help_text="slack: {\"text\": …} for Slack-compatible incoming webhooks")
+    payload_format = api_field(AlertChannelSerializer, "payload_format", initial="capgate",
+                               help_text="slack: {\"text\": …} for Slack-compatible incoming webhooks")
     enabled = forms.BooleanField(required=False, initial=True)
 
     def __init__(self, *args: Any, channel: AlertChannel | None = None, **kwargs: Any):
