@@ -12,7 +12,7 @@ from budgets.models import Budget, Reservation
 from budgets.selectors import current_status
 from catalog.fields import UsdField
 from tenants import services as tenant_services
-from tenants.api.fields import WholeNumberField, choice_field
+from tenants.api.fields import EmailAddressField, WholeNumberField, choice_field
 from tenants.api.refs import EndCustomerRefField, OrgRelatedField
 from tenants.api.views import OrgViewSet
 from tenants.models import ApiKey, ApiToken, EndCustomer, Member, Organization, Project
@@ -129,7 +129,7 @@ class BudgetSerializer(serializers.ModelSerializer):
         child=WholeNumberField(min_value=1, max_value=1000, error_messages={
             "invalid": THRESHOLD_MESSAGE, "min_value": THRESHOLD_MESSAGE, "max_value": THRESHOLD_MESSAGE}),
         required=False, max_length=20)
-    recipients = serializers.ListField(child=serializers.EmailField(), required=False, max_length=50)
+    recipients = serializers.ListField(child=EmailAddressField(), required=False, max_length=50)
     current = serializers.SerializerMethodField()
 
     class Meta:

@@ -24,15 +24,6 @@ def add_service_error(form: forms.Form, exc: InvalidChange | NotAllowed) -> None
     form.add_error(field, exc.message)
 
 
-class CommaListField(forms.CharField):
-    def to_python(self, value: Any) -> list[str]:  # type: ignore[override]
-        text = super().to_python(value) or ""
-        return [part.strip() for part in text.replace("\n", ",").split(",") if part.strip()]
-
-    def prepare_value(self, value: Any) -> Any:
-        return ", ".join(str(v) for v in value) if isinstance(value, list) else value
-
-
 class OrgForm(forms.Form):
     """A form whose choices are limited to one organization."""
 
@@ -60,8 +51,8 @@ class BudgetForm(OrgForm):
     amount_usd = api_field(BudgetSerializer, "amount_usd", label="Amount (USD)")
     thresholds = api_field(BudgetSerializer, "thresholds", parse=percentages, show=show_list, required=False,
                            initial="50, 80, 100", help_text="percent of the amount")
-    recipients = CommaListField(required=False, widget=forms.Textarea,
-                                help_text="emails, comma-separated; empty: the organization's owners")
+    recipients = api_field(BudgetSerializer, "recipients", parse=comma_list, show=show_list, required=False,
+                           widget=forms.Textarea, help_text="emails, comma-separated; empty: the organization's owners")
 
     SUBJECT = ("scope", "project", "member", "api_key", "end_customer", "run_id")
     # The page shows only the chosen scope's subject field (templates/dashboard/_scope_subjects.html).
@@ -78,15 +69,6 @@ class BudgetForm(OrgForm):
         if editing:  # scope and subject are fixed once created
             for name in self.SUBJECT:
                 self.fields[name].disabled = True
-
-    def clean_recipients(self) -> list[str]:
-        emails = self.cleaned_data["recipients"]
-        for email in emails:
-            try:
-                forms.EmailField().clean(email)
-            except forms.ValidationError as exc:
-                raise forms.ValidationError(f"{email!r} is not an email address.") from exc
-        return emails
 
     def service_kwargs(self) -> dict[str, Any]:
         d = dict(self.cleaned_data)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
 from rest_framework import serializers
 
 from tenants.services import MAX_OUTPUT_CEILING
@@ -49,6 +51,19 @@ class WholeNumberField(serializers.IntegerField):
         if isinstance(data, bool) or (isinstance(data, float) and not data.is_integer()):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+class EmailAddressField(serializers.EmailField):
+    """An email address; a bad one is named in the message (as the services word it), which
+    matters in a list of recipients."""
+
+    def to_internal_value(self, data: Any) -> str:
+        value = super().to_internal_value(data)
+        try:
+            validate_email(value)
+        except ValidationError:
+            raise serializers.ValidationError(f"{value!r} is not an email address.") from None
+        return value
 
 
 def output_ceiling_field(**kwargs: Any) -> WholeNumberField:

@@ -89,6 +89,8 @@ CASES = [
     Bad("budget", "thresholds", [50, 0], "50, 0", THRESHOLDS, "thresholds[1]"),
     Bad("budget", "thresholds", ["fifty"], "fifty", THRESHOLDS, "thresholds[0]"),
     Bad("budget", "thresholds", [50, 5000], "50, 5000", THRESHOLDS, "thresholds[1]"),
+    Bad("budget", "recipients", ["a@b.co", "nope"], "a@b.co, nope", "'nope' is not an email address.",
+        "recipients[1]"),
     Bad("rate_limit", "requests_per_minute", 0, "0", PER_MINUTE),
     Bad("rate_limit", "requests_per_minute", -5, "-5", PER_MINUTE),
     Bad("rate_limit", "tokens_per_minute", "ten", "ten", PER_MINUTE),
