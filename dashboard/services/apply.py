@@ -124,11 +124,6 @@ class _Item:
             raise ApplyError(f"{self.path}.{key}", "expected a list")
         return value
 
-    def check(self) -> None:
-        """Raise the item's own problems (for an item no serializer reads)."""
-        if self.problems:
-            raise ApplyError.of(self.problems)
-
 
 def validated(item: _Item, serializer_class: type[serializers.Serializer], data: dict[str, Any], *,
               organization: Organization | None = None, names: dict[str, str] | None = None,
@@ -137,7 +132,8 @@ def validated(item: _Item, serializer_class: type[serializers.Serializer], data:
     validated values, or an ApplyError with every problem of the item (its own `problems`, those
     given, the serializer's, each at its path in the file; `names` maps API names back)."""
     found = [*item.problems, *problems]
-    # A subject that could not be found is left out of `data`: do not also call it missing.
+    # With problems found already (a subject that could not be found is left out of `data`), a
+    # field left out is not also called missing.
     serializer = serializer_class(data=data, partial=bool(found), context={"organization": organization})
     if not serializer.is_valid():
         found += [(f"{item.path}.{path}" if path else item.path, message)
