@@ -25,6 +25,7 @@ import shutil
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,6 +33,10 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from core.money import format_usd  # noqa: E402 — money shown through the one module, never float
+
 PY = str(ROOT / ".venv" / "bin" / "python")
 DB = "capgate_bench_gw"
 UP_PORT, GW_PORT, REF_PORT = 18201, 18200, 18202
@@ -259,17 +264,17 @@ print(json.dumps(dict(spent=w.spent_nano, reserved=w.reserved_nano, cap=w.budget
           and check["reservations"] == 0 and set(codes) <= {200, 402})
     overshoot = max(0, check["spent"] - check["cap"])
     return [
-        f"Cap ${check['cap']/1e9:.4f} = {calls} × the worst case one request reserves (${worst/1e9:.6f}); "
+        f"Cap {format_usd(check['cap'])} = {calls} × the worst case one request reserves ({format_usd(worst)}); "
         "overshoot = recorded spend above the cap.",
         "",
         "| requests | served | refused 402 | other | wall s | p50 ms | p95 ms | recorded spend | cap | overshoot | records | reservations left | four properties |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         f"| {n} | {codes.count(200)} | {codes.count(402)} | {len(codes) - codes.count(200) - codes.count(402)} | {wall:.2f} | "
-        f"{statistics.median(lat)*1000:.0f} | {p95*1000:.0f} | ${check['spent']/1e9:.4f} | ${check['cap']/1e9:.4f} | "
-        f"${overshoot/1e9:.4f} | {check['records']} | {check['reservations']} | {'hold' if ok else 'FAIL'} |",
+        f"{statistics.median(lat)*1000:.0f} | {p95*1000:.0f} | {format_usd(check['spent'])} | {format_usd(check['cap'])} | "
+        f"{format_usd(overshoot)} | {check['records']} | {check['reservations']} | {'hold' if ok else 'FAIL'} |",
         "",
         f"| target (issue 12) | result | met? |\n|---|---|---|\n| burst p95 ≤ 1.5 s with 0 overshoot | p95 {p95:.2f} s, "
-        f"overshoot ${overshoot/1e9:.4f} | {'yes' if p95 <= 1.5 and overshoot == 0 else '**no**'} |",
+        f"overshoot {format_usd(overshoot)} | {'yes' if p95 <= 1.5 and overshoot == 0 else '**no**'} |",
     ]
 
 

@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.gateway import PY, Proc, env, fresh_database, wait_http  # noqa: E402
+from core.money import format_usd, usd_str  # noqa: E402
 from tests.upstream import chatml  # noqa: E402 — what the fake upstream bills
 
 DB = "capgate_bench_util"
@@ -194,7 +195,7 @@ def row(label: str, mode: str, text: str, tag: str, reply_tokens: int) -> str:
     true_prompt = chatml.prompt_tokens(body, ENCODING)
     true_nano = true_prompt * PRICE_IN + reply_tokens * PRICE_OUT
     cap_nano = TRUE_CALLS * true_nano
-    cap_usd = str(Decimal(cap_nano) / 10**9)
+    cap_usd = usd_str(cap_nano)
 
     def headers(run: str) -> dict[str, str]:
         return {"authorization": f"Bearer {KEY}", "x-capgate-run": run, "x-capgate-run-budget-usd": cap_usd}
@@ -219,7 +220,7 @@ def row(label: str, mode: str, text: str, tag: str, reply_tokens: int) -> str:
     bound = burst.bound or seq.bound or "-"
 
     def usd(nano: int) -> str:
-        return f"{nano / 1e9:.4f}"
+        return format_usd(nano, symbol=False)
 
     return (f"| {label} | {mode} | {len(text)} | {len(text.encode())} | {true_prompt} | {reserved} ({bound}) | "
             f"{usd(cap_nano)} | {burst.admitted}/30 | {wave.admitted}/5 | {burst.admitted + wave.admitted} | "

@@ -103,7 +103,7 @@ class WindowStatusSerializer(serializers.Serializer):
     period_end = serializers.DateTimeField(allow_null=True)
     spent_usd = UsdField(source="spent_nano")
     reserved_usd = UsdField(source="reserved_nano")
-    remaining_usd = serializers.DecimalField(max_digits=20, decimal_places=9)
+    remaining_usd = UsdField(source="remaining_nano", min_value=None)  # below 0 when excess was billed
     percent_used = serializers.DecimalField(max_digits=12, decimal_places=2)
 
 

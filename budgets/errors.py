@@ -1,5 +1,5 @@
-from catalog.pricing import usd_str
 from core.errors import CapgateError
+from core.money import format_usd
 
 
 class BudgetExceeded(CapgateError):
@@ -11,8 +11,10 @@ class BudgetExceeded(CapgateError):
     def __init__(self, *, code: str, budget_id: int, window_id: int, limit_nano: int,
                  remaining_nano: int, worst_nano: int):
         super().__init__(
-            f"Refused by {code.replace('_', ' ')}: the request's worst case ${usd_str(worst_nano)} "
-            f"exceeds the ${usd_str(max(remaining_nano, 0))} remaining of ${usd_str(limit_nano)}.",
+            # Exact to the nano-USD: the numbers that were compared, not a rounding of them.
+            f"Refused by {code.replace('_', ' ')}: the request's worst case "
+            f"{format_usd(worst_nano, exact=True)} exceeds the {format_usd(max(remaining_nano, 0), exact=True)} "
+            f"remaining of {format_usd(limit_nano, exact=True)}.",
             code=code,
         )
         self.budget_id = budget_id

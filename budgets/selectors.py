@@ -13,7 +13,6 @@ from django.db.models import Sum
 
 from budgets.models import Budget, Reservation, Window
 from budgets.periods import period_bounds
-from catalog.pricing import nano_to_usd
 
 
 @dataclass(frozen=True)
@@ -27,10 +26,6 @@ class BudgetStatus:
     @property
     def remaining_nano(self) -> int:
         return self.budget.amount_nano - self.spent_nano - self.reserved_nano
-
-    @property
-    def remaining_usd(self) -> Decimal:
-        return nano_to_usd(self.remaining_nano)
 
     @property
     def used_nano(self) -> int:

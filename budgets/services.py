@@ -16,6 +16,7 @@ from django.db import OperationalError, transaction
 from django.utils import timezone
 
 from budgets.models import Budget
+from core.money import MAX_AMOUNT_NANO, MAX_AMOUNT_USD
 from ledger import windows as ledger_windows
 from ledger.locks import budget_for_update
 from tenants.models import ApiKey, EndCustomer, Member, Organization, Project
@@ -35,7 +36,6 @@ SUBJECT_FIELDS = ("project", "member", "api_key", "end_customer", "run_id")
 VERSIONED_FIELDS = ("period", "timezone", "mode")
 EDITABLE_FIELDS = ("name", "period", "timezone", "mode", "amount_nano", "thresholds", "recipients")
 AUDITED_FIELDS = ("name", "scope", *SUBJECT_FIELDS, *EDITABLE_FIELDS)
-MAX_AMOUNT_NANO = 2**62
 
 
 def _check_subject(organization: Organization, scope: str, subject: dict[str, Any]) -> None:
@@ -73,7 +73,7 @@ def _check_fields(fields: dict[str, Any]) -> None:
     if "amount_nano" in fields:
         amount = fields["amount_nano"]
         if not isinstance(amount, int) or isinstance(amount, bool) or not 0 <= amount <= MAX_AMOUNT_NANO:
-            raise InvalidChange("Amount must be between 0 and 4,611,686,018 USD.", param="amount_usd")
+            raise InvalidChange(f"Amount must be between 0 and {MAX_AMOUNT_USD:,} USD.", param="amount_usd")
     if "thresholds" in fields:
         t = fields["thresholds"]
         if (

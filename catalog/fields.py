@@ -20,15 +20,13 @@ from django.db import models
 from rest_framework import serializers
 
 from catalog.models import TOKENIZERS, Model
-from catalog.pricing import nano_to_usd, usd_to_nano
+from core.money import MAX_AMOUNT_USD, nano_to_usd, usd_to_nano
 from tenants.api.fields import MAX_INT, NUMBER_MESSAGES, WholeNumberField, choice_field
 
-# The largest amount a budget or cap holds (2**62 nano-USD, rounded down to whole USD).
-MAX_USD = Decimal("4611686018")
 
 class UsdField(serializers.DecimalField):
     """USD as a decimal string in and out (e.g. "5.00"); nano-USD ints inside. At most nine
-    decimal places (one nano-USD), never negative, at most MAX_USD."""
+    decimal places (one nano-USD), never negative, at most MAX_AMOUNT_USD (core/money.py)."""
 
     def __init__(self, **kwargs: Any):
         kwargs.setdefault("max_digits", 20)
@@ -36,7 +34,7 @@ class UsdField(serializers.DecimalField):
         kwargs.setdefault("error_messages", NUMBER_MESSAGES)
         # The range is checked on the USD amount, before it becomes nano-USD: DRF's validators
         # would compare the nano-USD int with the USD bound (and refuse any amount over $4.61).
-        least, most = kwargs.pop("min_value", Decimal(0)), kwargs.pop("max_value", MAX_USD)
+        least, most = kwargs.pop("min_value", Decimal(0)), kwargs.pop("max_value", MAX_AMOUNT_USD)
         super().__init__(**kwargs)
         self.min_value, self.max_value = least, most  # also what the OpenAPI schema shows
 

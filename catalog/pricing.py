@@ -1,7 +1,7 @@
 """Prices to nano-USD: the only place USD-per-1M-token Decimals become integer money.
 
 Worst cases round *up* (a bound must never be below what could be billed); actual costs round
-half-up. Both return ints of nano-USD.
+half-up. Both return ints of nano-USD. Converting and formatting amounts is `core/money.py`'s.
 """
 
 import dataclasses
@@ -10,10 +10,11 @@ from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 from typing import cast
 
 from catalog.models import Connection, Model
+from core.money import NANO_PER_USD
 
 # USD per 1M tokens -> nano-USD per token: * 1e9 / 1e6.
 _NANO_PER_TOKEN_PER_USD_PER_MTOK = Decimal(1000)
-_NANO_PER_USD = Decimal(1_000_000_000)
+_NANO_PER_USD = Decimal(NANO_PER_USD)
 RATE_FIELDS = ("input", "output", "cache_read", "cache_write")
 
 
@@ -207,16 +208,3 @@ def cost_nano(*, usage: Usage, rates: Rates) -> int:
     )
     return int(total.to_integral_value(rounding=ROUND_HALF_UP))
 
-
-def usd_to_nano(usd: Decimal | str | int) -> int:
-    """Exact conversion of a USD amount given by a user; sub-nano fractions round half-up."""
-    return int((Decimal(usd) * _NANO_PER_USD).to_integral_value(rounding=ROUND_HALF_UP))
-
-
-def nano_to_usd(nano: int) -> Decimal:
-    return Decimal(nano) / _NANO_PER_USD
-
-
-def usd_str(nano: int) -> str:
-    """Exact USD with nine decimals, for headers and API fields ("0.000123000")."""
-    return f"{nano_to_usd(nano):.9f}"

@@ -11,7 +11,7 @@ from decimal import Decimal
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from dashboard.money import format_usd
+from core.money import format_usd
 
 PALETTE = ["#2754c5", "#e07b39", "#2f855a", "#9b59b6", "#c0392b", "#7f8c8d"]
 TOP = 5
@@ -49,7 +49,7 @@ def stacked_daily(*, rows: list[tuple[date, str | None, int]], start: date, days
     parts.append(f'<text x="{pad_left - 6}" y="{10 + plot_h}" text-anchor="end" font-size="11" fill="#667">$0</text>')
     if max_day:
         parts.append(f'<text x="{pad_left - 6}" y="18" text-anchor="end" font-size="11" fill="#667">'
-                     f'${escape(format_usd(max_day))}</text>')
+                     f'{escape(format_usd(max_day))}</text>')
     for i in range(days):
         day = start + timedelta(days=i)
         x = pad_left + i * bar_w + 1
@@ -64,7 +64,7 @@ def stacked_daily(*, rows: list[tuple[date, str | None, int]], start: date, days
             parts.append(
                 f'<rect x="{x:.1f}" y="{y:.1f}" width="{max(bar_w - 2, 1):.1f}" height="{h:.1f}" '
                 f'fill="{colour.get(key, other)}"><title>{day.isoformat()} {escape(key)}: '
-                f'${escape(format_usd(cost))}</title></rect>'
+                f'{escape(format_usd(cost))}</title></rect>'
             )
         if (days - 1 - i) % 7 == 0:  # weekly labels, ending on today
             parts.append(f'<text x="{x + bar_w / 2:.1f}" y="{height - 6}" text-anchor="middle" font-size="10" '

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from budgets.errors import BudgetExceeded
-from catalog.pricing import usd_str
 from core.errors import CapgateError
+from core.money import usd_str
 
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",

@@ -37,7 +37,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
-from catalog.pricing import nano_to_usd
+from core.money import nano_to_usd
 
 log = logging.getLogger("capgate.metrics")
 

@@ -23,8 +23,9 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from budgets.errors import BudgetExceeded, BudgetUnavailable
-from catalog.pricing import UnpricedFeature, UnpricedModel, Usage, cost_nano, rates_for, usd_str
+from catalog.pricing import UnpricedFeature, UnpricedModel, Usage, cost_nano, rates_for
 from core.errors import CapgateError
+from core.money import usd_str
 from gateway import echo_jobs, metrics, responses, runtime, upstream
 from gateway.echo import echo_response, echo_stream
 from gateway.errors import GatewayError, render

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError
 
 from budgets.models import Reservation
-from catalog.pricing import Usage, cost_nano, usd_to_nano
+from catalog.pricing import Usage, cost_nano
+from core.money import MoneyError, usd_str, usd_to_nano
 from gateway.errors import GatewayError, bad_request
 from gateway.estimate import Shape, shape_chat
 from gateway.routing import authenticate, resolve_route, settle_rates
@@ -46,14 +48,12 @@ CHECK_OWNER = True
 MAX_USD = Decimal("1000000")
 
 
-def _usd(value, field: str) -> int:
+def _usd(value: Any, field: str, *, round_up: bool) -> int:
+    """A USD amount from the body (a decimal string; never a JSON float) -> nano-USD."""
     try:
-        amount = Decimal(str(value))
-    except InvalidOperation:
-        raise bad_request(f"'{field}' must be a decimal USD amount as a string.", param=field) from None
-    if not amount.is_finite() or amount < 0 or amount > MAX_USD or isinstance(value, float):
-        raise bad_request(f"'{field}' must be a non-negative decimal string up to {MAX_USD}.", param=field)
-    return usd_to_nano(amount)
+        return usd_to_nano(value, round_up=round_up, maximum=MAX_USD)
+    except MoneyError as exc:
+        raise bad_request(f"'{field}' {exc.message}.", param=field) from None
 
 
 def _int(body: dict, field: str, *, low: int = 0, high: int = 10_000_000) -> int:
@@ -67,7 +67,7 @@ def view(reservation: Reservation) -> dict:
     return {
         "id": str(reservation.id), "object": "reservation", "request_id": reservation.request_id.split(":", 1)[-1],
         "model": reservation.model, "amount_nano": reservation.amount_nano,
-        "amount_usd": f"{Decimal(reservation.amount_nano) / Decimal(10**9):.9f}",
+        "amount_usd": usd_str(reservation.amount_nano),
         "expires_at": reservation.expires_at.isoformat(), "deadline_at": reservation.deadline_at.isoformat(),
         "status": "reserved",
     }
@@ -77,7 +77,7 @@ def record_view(rec: UsageRecord) -> dict:
     return {
         "id": str(rec.reservation_id), "object": "reservation", "request_id": rec.request_id.split(":", 1)[-1],
         "model": rec.model, "status": rec.status, "cost_nano": rec.cost_nano,
-        "cost_usd": f"{Decimal(rec.cost_nano) / Decimal(10**9):.9f}", "reserved_nano": rec.reserved_nano,
+        "cost_usd": usd_str(rec.cost_nano), "reserved_nano": rec.reserved_nano,
         "excess_nano": rec.excess_nano,
     }
 
@@ -107,7 +107,7 @@ def create(*, raw_key: str | None, body: dict, headers: dict[str, str], owner_id
     lease = timedelta(seconds=ttl)
     shape, targets, amount = None, None, None
     if "amount_usd" in body:
-        amount = _usd(body["amount_usd"], "amount_usd")
+        amount = _usd(body["amount_usd"], "amount_usd", round_up=True)  # a worst case rounds up
     else:
         if not model:
             raise bad_request("Give 'amount_usd', or a 'model' with 'messages' or token bounds.", param="model")
@@ -207,7 +207,7 @@ def settle(*, raw_key: str | None, reservation_id: str, body: dict) -> tuple[int
         reservation = Reservation(id=rec.reservation_id, request_id=rec.request_id, organization_id=rec.organization_id,
                                   amount_nano=rec.reserved_nano, created_at=rec.admitted_at, model=rec.model)
     if "cost_usd" in body:
-        cost, usage = _usd(body["cost_usd"], "cost_usd"), Usage()
+        cost, usage = _usd(body["cost_usd"], "cost_usd", round_up=False), Usage()
     elif isinstance(body.get("usage"), dict):
         u = body["usage"]
         counts = {f: _int(u, f) if f in u else 0 for f in

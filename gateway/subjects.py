@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 from django.db import IntegrityError, transaction
 
 from budgets.models import Budget
 from budgets.services import create_budget
-from catalog.pricing import nano_to_usd, usd_to_nano
+from core.money import MoneyError, format_usd, usd_to_nano
 from gateway.errors import GatewayError, bad_request
 from ledger.admission import Subject
 from tenants.models import ApiKey, EndCustomer
@@ -124,17 +124,15 @@ def run_budget(*, key: ApiKey, run_id: str | None, amount_usd: str | None) -> in
             return None  # a run label without a cap
     else:
         try:
-            amount = Decimal(amount_usd)
-        except InvalidOperation:
+            amount_nano = usd_to_nano(amount_usd, maximum=MAX_RUN_BUDGET_USD)
+        except MoneyError as exc:
             raise bad_request(
-                "X-Capgate-Run-Budget-Usd must be a decimal USD amount.", code="invalid_run_budget"
+                f"X-Capgate-Run-Budget-Usd {exc.message}.", code="invalid_run_budget"
             ) from None
-        if not amount.is_finite() or amount <= 0 or amount > MAX_RUN_BUDGET_USD:
+        if amount_nano == 0:
             raise bad_request(
-                f"X-Capgate-Run-Budget-Usd must be > 0 and <= {MAX_RUN_BUDGET_USD}.",
-                code="invalid_run_budget",
+                "X-Capgate-Run-Budget-Usd must be more than 0.", code="invalid_run_budget"
             )
-        amount_nano = usd_to_nano(amount)
     existing = Budget.objects.filter(
         organization_id=key.organization_id, scope=Budget.Scope.RUN, run_id=run_id
     ).first()
@@ -149,8 +147,8 @@ def run_budget(*, key: ApiKey, run_id: str | None, amount_usd: str | None) -> in
 def _check_run_amount(existing: Budget, *, run_id: str, amount_nano: int | None) -> None:
     if amount_nano is not None and existing.amount_nano != amount_nano:
         raise GatewayError(
-            f"Run '{run_id}' already has a budget of ${nano_to_usd(existing.amount_nano):.6f}; "
-            f"a different amount (${nano_to_usd(amount_nano):.6f}) cannot be set by a later call.",
+            f"Run '{run_id}' already has a budget of {format_usd(existing.amount_nano)}; "
+            f"a different amount ({format_usd(amount_nano)}) cannot be set by a later call.",
             code="run_budget_conflict",
             status=409,
         )

@@ -21,7 +21,7 @@ import httpx
 from django.db import DatabaseError
 
 from catalog.models import Connection
-from catalog.pricing import usd_str
+from core.money import usd_str
 from gateway import proxy, runtime
 from gateway.errors import GatewayError
 from gateway.http import Request

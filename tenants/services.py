@@ -20,6 +20,7 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from core.errors import CapgateError
+from core.money import MAX_AMOUNT_NANO, MAX_AMOUNT_USD
 from tenants.models import (
     KEY_PREFIX,
     ApiKey,
@@ -148,8 +149,8 @@ _MODES = ("alert", "block")
 
 
 def _check_nano(value: int | None, field: str) -> None:
-    if value is not None and (value < 0 or value > 2**62):
-        raise InvalidChange("Must be between 0 and 4,611,686,018 USD.", param=field)
+    if value is not None and (value < 0 or value > MAX_AMOUNT_NANO):
+        raise InvalidChange(f"Must be between 0 and {MAX_AMOUNT_USD:,} USD.", param=field)
 
 
 def create_organization(*, slug: str, name: str, actor: Actor, **fields: Any) -> Organization:

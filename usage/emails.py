@@ -15,22 +15,12 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 
 from budgets.models import Budget
-from catalog.pricing import nano_to_usd
+from core.money import format_usd
 from tenants.models import Member
 from usage.models import AlertEvent
 
 # Without a timeout a hung SMTP server would hold the worker (and the event's claim) forever.
 DEFAULT_SMTP_TIMEOUT = 30
-
-
-def format_usd(nano: int) -> str:
-    """1_000_000_000 -> "$1.00", 12_000_000 -> "$0.012": cents always, more digits only if
-    they are not zero (an alert about a $0.037 request should not say $0.04)."""
-    usd = nano_to_usd(nano)
-    cents = usd.quantize(Decimal("0.01"))
-    if cents == usd or abs(usd) >= 100:
-        return f"${cents:,f}"
-    return f"${usd.quantize(Decimal('0.000000001')).normalize():,f}"
 
 
 def format_percent(spent_nano: int, amount_nano: int) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from dashboard.money import format_usd
+from core.money import format_usd
 from tenants.api.fields import flat_errors
 from tenants.models import ApiKey, EndCustomer, Member, Organization, Project
 from tenants.services import APPLY, InvalidChange
@@ -79,8 +79,8 @@ def _usd_fields(changes: dict[str, list[Any]]) -> dict[str, list[Any]]:
     for k, (a, b) in changes.items():
         if k.endswith("_nano"):
             k = k[: -len("_nano")] + "_usd"
-            a = None if a is None else format_usd(a)
-            b = None if b is None else format_usd(b)
+            a = None if a is None else format_usd(a, symbol=False)
+            b = None if b is None else format_usd(b, symbol=False)
         out[k] = [a, b]
     return out
 

@@ -1,14 +1,14 @@
 from django import template
 
-from dashboard.money import format_usd
+from core.money import format_usd
 
 register = template.Library()
 
 
 @register.filter
 def usd(nano: int | None) -> str:
-    """nano-USD int -> "$5.00" (Decimal, never float)."""
-    return "—" if nano is None else f"${format_usd(nano)}"
+    """nano-USD int -> "$5.00" (core/money.py: Decimal, never float)."""
+    return "—" if nano is None else format_usd(nano)
 
 
 @register.filter

@@ -4,15 +4,16 @@ two grouped queries in all, whatever the range."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
+from core.money import format_usd
 from dashboard.access import org_view, render_org
 from dashboard.charts import stacked_series, top_groups
 from dashboard.forms import ChartForm
-from dashboard.money import format_usd
 from requestlog.selectors import request_series
 from tenants.selectors import Access
 from usage.selectors import usage_series
@@ -24,10 +25,6 @@ GROUP_FIELDS = {"project": "project__slug", "key": "api_key__name", "model": "mo
 
 def _count(n: int) -> str:
     return f"{n:,}"
-
-
-def _usd(nano: int) -> str:
-    return f"${format_usd(nano)}"
 
 
 @org_view()
@@ -51,8 +48,8 @@ def charts(request: HttpRequest, access: Access) -> HttpResponse:
         counted[group] = counted.get(group, 0) + n
     top = top_groups({g: (spend.get(g, 0), counted.get(g, 0)) for g in spend.keys() | counted.keys()})
     hourly = bucket == "hour"
-    series = [
-        ("Spend", [(at, g, cost) for at, g, cost, _ in usage], _usd),
+    series: list[tuple[str, list[tuple[datetime, str | None, int]], Callable[[int], str]]] = [
+        ("Spend", [(at, g, cost) for at, g, cost, _ in usage], format_usd),
         ("Tokens", [(at, g, tokens) for at, g, _, tokens in usage], _count),
         ("Requests", [(at, g, n) for at, g, n, _ in requests], _count),
         ("Refusals", [(at, g, refused) for at, g, _, refused in requests], _count),

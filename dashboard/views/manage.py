@@ -3,7 +3,6 @@ service; a service's InvalidChange comes back as a form error and nothing is cha
 
 from __future__ import annotations
 
-from decimal import Decimal
 from urllib.parse import quote
 
 from django.contrib import messages
@@ -17,7 +16,7 @@ from django.views.decorators.http import require_POST
 from budgets import services as budget_services
 from budgets.models import Budget
 from budgets.selectors import statuses
-from catalog.pricing import nano_to_usd
+from core.money import usd_input
 from dashboard.access import org_view, render_org, require_manage
 from dashboard.forms import BudgetForm, EndCustomerForm, KeyForm, ProjectForm, add_service_error
 from tenants import services
@@ -61,7 +60,7 @@ def budget_edit(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
     budget = get_object_or_404(Budget, pk=pk, organization=access.organization)
     initial = {f: getattr(budget, f) for f in ("name", "scope", "project", "member", "api_key", "end_customer",
                                                "run_id", "period", "timezone", "mode", "thresholds", "recipients")}
-    initial["amount_usd"] = _usd(budget.amount_nano)
+    initial["amount_usd"] = usd_input(budget.amount_nano)
     form = BudgetForm(request.POST or None, organization=access.organization, initial=initial, editing=True)
     if request.method == "POST" and form.is_valid():
         kwargs = form.service_kwargs()
@@ -76,10 +75,6 @@ def budget_edit(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
             return redirect("dashboard:budgets", access.organization.slug)
     return render_org(request, access, "dashboard/form.html", "budgets", form=form, title=f"Edit budget “{budget}”",
                       submit="Save", delete_url="dashboard:budget_delete", obj=budget)
-
-
-def _usd(nano: int) -> Decimal:
-    return nano_to_usd(nano).normalize()
 
 
 @require_POST
@@ -176,7 +171,7 @@ def project_edit(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
     project = get_object_or_404(Project, pk=pk, organization=access.organization)
     initial = {"slug": project.slug, "name": project.name,
                "default_customer_budget_usd": None if project.default_customer_budget_nano is None
-               else _usd(project.default_customer_budget_nano),
+               else usd_input(project.default_customer_budget_nano),
                "default_customer_budget_period": project.default_customer_budget_period,
                "default_customer_budget_mode": project.default_customer_budget_mode}
     form = ProjectForm(request.POST or None, organization=access.organization, initial=initial)

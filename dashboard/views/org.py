@@ -15,7 +15,7 @@ from django.views.decorators.http import require_POST
 
 from catalog import services as catalog_services
 from catalog.models import Connection, Model
-from catalog.pricing import nano_to_usd
+from core.money import usd_input
 from dashboard.access import org_view, render_org, require_manage
 from dashboard.forms import (
     RATE_FIELDS,
@@ -103,7 +103,7 @@ def connections(request: HttpRequest, access: Access) -> HttpResponse:
     policy = PolicyForm(request.POST if "policy" in request.POST else None, initial={
         "allow_unpriced": org.allow_unpriced,
         "default_run_budget_usd": None if org.default_run_budget_nano is None
-        else nano_to_usd(org.default_run_budget_nano).normalize()})
+        else usd_input(org.default_run_budget_nano)})
     if request.method == "POST" and "policy" in request.POST:
         require_manage(access)
         if policy.is_valid():

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, time, timedelta
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
-from catalog.pricing import nano_to_usd
+from core.money import nano_to_usd
 from dashboard.access import org_view, render_org
 from dashboard.forms import UsageFilterForm
 from tenants.models import AuditLogEntry, EndCustomer

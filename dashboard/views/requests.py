@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 
-from catalog.pricing import nano_to_usd
+from core.money import nano_to_usd
 from dashboard.access import org_view, render_org
 from requestlog.filters import RequestLogFilter
 from requestlog.models import RequestLogEntry

@@ -19,6 +19,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from catalog.models import Connection, Model, RouteTarget
+from core.money import usd_to_nano
 from gateway.capcheck.scenario import MESSAGES, Build, Scenario
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ def _route_alias(build: Build) -> dict[str, Any]:
 
 def problems(setup: Setup, records: list[UsageRecord]) -> list[str]:
     """The books against the provider's bill, for every record echo served."""
-    per_search = int(SEARCH_USD * 10**9) if setup.scenario == "server-tools" else 0
+    per_search = usd_to_nano(SEARCH_USD) if setup.scenario == "server-tools" else 0
     expected = setup.tokens.actual_nano + SEARCHES * per_search
     out = []
     for r in records:

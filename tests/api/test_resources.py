@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 from django.db import connection as db
 
@@ -73,6 +75,18 @@ def test_bad_budget_is_a_field_error_and_nothing_changes(org_a: Org, payload, fi
     assert r.status_code == 400, r.json()
     assert r.json()["code"] == "invalid" and field in r.json()["errors"], r.json()
     assert Budget.objects.count() == before
+
+
+@pytest.mark.parametrize("amount", ["4.62", "100", "12345.678901234", "4611686018"])
+@pytest.mark.django_db
+def test_budget_amounts_over_a_few_dollars_are_accepted_exactly(org_a: Org, amount):
+    # The USD bounds (0 to 4,611,686,018) apply to the USD amount; run on the nano-USD value
+    # they refused every budget over $4.61.
+    r = api(org_a).post(f"/api/orgs/{org_a.slug}/budgets/", {"scope": "organization", "amount_usd": amount},
+                        format="json")
+    assert r.status_code == 201, r.json()
+    assert Budget.objects.get(pk=r.json()["id"]).amount_nano == int(Decimal(amount).scaleb(9))
+    assert Decimal(r.json()["amount_usd"]) == Decimal(amount)
 
 
 @pytest.mark.django_db

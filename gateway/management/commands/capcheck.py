@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import json
 import os
-from decimal import Decimal, InvalidOperation
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from catalog.pricing import nano_to_usd, usd_to_nano
+from core.money import MoneyError, format_usd, usd_to_nano
 from gateway.capcheck import SCENARIOS, CapcheckError, Plan, RunReport, run_capcheck
 
 
 def _usd(nano: int | None) -> str:
-    return "-" if nano is None else f"${nano_to_usd(nano):.6f}"
+    """Exact to the nano-USD: a proof shows what the books hold, not a rounding of it."""
+    return "-" if nano is None else format_usd(nano, exact=True)
 
 
 def _seconds(value: float | None) -> str:
@@ -27,12 +27,12 @@ def _seconds(value: float | None) -> str:
 
 def _money(text: str) -> int:
     try:
-        amount = Decimal(text)
-    except InvalidOperation:
-        raise CommandError(f"'{text}' is not a USD amount") from None
-    if not amount.is_finite() or amount <= 0:
+        amount = usd_to_nano(text)
+    except MoneyError as exc:
+        raise CommandError(f"'{text}': a USD amount {exc.message}") from None
+    if amount <= 0:
         raise CommandError(f"'{text}' must be a positive USD amount")
-    return usd_to_nano(amount)
+    return amount
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -103,10 +103,10 @@ class Command(BaseCommand):
         w = self.stdout.write
         w(f"\n{r.scenario} · {r.concurrency} concurrent · org {r.organization}")
         w(f"  per request     worst case {_usd(r.worst_nano)} reserved, {_usd(r.actual_nano)} billed when served")
-        w(f"  {'ceiling':<15} {'cap':>10} {'recorded':>10} {'counter':>10} {'peak held':>10} {'excess':>10}")
+        w(f"  {'ceiling':<15} {'cap':>13} {'recorded':>13} {'counter':>13} {'peak held':>13} {'excess':>13}")
         for c in r.ceilings:
-            w(f"  {c.label:<15} {_usd(c.amount_nano):>10} {_usd(c.booked_nano):>10} {_usd(c.spent_nano):>10} "
-              f"{_usd(c.peak_nano):>10} {_usd(c.excess_nano):>10}  {'ok' if c.ok else 'OVER'}")
+            w(f"  {c.label:<15} {_usd(c.amount_nano):>13} {_usd(c.booked_nano):>13} {_usd(c.spent_nano):>13} "
+              f"{_usd(c.peak_nano):>13} {_usd(c.excess_nano):>13}  {'ok' if c.ok else 'OVER'}")
         refused = sum(r.refused.values())
         w(f"  requests        {r.sent} sent: {r.served} served, {refused} refused, {r.failed} failed upstream, "
           f"{r.undelivered} without a response")
@@ -129,7 +129,7 @@ class Command(BaseCommand):
 
     def _summary(self, reports: list[RunReport]) -> None:
         w = self.stdout.write
-        head = (f"{'scenario':<9} {'N':>4} {'cap':>10} {'recorded':>10} {'peak held':>10} {'served':>6} "
+        head = (f"{'scenario':<9} {'N':>4} {'cap':>13} {'recorded':>13} {'peak held':>13} {'served':>6} "
                 f"{'refused':>7} {'failed':>6} {'rows':>5} {'left':>4} {'p50':>8} {'p95':>8}  properties 1-4")
         w("\n" + head)
         w("-" * len(head))
@@ -139,8 +139,8 @@ class Command(BaseCommand):
             marks = " ".join("ok" if ok else "FAIL" for ok in r.properties.values())
             marks += "  (inconclusive)" if r.inconclusive else ""
             cap, booked, peak = (org.amount_nano, org.booked_nano, org.peak_nano) if org else (None, None, None)
-            w(f"{r.scenario:<9} {r.concurrency:>4} {_usd(cap):>10} "
-              f"{_usd(booked):>10} {_usd(peak):>10} {r.served:>6} "
+            w(f"{r.scenario:<9} {r.concurrency:>4} {_usd(cap):>13} "
+              f"{_usd(booked):>13} {_usd(peak):>13} {r.served:>6} "
               f"{sum(r.refused.values()):>7} {r.failed:>6} {sum(r.records.values()):>5} {left:>4} "
               f"{_seconds(r.latency_p50_s):>8} {_seconds(r.latency_p95_s):>8}  {marks}")
         passed = sum(r.ok for r in reports)

@@ -7,12 +7,13 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from core.money import format_usd
 from usage.audit import AuditReport, audit_counters
 
 
 def _usd(nano: int) -> str:
-    sign = "-" if nano < 0 else ""
-    return f"{sign}${abs(nano) // 1_000_000_000:,}.{abs(nano) % 1_000_000_000:09d}"
+    """Exact to the nano-USD: a drift of one nano must show."""
+    return format_usd(nano, exact=True)
 
 
 class Command(BaseCommand):
