@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from budgets.models import GatewayInstance
+from budgets.models import GatewayInstance, Reservation
 
 
 def register(*, name: str | None = None) -> GatewayInstance:
@@ -38,8 +38,6 @@ def alive_ids(*, grace: timedelta, now: datetime | None = None) -> list[int]:
 
 def dead_ids(*, alive: list[int]) -> list[int]:
     """Instances that own reservations but are not alive: crashed, killed, or stopped."""
-    from budgets.models import Reservation
-
     living = set(alive)
     owners = Reservation.objects.filter(owner_id__isnull=False).values_list("owner_id", flat=True).distinct()
     return [owner for owner in owners if owner not in living]

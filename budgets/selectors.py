@@ -8,11 +8,11 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.apps import apps
 from django.db.models import Sum
 
 from budgets.models import Budget, Reservation, Window
 from budgets.periods import period_bounds
+from usage.models import UsageRecord
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,6 @@ def current_status(*, budget: Budget, now: datetime) -> BudgetStatus:
 
 
 def _recorded_spend(budget: Budget, start: datetime, end: datetime | None) -> int:
-    # By name: usage builds on budgets, not the reverse (imports flow one way).
-    usage_record = apps.get_model("usage", "UsageRecord")
     subjects: dict[str, dict[str, Any]] = {
         "organization": {},
         "project": {"project_id": budget.project_id},
@@ -85,7 +83,7 @@ def _recorded_spend(budget: Budget, start: datetime, end: datetime | None) -> in
         "run": {"run_id": budget.run_id},
     }
     subject = subjects[budget.scope]
-    qs = usage_record.objects.filter(organization_id=budget.organization_id, admitted_at__gte=start, **subject)
+    qs = UsageRecord.objects.filter(organization_id=budget.organization_id, admitted_at__gte=start, **subject)
     if end is not None:
         qs = qs.filter(admitted_at__lt=end)
     return qs.aggregate(total=Sum("cost_nano"))["total"] or 0
