@@ -36,7 +36,7 @@ async def create(req: Request, key: ApiKey, match: re.Match[str]) -> None:
     await submit(req, key, Submission(
         kind=Job.Kind.MESSAGE_BATCH, worst_nano=sized.worst_nano, route=sized.route, refused_code=sized.refused_code,
         connection=connection, model_id=sized.target.model.id, path="/v1/messages/batches",
-        body={"requests": requests}, detail={"lines": len(requests)}, status_of=_status))
+        body={"requests": requests}, detail={"lines": len(requests)}, status_of=_status, flavor="anthropic"))
 
 
 async def _owned(key: ApiKey, batch_id: str) -> Job:

@@ -13,21 +13,25 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from django.db import DatabaseError
 
+from budgets.errors import BudgetExceeded
 from catalog.models import Connection
+from core.errors import CapgateError
 from core.money import usd_str
 from gateway import proxy, runtime
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, render
 from gateway.http import Request
 from jobs import service
 from jobs.upstream import NOT_SENT, loads, send
 from ledger.recording import Outcome
+from requestlog import buffer as request_log
 from tenants.models import ApiKey
 from usage.models import UsageRecord
 
@@ -48,6 +52,7 @@ class Submission:
     files: dict | None = None  # multipart file parts
     input_file_id: str = ""
     detail: dict | None = None
+    flavor: str = "openai"  # the endpoint's error shape
     job_id_of: Callable[[dict], str | None] = lambda data: data.get("id") if isinstance(data.get("id"), str) else None
     status_of: Callable[[dict], str] = lambda data: str(data.get("status") or "")
 
@@ -56,14 +61,37 @@ def capgate_headers(request_id: str, worst_nano: int) -> list[tuple[bytes, bytes
     return [(b"x-capgate-request-id", request_id.encode()), (b"x-capgate-reserved-usd", usd_str(worst_nano).encode())]
 
 
+@dataclass
+class _Refused:
+    """A submission refused at admission, as the request log's note() reads it."""
+
+    req: Request
+    kind: str
+    request_id: str
+    model_name: str
+    started: float = field(default_factory=time.monotonic)
+    prepared: object | None = None
+
+
 async def submit(req: Request, key: ApiKey, sub: Submission) -> None:
     request_id = proxy.new_request_id()
     bg = runtime.background
     h = req.headers
-    admitted = await runtime.db(
-        service.admit_job, key=key, request_id=request_id, worst_nano=sub.worst_nano, model=sub.route,
-        refused_code=sub.refused_code, customer_id=h.get("x-capgate-customer"), run_id=h.get("x-capgate-run"),
-        run_budget_usd=h.get("x-capgate-run-budget-usd"), owner_id=bg.instance_id if bg else None)
+    call = _Refused(req=req, kind=sub.kind[:20], request_id=request_id, model_name=sub.route)
+    try:
+        admitted = await runtime.db(
+            service.admit_job, key=key, request_id=request_id, worst_nano=sub.worst_nano, model=sub.route,
+            refused_code=sub.refused_code, customer_id=h.get("x-capgate-customer"), run_id=h.get("x-capgate-run"),
+            run_budget_usd=h.get("x-capgate-run-budget-usd"), owner_id=bg.instance_id if bg else None)
+    except CapgateError as exc:
+        # Refused before the provider saw it: a refusal row in the request log, like a request's.
+        if isinstance(exc, BudgetExceeded):
+            proxy._note_refusal(exc, tipped_by={"request_id": request_id, "key": (req.api_key() or "")[:12],
+                                                "customer": h.get("x-capgate-customer", ""),
+                                                "run": h.get("x-capgate-run", ""), "model": sub.route[:200]})
+        request_log.note(call, exc)
+        status, headers, body = render(exc, flavor=sub.flavor)
+        return await req.respond(status, body, headers + [(b"x-capgate-request-id", request_id.encode())])
     reservation = admitted.reservation
     headers = capgate_headers(request_id, reservation.amount_nano)
     try:

@@ -4,6 +4,7 @@ counted past the request's lease, settlement from per-line usage, cancel, expiry
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import openai
@@ -68,6 +69,16 @@ def test_batch_over_the_remaining_budget_is_refused_at_submission(gateway, jobs_
     assert not Reservation.objects.exists() and not Job.objects.exists()
     assert upstream.jobs() == []  # nothing reached the provider
     assert Window.objects.get(budget=budget).reserved_nano == 0
+    # the refusal is in the request log under the id the answer names
+    from requestlog.models import RequestLogEntry
+
+    request_id = err.value.response.headers["x-capgate-request-id"]
+    for _ in range(100):
+        entry = RequestLogEntry.objects.filter(request_id=request_id).first()
+        if entry is not None:
+            break
+        time.sleep(0.1)
+    assert entry is not None and entry.status == "refused" and entry.code == "organization_budget"
 
 
 def test_submission_admission_removal_lets_it_through(gateway, jobs_org, upstream, monkeypatch):
@@ -234,3 +245,21 @@ def test_concurrent_submissions_admit_at_most_the_cap(gateway, jobs_org, upstrea
     assert len(upstream.jobs()) == 2
     assert Window.objects.get(budget=budget).reserved_nano == 2 * worst
     _clean()
+
+
+def test_output_file_of_a_finished_batch_is_the_owners_only(gateway, jobs_org, upstream, outsider):
+    from tenants.models import ApiKey
+
+    client = oa(gateway)
+    batch = _submit(client, 2)
+    upstream.job(batch.id, "completed")
+    _poll_until(Job.State.SETTLED)
+    done = client.batches.retrieve(batch.id)
+    assert done.status == "completed" and done.output_file_id
+    lines = client.files.content(done.output_file_id).text.strip().splitlines()
+    assert len(lines) == 2 and all('"custom_id"' in line for line in lines)
+    raw, prefix, digest = ApiKey.generate()
+    ApiKey.objects.create(organization=outsider.org, project=outsider.project, name="x", prefix=prefix, key_hash=digest)
+    other = openai.OpenAI(api_key=raw, base_url=gateway.url + "/v1", max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        other.files.content(done.output_file_id)
