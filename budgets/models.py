@@ -5,13 +5,16 @@ on every ceiling it falls under (ledger/admission.py); the drain (ledger/drain.p
 hold into `spent` once the request's actual cost is known.
 """
 
+import operator
 import uuid
+from functools import reduce
 
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils.timezone import now
 
+from budgets.scopes import SCOPES, refusal_code
 from tenants.models import ApiKey, EndCustomer, Member, Organization, Project
 
 
@@ -19,7 +22,17 @@ def default_thresholds() -> list[int]:
     return [50, 80, 100]
 
 
+def _names_its_subject() -> Q:
+    """A budget's scope names its subject: the broadest matches every request of the
+    organization, each narrower one needs its subject column set."""
+    return reduce(operator.or_, [
+        Q(scope=s.name) if s.column is None else Q(scope=s.name, **{f"{s.column}__isnull": False})
+        for s in reversed(SCOPES)
+    ])
+
+
 class Budget(models.Model):
+    # One choice per row of budgets/scopes.py, broadest first (tests/budgets/test_scopes.py).
     class Scope(models.TextChoices):
         ORGANIZATION = "organization"
         PROJECT = "project"
@@ -67,18 +80,8 @@ class Budget(models.Model):
     class Meta:
         constraints = [
             models.CheckConstraint(condition=Q(amount_nano__gte=0), name="budget_amount_nonnegative"),
-            # Each scope names exactly its own subject.
-            models.CheckConstraint(
-                condition=(
-                    Q(scope="organization")
-                    | Q(scope="project", project__isnull=False)
-                    | Q(scope="member", member__isnull=False)
-                    | Q(scope="key", api_key__isnull=False)
-                    | Q(scope="end_customer", end_customer__isnull=False)
-                    | Q(scope="run", run_id__isnull=False)
-                ),
-                name="budget_scope_names_its_subject",
-            ),
+            # Each scope names exactly its own subject (budgets/scopes.py).
+            models.CheckConstraint(condition=_names_its_subject(), name="budget_scope_names_its_subject"),
             # A run's budget is created by its first call; a second one would be a second cap.
             models.UniqueConstraint(
                 fields=["organization", "run_id"], condition=Q(scope="run"), name="budget_one_per_run"
@@ -92,7 +95,7 @@ class Budget(models.Model):
     @property
     def error_code(self) -> str:
         """The refusal code a user reads when this ceiling refuses."""
-        return "customer_budget" if self.scope == self.Scope.END_CUSTOMER else f"{self.scope}_budget"
+        return refusal_code(self.scope)
 
 
 class Window(models.Model):
@@ -140,7 +143,26 @@ class GatewayInstance(models.Model):
         return self.name
 
 
-class Reservation(models.Model):
+class Charged(models.Model):
+    """Who a row is charged to: its organization and the subject of every narrower scope
+    (budgets/scopes.py), one column each. Reservations and usage records carry them. A subject
+    deleted later clears its reference and leaves the row (a usage record keeps the subject's
+    name in `subject`); deleting the organization deletes the row."""
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    project = models.ForeignKey(Project, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    member = models.ForeignKey(Member, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    end_customer = models.ForeignKey(
+        EndCustomer, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    run_id = models.CharField(max_length=200, null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class Reservation(Charged):
     """A request's worst case, held on its windows until its usage record is applied."""
 
     class Origin(models.TextChoices):
@@ -149,14 +171,6 @@ class Reservation(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     request_id = models.CharField(max_length=100, unique=True)
-    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="reservations")
-    project = models.ForeignKey(Project, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
-    member = models.ForeignKey(Member, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
-    api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
-    end_customer = models.ForeignKey(
-        EndCustomer, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
-    )
-    run_id = models.CharField(max_length=200, null=True, blank=True)
     model = models.CharField(max_length=200, blank=True)
     amount_nano = models.BigIntegerField()
     owner = models.ForeignKey(

@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
 
 from django.db.models import Sum
 
 from budgets.models import Budget, Reservation, Window
 from budgets.periods import period_bounds
+from budgets.scopes import subject_filter
 from usage.models import UsageRecord
 
 
@@ -74,15 +74,7 @@ def current_status(*, budget: Budget, now: datetime) -> BudgetStatus:
 
 
 def _recorded_spend(budget: Budget, start: datetime, end: datetime | None) -> int:
-    subjects: dict[str, dict[str, Any]] = {
-        "organization": {},
-        "project": {"project_id": budget.project_id},
-        "member": {"member_id": budget.member_id},
-        "key": {"api_key_id": budget.api_key_id},
-        "end_customer": {"end_customer_id": budget.end_customer_id},
-        "run": {"run_id": budget.run_id},
-    }
-    subject = subjects[budget.scope]
+    subject = subject_filter(budget)
     qs = UsageRecord.objects.filter(organization_id=budget.organization_id, admitted_at__gte=start, **subject)
     if end is not None:
         qs = qs.filter(admitted_at__lt=end)

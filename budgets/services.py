@@ -16,22 +16,16 @@ from django.db import OperationalError, transaction
 from django.utils import timezone
 
 from budgets.models import Budget
+from budgets.scopes import SCOPES, SUBJECT_COLUMNS
 from core.money import MAX_AMOUNT_NANO, MAX_AMOUNT_USD
 from ledger import windows as ledger_windows
 from ledger.locks import budget_for_update
 from tenants.models import ApiKey, EndCustomer, Member, Organization, Project
 from tenants.services import Actor, InvalidChange, audit, save_changes, snapshot
 
-# The subject field each scope names (run budgets name a run id, not a row).
-SUBJECT_FIELD = {
-    Budget.Scope.ORGANIZATION: None,
-    Budget.Scope.PROJECT: "project",
-    Budget.Scope.MEMBER: "member",
-    Budget.Scope.KEY: "api_key",
-    Budget.Scope.END_CUSTOMER: "end_customer",
-    Budget.Scope.RUN: "run_id",
-}
-SUBJECT_FIELDS = ("project", "member", "api_key", "end_customer", "run_id")
+# The subject field each scope names (run budgets name a run id, not a row): budgets/scopes.py.
+SUBJECT_FIELD = {Budget.Scope(s.name): s.column for s in SCOPES}
+SUBJECT_FIELDS = SUBJECT_COLUMNS
 # Changing one of these starts a new version of the budget (see update_budget).
 VERSIONED_FIELDS = ("period", "timezone", "mode")
 EDITABLE_FIELDS = ("name", "period", "timezone", "mode", "amount_nano", "thresholds", "recipients")

@@ -24,16 +24,15 @@ from django.utils import timezone
 
 from budgets.errors import BudgetExceeded, BudgetUnavailable
 from budgets.models import Budget, Reservation
+from budgets.scopes import CHARGED_COLUMNS, RANK, matching_sql, refusal_code
 from ledger.locks import ADMIT_WINDOW_LOCK
 from ledger.windows import current_windows
-
-# Narrowest first: when several ceilings refuse, the user is told the most specific one.
-_SCOPE_ORDER = {s: i for i, s in enumerate(["run", "end_customer", "key", "member", "project", "organization"])}
 
 
 @dataclass(frozen=True)
 class Subject:
-    """Who a request is charged to."""
+    """Who a request is charged to: one field per column of budgets.scopes.CHARGED_COLUMNS, in
+    that order (tests/budgets/test_scopes.py)."""
 
     organization_id: int
     project_id: int | None = None
@@ -80,36 +79,26 @@ class Admitted:
 # The hot path's two reads are written by hand: building them with the ORM cost ~5 ms of
 # Python per admission, which under the GIL capped a process near 145 admissions/s
 # (docs/performance.md). Both are plain reads; the money moves in _ADMIT_SQL.
-_MATCHING_SQL = """
-SELECT * FROM budgets_budget
- WHERE organization_id = %(org)s
-   AND (scope = 'organization'
-        OR (scope = 'project' AND project_id = %(project)s)
-        OR (scope = 'member' AND member_id = %(member)s)
-        OR (scope = 'key' AND api_key_id = %(key)s)
-        OR (scope = 'end_customer' AND end_customer_id = %(customer)s)
-        OR (scope = 'run' AND run_id = %(run)s))
- ORDER BY id
+# Both name the request's subject columns as parameters by their own names (budgets/scopes.py).
+_SUBJECT_PARAMS = {c: c for c in CHARGED_COLUMNS}
+_MATCHING_SQL = f"""
+SELECT b.* FROM budgets_budget b
+ WHERE b.organization_id = %(organization_id)s
+   AND {matching_sql("b", _SUBJECT_PARAMS)}
+ ORDER BY b.id
 """
 
 
 def matching_budgets(subject: Subject) -> list[Budget]:
     """Every budget (alert or block) whose scope covers the subject."""
-    return list(Budget.objects.raw(_MATCHING_SQL, {
-        "org": subject.organization_id, "project": subject.project_id, "member": subject.member_id,
-        "key": subject.api_key_id, "customer": subject.end_customer_id, "run": subject.run_id,
-    }))
-
-
-def _code(scope: str) -> str:
-    return "customer_budget" if scope == Budget.Scope.END_CUSTOMER else f"{scope}_budget"
+    return list(Budget.objects.raw(_MATCHING_SQL, {c: getattr(subject, c) for c in CHARGED_COLUMNS}))
 
 
 def _refusal(ceilings: list[Ceiling], worst_nano: int) -> BudgetExceeded | None:
     failing = [c for c in ceilings if c.spent_nano + c.reserved_nano + worst_nano > c.limit_nano]
     if not failing:
         return None
-    c = min(failing, key=lambda c: (_SCOPE_ORDER[c.scope], c.remaining_nano))
+    c = min(failing, key=lambda c: (RANK[c.scope], c.remaining_nano))
     return BudgetExceeded(
         code=c.code,
         budget_id=c.budget_id,
@@ -130,46 +119,39 @@ RACE_DELAY_SECONDS = 0.0  # > 0 sleeps between the read and the write (race test
 ADMIT_ATTEMPTS = 5
 CHECK_STALE_BUDGETS = True  # refuse (and retry) an admission that read the budgets before an edit
 
-_ADMIT_SQL = """
+_ADMIT_SQL = f"""
 WITH ceilings AS (
-    SELECT w.id, w.budget_id, b.scope, b.amount_nano, w.spent_nano, {reserved} AS reserved_nano,
+    SELECT w.id, w.budget_id, b.scope, b.amount_nano, w.spent_nano, {{reserved}} AS reserved_nano,
            w.retired_at IS NULL AS current
       FROM budgets_window w
       JOIN budgets_budget b ON b.id = w.budget_id
      WHERE w.id = ANY(%(blocking)s::bigint[])
      ORDER BY w.id
-     {lock}
+     {{lock}}
 ), stale AS (
     -- A blocking budget this admission does not know at the version it read: created, or
     -- reconfigured, since its budgets were read. Its window may not hold this request: retry.
     SELECT 1 FROM budgets_budget b
      WHERE b.organization_id = %(organization_id)s AND b.mode = 'block'
-       AND (b.scope = 'organization'
-            OR (b.scope = 'project' AND b.project_id = %(project_id)s)
-            OR (b.scope = 'member' AND b.member_id = %(member_id)s)
-            OR (b.scope = 'key' AND b.api_key_id = %(api_key_id)s)
-            OR (b.scope = 'end_customer' AND b.end_customer_id = %(end_customer_id)s)
-            OR (b.scope = 'run' AND b.run_id = %(run_id)s))
+       AND {matching_sql("b", _SUBJECT_PARAMS)}
        AND (b.id, b.version) NOT IN (SELECT * FROM unnest(%(known_ids)s::bigint[], %(known_versions)s::int[]))
 ), verdict AS (
     SELECT count(*) = cardinality(%(blocking)s::bigint[])
            AND coalesce(bool_and(current), true)
-           AND ({check_stale} NOT EXISTS (SELECT 1 FROM stale))
+           AND ({{check_stale}} NOT EXISTS (SELECT 1 FROM stale))
            AND coalesce(bool_and(spent_nano + reserved_nano + %(worst)s <= amount_nano), true) AS fits
       FROM ceilings
-     WHERE {delay}
+     WHERE {{delay}}
 ), reserve AS (
     UPDATE budgets_window w
        SET reserved_nano = w.reserved_nano + %(worst)s
       FROM verdict
      WHERE verdict.fits AND w.id = ANY(%(blocking)s::bigint[])
 ), reservation AS (
-    INSERT INTO budgets_reservation (id, request_id, organization_id, project_id, member_id, api_key_id,
-                                     end_customer_id, run_id, model, amount_nano, owner_id, created_at,
-                                     expires_at, deadline_at, job_id, origin)
-    SELECT %(id)s, %(request_id)s, %(organization_id)s, %(project_id)s, %(member_id)s, %(api_key_id)s,
-           %(end_customer_id)s, %(run_id)s, %(model)s, %(worst)s, %(owner_id)s, %(now)s,
-           %(expires_at)s, %(deadline_at)s, NULL, %(origin)s
+    INSERT INTO budgets_reservation (id, request_id, {", ".join(CHARGED_COLUMNS)}, model, amount_nano,
+                                     owner_id, created_at, expires_at, deadline_at, job_id, origin)
+    SELECT %(id)s, %(request_id)s, {", ".join(f"%({c})s" for c in CHARGED_COLUMNS)}, %(model)s, %(worst)s,
+           %(owner_id)s, %(now)s, %(expires_at)s, %(deadline_at)s, NULL, %(origin)s
       FROM verdict
      WHERE verdict.fits
     RETURNING id
@@ -205,7 +187,7 @@ def _admit_statement(params: dict) -> tuple[bool, list[Ceiling]]:
         raise  # the same request id admitted twice: the caller answers with the first
     fits = bool(rows[0][0])
     ceilings = [
-        Ceiling(window_id=wid, budget_id=bid, scope=scope, code=_code(scope), limit_nano=amount,
+        Ceiling(window_id=wid, budget_id=bid, scope=scope, code=refusal_code(scope), limit_nano=amount,
                 spent_nano=spent, reserved_nano=reserved)
         for _, wid, bid, scope, amount, spent, reserved, _current in rows
         if wid is not None
@@ -239,7 +221,7 @@ def admit(*, request: AdmissionRequest) -> Admitted:
         blocking_budgets = [b for b in budgets if b.mode == Budget.Mode.BLOCK]
         blocking = sorted(windows[b.id].id for b in blocking_budgets)
         seen = [
-            Ceiling(window_id=windows[b.id].id, budget_id=b.id, scope=b.scope, code=_code(b.scope),
+            Ceiling(window_id=windows[b.id].id, budget_id=b.id, scope=b.scope, code=refusal_code(b.scope),
                     limit_nano=b.amount_nano, spent_nano=windows[b.id].spent_nano,
                     reserved_nano=windows[b.id].reserved_nano if COUNT_RESERVED else 0)
             for b in blocking_budgets
@@ -249,19 +231,15 @@ def admit(*, request: AdmissionRequest) -> Admitted:
             raise refusal
         blocking_set = set(blocking)
         hold_windows = sorted(w.id for w in windows.values())
+        charged = {c: getattr(subject, c) for c in CHARGED_COLUMNS}
         reservation = Reservation(
-            id=uuid.uuid4(), request_id=request.request_id, organization_id=subject.organization_id,
-            project_id=subject.project_id, member_id=subject.member_id, api_key_id=subject.api_key_id,
-            end_customer_id=subject.end_customer_id, run_id=subject.run_id, model=request.model,
+            id=uuid.uuid4(), request_id=request.request_id, **charged, model=request.model,
             amount_nano=worst, owner_id=request.owner_id, created_at=now, expires_at=now + lease,
             deadline_at=now + settings.CAPGATE["MAX_REQUEST_LIFETIME"],
         )
         fits, ceilings = _admit_statement({
             "blocking": blocking, "worst": worst, "id": reservation.id, "request_id": reservation.request_id,
-            "organization_id": reservation.organization_id, "project_id": reservation.project_id,
-            "member_id": reservation.member_id, "api_key_id": reservation.api_key_id,
-            "end_customer_id": reservation.end_customer_id, "run_id": reservation.run_id,
-            "model": reservation.model, "owner_id": reservation.owner_id, "now": now,
+            **charged, "model": reservation.model, "owner_id": reservation.owner_id, "now": now,
             "expires_at": reservation.expires_at, "deadline_at": reservation.deadline_at,
             "hold_windows": hold_windows,
             "hold_amounts": [worst if wid in blocking_set else 0 for wid in hold_windows],
@@ -324,7 +302,7 @@ def headroom(*, budgets: Sequence[Budget], now: datetime | None = None) -> Ceili
         return None
     windows = current_windows(budgets=blocking, now=now)
     ceilings = [
-        Ceiling(window_id=windows[b.id].id, budget_id=b.id, scope=b.scope, code=_code(b.scope),
+        Ceiling(window_id=windows[b.id].id, budget_id=b.id, scope=b.scope, code=refusal_code(b.scope),
                 limit_nano=b.amount_nano, spent_nano=windows[b.id].spent_nano,
                 reserved_nano=windows[b.id].reserved_nano)
         for b in blocking

@@ -10,19 +10,20 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Q
+from django.db.models import F, Model, Q
 from django.utils import timezone
 
-from budgets.models import Reservation, Window
+from budgets.models import Charged, Reservation, Window
+from budgets.scopes import CHARGED_COLUMNS
 from catalog.models import Connection
 from catalog.pricing import Usage
 from ledger.drain import drain
 from ledger.locks import claim_lapsed, lock_windows, record_for_update, relaxed_commit
 from ledger.signals import send_after_commit
-from tenants.models import ApiKey, AuditLogEntry, EndCustomer, Member, Organization, Project
+from tenants.models import AuditLogEntry, Organization
 from usage.models import UsageRecord
 
 Status = UsageRecord.Status
@@ -31,9 +32,12 @@ log = logging.getLogger(__name__)
 # Outcomes that carry a report of what the call cost (from the provider, or the caller who
 # called it): the per-request audit compares them with the recorded cost.
 REPORTED = (Status.SERVED, Status.FAILED_UPSTREAM)
-# The record's subject references, with the model name the tenants audit log uses for each.
-SUBJECT_REFS = (("project", "project"), ("member", "member"), ("api_key", "apikey"), ("end_customer", "endcustomer"))
-_SUBJECT_MODELS = {"project": Project, "member": Member, "apikey": ApiKey, "endcustomer": EndCustomer}
+# The record's subject references (the Charged columns that reference a row), with the model
+# name the tenants audit log uses for each.
+_SUBJECT_FIELDS = [f for f in Charged._meta.local_fields if f.is_relation and f.name != "organization"]
+_SUBJECT_MODELS = {cast(type[Model], f.related_model)._meta.model_name or "": cast(type[Model], f.related_model)
+                   for f in _SUBJECT_FIELDS}
+SUBJECT_REFS = tuple((f.name, cast(type[Model], f.related_model)._meta.model_name or "") for f in _SUBJECT_FIELDS)
 
 
 class RecordRejected(Exception):
@@ -62,12 +66,7 @@ def build_record(*, reservation: Reservation, outcome: Outcome) -> UsageRecord:
         raise ValueError("cost must be >= 0")
     return UsageRecord(
         request_id=reservation.request_id,
-        organization_id=reservation.organization_id,
-        project_id=reservation.project_id,
-        member_id=reservation.member_id,
-        api_key_id=reservation.api_key_id,
-        end_customer_id=reservation.end_customer_id,
-        run_id=reservation.run_id,
+        **{c: getattr(reservation, c) for c in CHARGED_COLUMNS},
         job_id=reservation.job_id,
         reservation_id=reservation.id,
         model=reservation.model,

@@ -34,6 +34,7 @@ from django.utils import timezone
 
 from budgets.models import Budget, Hold, Window
 from budgets.periods import period_bounds
+from budgets.scopes import subject_filter, usage_sql
 from ledger.locks import lock_reservations_table, lock_windows, windows_for_delete
 
 Bounds = dict[int, tuple[datetime, datetime | None]]
@@ -42,22 +43,10 @@ Bounds = dict[int, tuple[datetime, datetime | None]]
 # under-counts the requests in flight (the leak of issue 15, item 2).
 CARRY_HOLDS = True
 
-_SCOPE_SQL = {
-    Budget.Scope.ORGANIZATION: "true",
-    Budget.Scope.PROJECT: "{t}.project_id = %(subject)s",
-    Budget.Scope.MEMBER: "{t}.member_id = %(subject)s",
-    Budget.Scope.KEY: "{t}.api_key_id = %(subject)s",
-    Budget.Scope.END_CUSTOMER: "{t}.end_customer_id = %(subject)s",
-    Budget.Scope.RUN: "{t}.run_id = %(subject)s",
-}
-
 
 def _subject(budget: Budget) -> Any:
-    return {
-        Budget.Scope.ORGANIZATION: None, Budget.Scope.PROJECT: budget.project_id, Budget.Scope.MEMBER: budget.member_id,
-        Budget.Scope.KEY: budget.api_key_id, Budget.Scope.END_CUSTOMER: budget.end_customer_id,
-        Budget.Scope.RUN: budget.run_id,
-    }[Budget.Scope(budget.scope)]
+    """The value of the subject the budget names (None for the organization: matched apart)."""
+    return next(iter(subject_filter(budget).values()), None)
 
 
 @dataclass(frozen=True)
@@ -138,18 +127,17 @@ def _create(budget: Budget, bounds: tuple[datetime, datetime | None], *, carry: 
     start, end = bounds
     params: dict[str, Any] = {"org": budget.organization_id, "subject": _subject(budget), "start": start, "end": end,
               "budget": budget.id, "version": budget.version, "block": budget.mode == Budget.Mode.BLOCK}
-    scope = Budget.Scope(budget.scope)
     in_period = "{t}.{col} >= %(start)s AND (%(end)s::timestamptz IS NULL OR {t}.{col} < %(end)s)"
     live = (
         f"SELECT r.id, r.amount_nano FROM budgets_reservation r WHERE r.organization_id = %(org)s"
-        f" AND {_SCOPE_SQL[scope].format(t='r')} AND {in_period.format(t='r', col='created_at')}"
+        f" AND {usage_sql(budget.scope, 'r', 'subject')} AND {in_period.format(t='r', col='created_at')}"
     ) if carry else "SELECT NULL::uuid AS id, 0::bigint AS amount_nano WHERE false"
     sql = f"""
     WITH live AS ({live}),
     seed AS (
         SELECT coalesce(sum(u.cost_nano), 0) AS spent
           FROM usage_usagerecord u
-         WHERE u.organization_id = %(org)s AND {_SCOPE_SQL[scope].format(t='u')}
+         WHERE u.organization_id = %(org)s AND {usage_sql(budget.scope, 'u', 'subject')}
            AND {in_period.format(t='u', col='admitted_at')}
            AND (u.reservation_id IS NULL OR u.reservation_id NOT IN (SELECT id FROM live))
     ), win AS (

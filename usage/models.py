@@ -6,12 +6,12 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
-from budgets.models import Budget, Window
+from budgets.models import Budget, Charged, Window
 from catalog.models import Connection
-from tenants.models import ApiKey, EndCustomer, Member, Organization, Project
+from tenants.models import Organization
 
 
-class UsageRecord(models.Model):
+class UsageRecord(Charged):
     class Status(models.TextChoices):
         SERVED = "served"
         FAILED_UPSTREAM = "failed_upstream"  # known not billed: zero cost, hold released
@@ -19,17 +19,10 @@ class UsageRecord(models.Model):
         RELEASED = "released"  # the caller released its reservation unused
 
     request_id = models.CharField(max_length=100, unique=True)
-    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="usage_records")
-    project = models.ForeignKey(Project, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
-    member = models.ForeignKey(Member, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
-    api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
-    end_customer = models.ForeignKey(
-        EndCustomer, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
-    )
-    run_id = models.CharField(max_length=200, null=True, blank=True)
-    # Who was charged, frozen: {"project": {"id", "name"}, "member": ..., "api_key": ...,
-    # "end_customer": ...}. The foreign keys above go NULL when a subject is deleted; this stays,
-    # so spend history remains attributed (names are filled in when the subject is deleted).
+    # Who was charged: the subject columns of budgets.models.Charged, and frozen here as
+    # {"project": {"id", "name"}, "member": ..., "api_key": ..., "end_customer": ...}. Those
+    # foreign keys go NULL when a subject is deleted; this stays, so spend history remains
+    # attributed (names are filled in when the subject is deleted).
     subject = models.JSONField(default=dict, blank=True)
     reservation_id = models.UUIDField(null=True, blank=True)
     connection = models.ForeignKey(Connection, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
