@@ -58,6 +58,7 @@ def test_every_beat_entry_names_a_registered_task_and_expires_with_its_interval(
         "usage.tasks.send_pending_alerts": 60.0,
         "usage.tasks.audit_counters": 300.0,
         "requestlog.tasks.purge_request_log": 3600.0,
+        "jobs.tasks.poll_jobs": 5.0,
     }
     for entry in schedule.values():
         assert entry["task"] in app.tasks
