@@ -17,11 +17,12 @@ from django.utils import timezone
 
 from budgets.models import Budget
 from budgets.scopes import SCOPES, SUBJECT_COLUMNS
+from core.errors import InvalidChange
 from core.money import MAX_AMOUNT_NANO, MAX_AMOUNT_USD
 from ledger import windows as ledger_windows
 from ledger.locks import budget_for_update
+from tenants.audit import Actor, audit, save_changes, snapshot
 from tenants.models import ApiKey, EndCustomer, Member, Organization, Project
-from tenants.services import Actor, InvalidChange, audit, save_changes, snapshot
 
 # The subject field each scope names (run budgets name a run id, not a row): budgets/scopes.py.
 SUBJECT_FIELD = {Budget.Scope(s.name): s.column for s in SCOPES}

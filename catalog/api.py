@@ -9,6 +9,7 @@ from catalog import services
 from catalog.fields import UsdField as UsdField  # re-exported: the other apps' read-only USD fields
 from catalog.fields import rate_field
 from catalog.models import Connection, Model, Route
+from core.errors import InvalidChange
 from tenants.api.fields import choice_field, output_ceiling_field
 from tenants.api.refs import OrgRelatedField
 from tenants.api.views import OrgViewSet
@@ -67,7 +68,7 @@ class ModelRefField(serializers.CharField):
     def to_internal_value(self, data) -> Model:  # type: ignore[override]
         try:
             return services.find_model(super().to_internal_value(data))
-        except services.InvalidChange as exc:  # a field error, named by its place in the list
+        except InvalidChange as exc:  # a field error, named by its place in the list
             raise serializers.ValidationError(exc.message) from exc
 
     def to_representation(self, value) -> str:
@@ -127,7 +128,7 @@ class RouteViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
     def perform_create(self, serializer):
         name = serializer.validated_data["name"]
         if self.organization.routes.filter(name=name).exists():
-            raise services.InvalidChange(f"A route named {name!r} exists.", param="name")
+            raise InvalidChange(f"A route named {name!r} exists.", param="name")
         self._set(serializer, name)
 
     def perform_update(self, serializer):

@@ -13,15 +13,10 @@ from django.db import transaction
 
 from catalog.destinations import refusal_reason
 from catalog.models import TOKENIZERS, Connection, Model, Provider, Route, RouteTarget
+from core.errors import InvalidChange
+from tenants.audit import Actor, audit, save_changes, snapshot
 from tenants.models import Organization
-from tenants.services import (
-    Actor,
-    InvalidChange,
-    audit,
-    check_output_ceiling,
-    save_changes,
-    snapshot,
-)
+from tenants.services import check_output_ceiling
 
 
 class KEEP:

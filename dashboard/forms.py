@@ -12,10 +12,10 @@ from django import forms
 from budgets.api import BudgetSerializer, OrganizationSerializer, ProjectSerializer
 from budgets.services import SUBJECT_FIELD
 from catalog.api import ConnectionSerializer
+from core.errors import InvalidChange, NotAllowed
 from dashboard.fields import api_field, comma_list, percentages, show_list
 from tenants.api.views import KeySerializer
 from tenants.models import ApiKey, ApiToken, EndCustomer, Member, Organization, Project
-from tenants.services import InvalidChange, NotAllowed
 
 
 def add_service_error(form: forms.Form, exc: InvalidChange | NotAllowed) -> None:

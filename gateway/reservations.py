@@ -35,8 +35,9 @@ from gateway.routing import authenticate, resolve_route, settle_rates
 from gateway.service import reserve
 from gateway.subjects import key_actor, payer
 from ledger.recording import Outcome, record, release
+from tenants.audit import Actor, audit
 from tenants.models import TOKEN_PREFIX, ApiKey, ApiToken
-from tenants.services import Actor, audit, authenticate_token
+from tenants.services import authenticate_token
 from usage.models import UsageRecord
 
 # The reservation API's own fields: everything else in a chat-shaped body is the chat request.

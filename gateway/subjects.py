@@ -19,8 +19,8 @@ from budgets.services import create_budget
 from core.money import MoneyError, format_usd, usd_to_nano
 from gateway.errors import GatewayError, bad_request
 from ledger.admission import Subject
+from tenants.audit import Actor
 from tenants.models import ApiKey, EndCustomer
-from tenants.services import Actor
 
 _EXTERNAL_ID = re.compile(r"^[\w.@:+\-]{1,200}$")
 MAX_RUN_BUDGET_USD = Decimal("1000000")

@@ -27,10 +27,10 @@ from limits.errors import StorageError
 from limits.storage import MemoryStorage, storage_from_string
 from limits.strategies import RateLimiter, SlidingWindowCounterRateLimiter
 
-from core.errors import CapgateError
+from core.errors import CapgateError, InvalidChange
 from ratelimits.models import RateLimit
+from tenants.audit import Actor, audit, save_changes, snapshot
 from tenants.models import ApiKey, EndCustomer, Organization, Project
-from tenants.services import Actor, InvalidChange, audit, save_changes, snapshot
 
 log = logging.getLogger("capgate.ratelimits")
 SUBJECT_FIELDS = ("project", "api_key", "end_customer")

@@ -12,8 +12,8 @@ from typing import Any
 from django.db.models import QuerySet
 from django.http import Http404
 
+from tenants.audit import Actor
 from tenants.models import ApiToken, Member, Organization
-from tenants.services import Actor
 
 MANAGERS = (Member.Role.OWNER, Member.Role.ADMIN)
 

@@ -1,141 +1,36 @@
-"""Writes on tenants: projects, members, gateway keys, end customers, API tokens, and the audit
-log every administrative change goes through.
+"""Writes on tenants: organizations, projects, gateway keys, end customers, API tokens.
 
 Every function here is called by the dashboard, the management API and `manage.py apply` alike,
-so each change is validated and audited once, in one place.
+so each change is validated and audited once, in one place. Members and the owner rules are in
+`tenants/members.py`; the audit log and Actor in `tenants/audit.py`; deleting a subject the
+gateway may be admitting in `tenants/deletion.py`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from datetime import date, datetime
-from decimal import Decimal
+from datetime import datetime
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.core.validators import validate_email, validate_slug
-from django.db import models, transaction
+from django.core.validators import validate_slug
+from django.db import transaction
 from django.utils import timezone
 
-from core.errors import CapgateError
+from core.errors import InvalidChange
 from core.money import MAX_AMOUNT_NANO, MAX_AMOUNT_USD
+from tenants.audit import SECRET_CHANGED, Actor, audit, save_changes, snapshot
+from tenants.deletion import deleting, freeze_subject_name, lock_for_delete
 from tenants.models import (
     KEY_PREFIX,
     ApiKey,
     ApiToken,
-    AuditLogEntry,
     EndCustomer,
     Member,
     Organization,
     Project,
     hash_key,
 )
-from tenants.signals import subject_deleting
-
-SECRET_CHANGED = "(changed)"
-
-
-class InvalidChange(CapgateError):
-    """A change that breaks a rule. `param` names the field, so forms and the API can show the
-    message next to it."""
-
-    status = 400
-    code = "invalid"
-
-
-class NotAllowed(CapgateError):
-    status = 403
-    code = "permission_denied"
-
-
-@dataclass(frozen=True)
-class Actor:
-    """Who makes a change, as the audit log names it."""
-
-    label: str
-    user_id: int | None = None
-    # The acting membership, when a person acts in an organization (owner checks read it); tokens
-    # have none. `operator`: the deployment's operator (`manage.py apply`), above every role.
-    member_id: int | None = None
-    operator: bool = False
-
-    @classmethod
-    def of_user(cls, user: Any) -> Actor:
-        return cls(label=user.email or user.get_username(), user_id=user.pk)
-
-    @classmethod
-    def of_member(cls, member: Member) -> Actor:
-        user = member.user
-        return cls(label=user.email or user.get_username(), user_id=user.pk, member_id=member.pk)
-
-    @classmethod
-    def of_token(cls, token: ApiToken) -> Actor:
-        return cls(label=f"token {token.name} ({token.prefix}…)", user_id=token.created_by_id)
-
-
-APPLY = Actor(label="apply", operator=True)
-
-
-# --- audit ------------------------------------------------------------------------------------
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    if isinstance(value, models.Model):
-        # Named for the reader, numbered so two objects with one name still differ.
-        return f"{value} #{value.pk}"
-    return value
-
-
-def snapshot(obj: models.Model, fields: Iterable[str]) -> dict[str, Any]:
-    return {f: _jsonable(getattr(obj, f)) for f in fields}
-
-
-def audit(
-    *, organization: Organization, actor: Actor, action: str, obj: models.Model,
-    changes: Mapping[str, Any] | None = None,
-) -> AuditLogEntry:
-    return AuditLogEntry.objects.create(
-        organization=organization,
-        actor_user_id=actor.user_id,
-        actor=actor.label[:200],
-        action=action,
-        object_type=obj._meta.model_name or "",
-        object_id=str(obj.pk),
-        object_repr=str(obj)[:300],
-        changes=dict(changes or {}),
-    )
-
-
-def save_changes(
-    *, obj: models.Model, organization: Organization, actor: Actor, fields: Mapping[str, Any],
-    secret_fields: Iterable[str] = (),
-) -> dict[str, list[Any]]:
-    """Set `fields` on obj, save and audit what actually changed (nothing changed: no write).
-
-    Values compare as Python values (Decimal("1.0") == Decimal("1.000000")), so re-applying the
-    same configuration is a no-op."""
-    secret_fields = set(secret_fields)
-    before = {name: getattr(obj, name) for name in fields}
-    for name, value in fields.items():
-        setattr(obj, name, value)
-    changed = [name for name in fields if before[name] != getattr(obj, name)]
-    if not changed:
-        return {}
-    obj.save(update_fields=changed)
-    changes = {
-        name: [SECRET_CHANGED, SECRET_CHANGED] if name in secret_fields
-        else [_jsonable(before[name]), _jsonable(getattr(obj, name))]
-        for name in changed
-    }
-    audit(organization=organization, actor=actor, action=AuditLogEntry.Action.UPDATE, obj=obj, changes=changes)
-    return changes
-
 
 # --- organizations and projects -----------------------------------------------------------------
 
@@ -206,170 +101,17 @@ def update_project(*, project: Project, actor: Actor, **fields: Any) -> dict[str
     return save_changes(obj=project, organization=project.organization, actor=actor, fields=fields)
 
 
-# A deletion races the gateway: an admission inserting a reservation that names the subject takes
-# a KEY SHARE lock on its row, and Django's delete collects the rows to SET NULL before deleting.
-# Locking the subject rows first (FOR UPDATE) makes new admissions wait and then find it gone (503,
-# nothing reserved); one that was already inserting finishes first and is collected. A deadlock
-# with an admission holding the subject's budget windows aborts one side; the deletion retries.
-DELETE_ATTEMPTS = 5
-LOCK_SUBJECTS_FOR_DELETE = True  # guard point: tests switch it off to show the race
-
-
-def _deleting(fn):
-    """Run a subject deletion in its own transaction, retried when a concurrent admission
-    deadlocks it or slips a reference in."""
-    import functools
-
-    from django.db import IntegrityError, OperationalError
-
-    @functools.wraps(fn)
-    def run(**kwargs):
-        for attempt in range(DELETE_ATTEMPTS):
-            try:
-                with transaction.atomic():
-                    return fn(**kwargs)
-            except (IntegrityError, OperationalError):
-                if attempt == DELETE_ATTEMPTS - 1:
-                    raise
-        return None
-    return run
-
-
-def _lock_for_delete(model: type[models.Model], pks: Iterable[int]) -> None:
-    if LOCK_SUBJECTS_FOR_DELETE:
-        list(model._default_manager.select_for_update().filter(pk__in=list(pks)).order_by("pk").values_list("pk", flat=True))
-
-
-@_deleting
+@deleting
 def delete_project(*, project: Project, actor: Actor) -> None:
-    _lock_for_delete(Project, [project.pk])
-    _lock_for_delete(ApiKey, project.api_keys.values_list("pk", flat=True))
-    _lock_for_delete(EndCustomer, project.end_customers.values_list("pk", flat=True))
+    lock_for_delete(Project, [project.pk])
+    lock_for_delete(ApiKey, project.api_keys.values_list("pk", flat=True))
+    lock_for_delete(EndCustomer, project.end_customers.values_list("pk", flat=True))
     with transaction.atomic():
         freeze_subject_name(organization_id=project.organization_id, name="project", pk=project.pk, label=str(project))
         for key in project.api_keys.all():  # deleted with the project
             freeze_subject_name(organization_id=project.organization_id, name="api_key", pk=key.pk, label=str(key))
         audit(organization=project.organization, actor=actor, action="delete", obj=project)
         project.delete()
-
-
-# --- members ------------------------------------------------------------------------------------
-
-
-def add_member(
-    *, organization: Organization, email: str, role: str, actor: Actor, password: str | None = None
-) -> Member:
-    """Add a user (created if new, with an unusable password unless one is given) to the org."""
-    email = _clean_email(email)
-    _check_role(role)
-    user = find_or_create_user(email=email, password=password)
-    if organization.members.filter(user=user).exists():
-        raise InvalidChange(f"{email} is already a member.", param="email")
-    with transaction.atomic():
-        if role == Member.Role.OWNER:
-            _lock_roles(organization.pk)
-            _require_owner(actor, organization.pk)
-        member = Member.objects.create(organization=organization, user=user, role=role)
-        audit(organization=organization, actor=actor, action="create", obj=member, changes={"role": [None, role]})
-    return member
-
-
-def find_or_create_user(*, email: str, password: str | None = None) -> Any:
-    user_model = get_user_model()
-    user = user_model.objects.filter(email__iexact=email).order_by("id").first()
-    if user is None:
-        user = user_model.objects.create_user(username=email, email=email, password=password)
-        if password is None:
-            user.set_unusable_password()
-            user.save(update_fields=["password"])
-    return user
-
-
-def _clean_email(email: str) -> str:
-    email = (email or "").strip().lower()
-    try:
-        validate_email(email)
-    except DjangoValidationError as exc:
-        raise InvalidChange(f"{email!r} is not an email address.", param="email") from exc
-    return email
-
-
-def _check_role(role: str) -> None:
-    if role not in Member.Role.values:
-        raise InvalidChange(f"Role must be one of {', '.join(Member.Role.values)}.", param="role")
-
-
-def change_member_role(*, member: Member, role: str, actor: Actor) -> dict[str, list[Any]]:
-    _check_role(role)
-    with transaction.atomic():
-        _lock_owner_change(member=member, new_role=role, actor=actor)
-        return save_changes(obj=member, organization=member.organization, actor=actor, fields={"role": role})
-
-
-@_deleting
-def remove_member(*, member: Member, actor: Actor) -> None:
-    """Remove a member, in one audited transaction:
-    1. keep an owner; 2. revoke every key the member holds (each revocation audited): a removed
-    member's keys stop working; 3. freeze the member's name on their usage records, so their
-    spend history stays attributed after the reference goes; 4. delete the membership."""
-    with transaction.atomic():
-        _lock_owner_change(member=member, new_role=None, actor=actor)
-        _lock_for_delete(Member, [member.pk])
-        for key in ApiKey.objects.select_for_update().filter(member=member, revoked_at__isnull=True).order_by("id"):
-            revoke_key(key=key, actor=actor)
-        freeze_subject_name(organization_id=member.organization_id, name="member", pk=member.pk, label=str(member))
-        audit(organization=member.organization, actor=actor, action="delete", obj=member)
-        member.delete()
-
-
-def freeze_subject_name(*, organization_id: int, name: str, pk: int, label: str) -> None:
-    """Have the subject's name written into the `subject` of its usage records before it is
-    deleted (their foreign key then goes NULL; the id and name stay). The write is the ledger's
-    (ledger.recording.freeze_subject_name, connected to `subject_deleting` in ledger/apps.py):
-    tenants sits below it. It runs here, synchronously, inside the deletion's transaction.
-    Records of requests still in flight get the name from the deletion's audit entry when they
-    are written (ledger.recording)."""
-    subject_deleting.send(sender=None, organization_id=organization_id, name=name, pk=pk, label=label)
-
-
-# Tests widen the window between the owner checks and the write (the guard-removal test).
-RACE_DELAY_SECONDS = 0.0
-
-
-def _lock_roles(organization_id: int) -> None:
-    # Every change that grants or takes the owner role locks its organization's row first, so
-    # they run one at a time per organization and each reads the roles the last one committed.
-    # NO KEY: rows that merely reference the organization (usage records) are not blocked.
-    Organization.objects.select_for_update(no_key=True).filter(pk=organization_id).values_list("pk").first()
-
-
-def _require_owner(actor: Actor, organization_id: int) -> None:
-    if actor.operator:
-        return
-    if actor.member_id is None or not Member.objects.filter(
-        pk=actor.member_id, organization_id=organization_id, role=Member.Role.OWNER
-    ).exists():
-        raise NotAllowed("Only an owner can grant or revoke the owner role.", param="role")
-
-
-def _lock_owner_change(*, member: Member, new_role: str | None, actor: Actor) -> None:
-    """Check a role change (new_role None: removal) against the owner rules, inside the caller's
-    transaction: 1. lock the organization's roles; 2. re-read the member's role as committed;
-    3. the last owner stays; 4. granting or taking owner needs an owner (or the operator)."""
-    _lock_roles(member.organization_id)
-    member.refresh_from_db(fields=["role"])
-    was_owner, is_owner = member.role == Member.Role.OWNER, new_role == Member.Role.OWNER
-    if was_owner == is_owner:
-        return
-    if was_owner and not Member.objects.filter(
-        organization_id=member.organization_id, role=Member.Role.OWNER
-    ).exclude(pk=member.pk).exists():
-        raise InvalidChange("An organization keeps at least one owner.", param="role")
-    _require_owner(actor, member.organization_id)
-    if RACE_DELAY_SECONDS:
-        import time
-
-        time.sleep(RACE_DELAY_SECONDS)
 
 
 # --- gateway keys -------------------------------------------------------------------------------
@@ -465,10 +207,10 @@ def create_end_customer(*, project: Project, external_id: str, actor: Actor) -> 
     return customer
 
 
-@_deleting
+@deleting
 def delete_end_customer(*, customer: EndCustomer, actor: Actor) -> None:
     org = customer.project.organization
-    _lock_for_delete(EndCustomer, [customer.pk])
+    lock_for_delete(EndCustomer, [customer.pk])
     with transaction.atomic():
         freeze_subject_name(organization_id=org.id, name="end_customer", pk=customer.pk, label=str(customer))
         audit(organization=org, actor=actor, action="delete", obj=customer)

@@ -13,8 +13,9 @@ from django.core.validators import validate_email
 from django.db import transaction
 
 from catalog.services import check_destination
+from core.errors import InvalidChange
+from tenants.audit import Actor, audit, save_changes, snapshot
 from tenants.models import Organization
-from tenants.services import Actor, InvalidChange, audit, save_changes, snapshot
 from usage.alert_models import AlertChannel, AlertSettings, new_webhook_secret
 
 FIELDS = ("name", "kind", "emails", "url", "payload_format", "enabled")

@@ -18,10 +18,11 @@ from typing import Any
 
 from rest_framework import serializers
 
+from core.errors import InvalidChange
 from core.money import format_usd
 from tenants.api.fields import flat_errors
+from tenants.audit import APPLY
 from tenants.models import ApiKey, EndCustomer, Member, Organization, Project
-from tenants.services import APPLY, InvalidChange
 
 __all__ = ["APPLY", "ApplyError", "ApplyResult", "Change", "find_subjects", "validated"]
 

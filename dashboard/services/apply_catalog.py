@@ -26,6 +26,7 @@ from catalog.services import (
     set_route,
     update_connection,
 )
+from core.errors import InvalidChange
 from dashboard.services.apply import (
     APPLY,
     ApplyError,
@@ -38,7 +39,6 @@ from dashboard.services.apply import (
     validated,
 )
 from tenants.models import Organization
-from tenants.services import InvalidChange
 
 PRICE_FIELDS = {"model", *MODEL_PRICE_FIELDS}  # what set_model_price takes
 CONNECTION_FIELDS = {"name", "kind", "base_url", "secret", "secret_env", "rates", "options", "enabled"}

@@ -25,6 +25,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from budgets.api import OrganizationSerializer, ProjectSerializer
+from core.errors import InvalidChange
 from dashboard.services.apply import (
     APPLY,
     ApplyError,
@@ -52,16 +53,13 @@ from dashboard.services.apply_catalog import (
 from dashboard.services.apply_rate_limits import FIELDS as RATE_LIMIT_FIELDS
 from dashboard.services.apply_rate_limits import apply_rate_limit
 from tenants.api.views import EndCustomerSerializer, KeySerializer, MemberSerializer
+from tenants.members import add_member, change_member_role, find_or_create_user
 from tenants.models import ApiKey, Organization, hash_key
 from tenants.services import (
-    InvalidChange,
-    add_member,
-    change_member_role,
     create_end_customer,
     create_key,
     create_organization,
     create_project,
-    find_or_create_user,
     update_key,
     update_organization,
     update_project,

@@ -17,11 +17,11 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
+from core.errors import InvalidChange
 from dashboard.access import org_view, render_org, require_manage
 from dashboard.fields import api_field, comma_list, show_list
 from dashboard.forms import add_service_error
 from tenants.selectors import Access
-from tenants.services import InvalidChange
 from usage import channels
 from usage.alert_api import AlertChannelSerializer
 from usage.alert_models import AlertChannel, AlertDelivery

@@ -21,11 +21,11 @@ from catalog import services
 from catalog.api import RouteSerializer
 from catalog.fields import PriceSerializer
 from catalog.models import Model, Route
+from core.errors import InvalidChange
 from dashboard.access import org_view, render_org, require_manage
 from dashboard.fields import api_field
 from dashboard.forms import OrgForm, add_service_error
 from tenants.selectors import Access
-from tenants.services import InvalidChange
 
 MAX_TARGETS = 6
 

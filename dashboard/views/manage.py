@@ -16,6 +16,7 @@ from django.views.decorators.http import require_POST
 from budgets import services as budget_services
 from budgets.models import Budget
 from budgets.selectors import statuses
+from core.errors import InvalidChange
 from core.money import usd_input
 from dashboard.access import org_view, render_org, require_manage
 from dashboard.forms import BudgetForm, EndCustomerForm, KeyForm, ProjectForm, add_service_error
@@ -45,7 +46,7 @@ def budget_new(request: HttpRequest, access: Access) -> HttpResponse:
         try:
             budget = budget_services.create_budget(organization=access.organization, actor=access.actor,
                                                    **form.service_kwargs())
-        except services.InvalidChange as exc:
+        except InvalidChange as exc:
             add_service_error(form, exc)
         else:
             messages.success(request, f"Budget “{budget}” created.")
@@ -68,7 +69,7 @@ def budget_edit(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
             kwargs.pop(name, None)
         try:
             budget_services.update_budget(budget=budget, actor=access.actor, **kwargs)
-        except services.InvalidChange as exc:
+        except InvalidChange as exc:
             add_service_error(form, exc)
         else:
             messages.success(request, f"Budget “{budget}” saved.")
@@ -105,7 +106,7 @@ def keys(request: HttpRequest, access: Access) -> HttpResponse:
                                                allowed_models=d["allowed_models"], expires_at=d["expires_at"],
                                                default_max_output_tokens=d["default_max_output_tokens"],
                                                actor=access.actor)
-            except services.InvalidChange as exc:
+            except InvalidChange as exc:
                 add_service_error(form, exc)
             else:
                 # Rendered once, in this response only: it is not stored and never shown again.
@@ -151,7 +152,7 @@ def projects(request: HttpRequest, access: Access) -> HttpResponse:
                 services.create_end_customer(project=d["project"], external_id=d["external_id"], actor=access.actor)
                 messages.success(request, "End customer added.")
                 return redirect("dashboard:projects", org.slug)
-        except services.InvalidChange as exc:
+        except InvalidChange as exc:
             add_service_error(project_form if "create_project" in request.POST else customer_form, exc)
     customers = EndCustomer.objects.filter(project__organization=org).select_related("project").order_by(
         "project__name", "external_id", "id")
@@ -178,7 +179,7 @@ def project_edit(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             services.update_project(project=project, actor=access.actor, **form.service_kwargs())
-        except services.InvalidChange as exc:
+        except InvalidChange as exc:
             add_service_error(form, exc)
         else:
             messages.success(request, "Project saved.")

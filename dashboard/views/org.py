@@ -15,6 +15,7 @@ from django.views.decorators.http import require_POST
 
 from catalog import services as catalog_services
 from catalog.models import Connection, Model
+from core.errors import InvalidChange, NotAllowed
 from core.money import usd_input
 from dashboard.access import org_view, render_org, require_manage
 from dashboard.forms import (
@@ -27,6 +28,7 @@ from dashboard.forms import (
     add_service_error,
 )
 from tenants import services
+from tenants.members import add_member, change_member_role, remove_member
 from tenants.models import ApiToken, Member
 from tenants.selectors import Access
 
@@ -41,9 +43,9 @@ def members(request: HttpRequest, access: Access) -> HttpResponse:
         require_manage(access)
         if form.is_valid():
             try:
-                member = services.add_member(organization=org, email=form.cleaned_data["email"],
+                member = add_member(organization=org, email=form.cleaned_data["email"],
                                              role=form.cleaned_data["role"], actor=access.actor)
-            except (services.InvalidChange, services.NotAllowed) as exc:
+            except (InvalidChange, NotAllowed) as exc:
                 add_service_error(form, exc)
             else:
                 _send_invite(request, member)
@@ -75,9 +77,9 @@ def member_role(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
     form = RoleForm(request.POST)
     if form.is_valid():
         try:
-            services.change_member_role(member=member, role=form.cleaned_data["role"], actor=access.actor)
+            change_member_role(member=member, role=form.cleaned_data["role"], actor=access.actor)
             messages.success(request, f"{member.user.email} is now {member.role}.")
-        except (services.InvalidChange, services.NotAllowed) as exc:
+        except (InvalidChange, NotAllowed) as exc:
             messages.error(request, exc.message)
     return redirect("dashboard:members", access.organization.slug)
 
@@ -87,9 +89,9 @@ def member_role(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
 def member_remove(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
     member = get_object_or_404(Member, pk=pk, organization=access.organization)
     try:
-        services.remove_member(member=member, actor=access.actor)
+        remove_member(member=member, actor=access.actor)
         messages.success(request, f"{member.user.email} removed.")
-    except (services.InvalidChange, services.NotAllowed) as exc:
+    except (InvalidChange, NotAllowed) as exc:
         messages.error(request, exc.message)
     return redirect("dashboard:members", access.organization.slug)
 
@@ -138,7 +140,7 @@ def connection_edit(request: HttpRequest, access: Access, pk: int | None = None)
                 catalog_services.create_connection(organization=org, actor=access.actor, secret=secret or "", **d)
             else:
                 catalog_services.update_connection(connection=connection, actor=access.actor, secret=secret, **d)
-        except services.InvalidChange as exc:
+        except InvalidChange as exc:
             add_service_error(form, exc)
         else:
             messages.success(request, f"Connection “{d['name']}” saved.")
@@ -172,7 +174,7 @@ def tokens(request: HttpRequest, access: Access) -> HttpResponse:
             try:
                 created = services.create_token(organization=org, name=form.cleaned_data["name"],
                                                 scope=form.cleaned_data["scope"], actor=access.actor)
-            except services.InvalidChange as exc:
+            except InvalidChange as exc:
                 add_service_error(form, exc)
             else:
                 form = TokenForm()

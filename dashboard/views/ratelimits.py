@@ -11,6 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
+from core.errors import InvalidChange
 from dashboard.access import org_view, render_org, require_manage
 from dashboard.fields import api_field
 from dashboard.forms import OrgForm, add_service_error
@@ -19,7 +20,6 @@ from ratelimits.api import RateLimitSerializer
 from ratelimits.models import RateLimit
 from tenants.models import ApiKey, EndCustomer, Project
 from tenants.selectors import Access
-from tenants.services import InvalidChange
 
 
 class RateLimitForm(OrgForm):

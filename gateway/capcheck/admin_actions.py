@@ -12,8 +12,9 @@ from django.db import connection
 from budgets.models import Budget, Reservation
 from budgets.services import create_budget, delete_budget, update_budget
 from gateway.capcheck.scenario import MidBurst, Scenario
+from tenants.audit import Actor
 from tenants.models import EndCustomer, Organization
-from tenants.services import Actor, delete_end_customer
+from tenants.services import delete_end_customer
 
 if TYPE_CHECKING:
     from gateway.capcheck.plan import Plan, Setup

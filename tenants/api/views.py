@@ -19,6 +19,7 @@ from tenants import services
 from tenants.api.auth import OrgPermission
 from tenants.api.fields import choice_field, output_ceiling_field
 from tenants.api.refs import OrgRelatedField
+from tenants.members import add_member, change_member_role, remove_member
 from tenants.models import ApiKey, ApiToken, EndCustomer, Member, Project
 from tenants.selectors import Access, access_for_token, access_for_user
 
@@ -86,7 +87,7 @@ class MemberViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin
         return Member.objects.filter(organization=self.organization).select_related("user").order_by("id")
 
     def perform_create(self, serializer):
-        serializer.instance = services.add_member(
+        serializer.instance = add_member(
             organization=self.organization, email=serializer.validated_data["user"]["email"],
             role=serializer.validated_data.get("role", Member.Role.MEMBER), actor=self.access.actor,
         )
@@ -95,11 +96,11 @@ class MemberViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin
         member = self.get_object()
         data = MemberRoleSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        services.change_member_role(member=member, role=data.validated_data["role"], actor=self.access.actor)
+        change_member_role(member=member, role=data.validated_data["role"], actor=self.access.actor)
         return Response(MemberSerializer(member).data)
 
     def perform_destroy(self, instance):
-        services.remove_member(member=instance, actor=self.access.actor)
+        remove_member(member=instance, actor=self.access.actor)
 
 
 # --- gateway keys --------------------------------------------------------------------------------

@@ -5,9 +5,10 @@ import pytest
 
 from catalog import services
 from catalog.models import Connection
+from core.errors import InvalidChange
 from gateway.providers import upstream_url
 from gateway.routing import Target
-from tenants.services import Actor, InvalidChange
+from tenants.audit import Actor
 
 ACTOR = Actor(label="test")
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
+from tenants.audit import Actor
 from tenants.models import AuditLogEntry
-from tenants.services import Actor
 from tests.api.conftest import Org
 from tests.conftest import window_of
 from usage import channels

@@ -13,7 +13,8 @@ import pytest
 from ledger.drain import drain_all
 from ledger.recording import Outcome, record
 from ledger.signals import windows_changed
-from tenants.services import APPLY, delete_project
+from tenants.audit import APPLY
+from tenants.services import delete_project
 from tenants.signals import subject_deleting
 from tests.conftest import usd, window_of
 from usage.models import AlertEvent, UsageRecord

@@ -11,9 +11,9 @@ from django.urls import reverse
 from dashboard import access as dashboard_access
 from dashboard.views import ratelimits as views
 from ratelimits.models import RateLimit
+from tenants.audit import Actor
 from tenants.models import AuditLogEntry, Organization
 from tenants.selectors import Access
-from tenants.services import Actor
 from tests.api.conftest import Org
 
 from .test_api import limits, org_limit

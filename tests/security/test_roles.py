@@ -9,7 +9,10 @@ from django.db import connection
 from django.test import Client
 from django.urls import reverse
 
-from tenants import services
+from core.errors import InvalidChange, NotAllowed
+from tenants import members
+from tenants.audit import APPLY, Actor
+from tenants.members import change_member_role
 from tenants.models import AuditLogEntry, Member
 from tests.api.conftest import client, user
 from tests.concurrency import race
@@ -72,7 +75,7 @@ def test_an_owner_grants_and_revokes_owner(org_a, role_users):
 @pytest.mark.django_db
 def test_apply_as_the_operator_may_set_owners(org_a, role_users):
     _, admin = role_users["admin"]
-    services.change_member_role(member=admin, role="owner", actor=services.APPLY)
+    change_member_role(member=admin, role="owner", actor=APPLY)
     assert role(admin) == "owner"
 
 
@@ -101,14 +104,14 @@ def test_dashboard_refuses_an_admin_making_themself_owner(org_a, role_users):
 def two_owners_demote_each_other(org_a) -> tuple[list[object], int]:
     a = org_a.member_row
     b = Member.objects.create(organization=org_a.tenant.org, user=user("b@acme.test"), role="owner")
-    pairs = [(services.Actor.of_member(a), b), (services.Actor.of_member(b), a)]
+    pairs = [(Actor.of_member(a), b), (Actor.of_member(b), a)]
 
     def demote(i: int) -> object:
         actor, target = pairs[i]
         try:
-            services.change_member_role(member=Member.objects.get(pk=target.pk), role="admin", actor=actor)
+            change_member_role(member=Member.objects.get(pk=target.pk), role="admin", actor=actor)
             return "demoted"
-        except (services.InvalidChange, services.NotAllowed) as exc:
+        except (InvalidChange, NotAllowed) as exc:
             return exc.code
         finally:
             connection.close()
@@ -119,7 +122,7 @@ def two_owners_demote_each_other(org_a) -> tuple[list[object], int]:
 
 @pytest.mark.django_db(transaction=True)
 def test_two_owners_demoting_each_other_at_once_leave_one_owner(org_a, monkeypatch):
-    monkeypatch.setattr(services, "RACE_DELAY_SECONDS", 0.3)
+    monkeypatch.setattr(members, "RACE_DELAY_SECONDS", 0.3)
     results, owners = two_owners_demote_each_other(org_a)
     assert owners == 1
     assert sorted(map(str, results)) == ["demoted", "invalid"]  # the second saw the last owner
@@ -128,7 +131,7 @@ def test_two_owners_demoting_each_other_at_once_leave_one_owner(org_a, monkeypat
 @pytest.mark.django_db(transaction=True)
 def test_without_the_lock_two_owners_demoting_each_other_leave_none(org_a, monkeypatch):
     # Guard removed: no organization lock, the same widened race.
-    monkeypatch.setattr(services, "_lock_roles", lambda organization_id: None)
-    monkeypatch.setattr(services, "RACE_DELAY_SECONDS", 0.3)
+    monkeypatch.setattr(members, "_lock_roles", lambda organization_id: None)
+    monkeypatch.setattr(members, "RACE_DELAY_SECONDS", 0.3)
     results, owners = two_owners_demote_each_other(org_a)
     assert results == ["demoted", "demoted"] and owners == 0

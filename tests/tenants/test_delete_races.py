@@ -13,9 +13,9 @@ from django.db import IntegrityError, connection, transaction
 
 from budgets.models import Reservation
 from ledger.admission import AdmissionRequest, Subject, admit
-from tenants import services
+from tenants import deletion, services
+from tenants.audit import Actor
 from tenants.models import EndCustomer
-from tenants.services import Actor
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ADMIN = Actor(label="test")
@@ -76,8 +76,8 @@ def test_deleting_a_customer_while_its_request_is_admitted_never_fails_or_leaves
 
 
 def test_without_the_subject_lock_the_deletion_fails_on_the_in_flight_reservation(acme, monkeypatch):
-    monkeypatch.setattr(services, "LOCK_SUBJECTS_FOR_DELETE", False)
-    monkeypatch.setattr(services, "DELETE_ATTEMPTS", 1)
+    monkeypatch.setattr(deletion, "LOCK_SUBJECTS_FOR_DELETE", False)
+    monkeypatch.setattr(deletion, "DELETE_ATTEMPTS", 1)
     customer = EndCustomer.objects.create(project=acme.project, external_id="c1")
     result = _race(acme, customer)
     assert result == {"deletion": "failed", "admission": "committed"}

@@ -72,7 +72,7 @@ def receiver():
 
 
 def _webhook(tenant, url: str, **kw) -> tuple[AlertChannel, str]:
-    from tenants.services import Actor
+    from tenants.audit import Actor
     from usage.channels import create_channel
 
     return create_channel(organization=tenant.org, actor=Actor(label="test"), name=kw.pop("name", "ops hook"),
