@@ -11,12 +11,11 @@ from django.utils import timezone
 
 from budgets.models import Budget, Reservation
 from gateway.errors import GatewayError
-from gateway.subjects import create_run_budget, end_customer, run_budget
+from gateway.subjects import create_run_budget, payer
 from jobs.models import Job, JobFile
 from ledger.admission import (
     AdmissionRequest,
     Admitted,
-    Subject,
     admit,
     hand_to_job,
     matching_budgets,
@@ -42,10 +41,8 @@ def admit_job(*, key: ApiKey, request_id: str, worst_nano: int, model: str, refu
     """One admission for a job's whole worst case, through the same `admit` as a live request,
     for the same subjects (key, project, member, end customer, run). Under a blocking cap a job
     with something a live request would be refused for (refused_code) is refused with that code."""
-    customer = end_customer(key=key, external_id=customer_id)
-    new_run_nano = run_budget(key=key, run_id=run_id, amount_usd=run_budget_usd)
-    subject = Subject(organization_id=key.organization_id, project_id=key.project_id, member_id=key.member_id,
-                      api_key_id=key.id, end_customer_id=customer.id if customer else None, run_id=run_id)
+    who = payer(key=key, customer_id=customer_id, run_id=run_id, run_budget_usd=run_budget_usd)
+    subject = who.subject
 
     def go() -> Admitted:
         budgets = matching_budgets(subject)
@@ -56,11 +53,11 @@ def admit_job(*, key: ApiKey, request_id: str, worst_nano: int, model: str, refu
         return admit(request=AdmissionRequest(subject=subject, request_id=request_id, worst_nano=worst, model=model,
                                               owner_id=owner_id, budgets=budgets))
 
-    if new_run_nano is None:
+    if who.new_run_nano is None:
         return go()
     assert run_id is not None
     with transaction.atomic():
-        create_run_budget(key=key, run_id=run_id, amount_nano=new_run_nano, explicit=run_budget_usd is not None)
+        create_run_budget(key=key, run_id=run_id, amount_nano=who.new_run_nano, explicit=who.run_amount_explicit)
         return go()
 
 
