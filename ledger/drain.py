@@ -7,86 +7,107 @@ order everywhere). A hot ceiling takes one lock per batch, not one per request.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 from django.db import connection, transaction
 from django.utils import timezone
 
-from budgets.models import Hold, Reservation
-from ledger.locks import lock_windows, records_for_drain, relaxed_commit
+from ledger.locks import WINDOW_LOCK_STRENGTH
 from ledger.signals import send_after_commit
-from usage.models import UsageRecord
+
+# One statement, one round trip (issue 12 §2): the ORM version cost ~10 statements and several ms
+# of Python per batch, on the thread pool every request's admission shares (docs/performance.md).
+# Run as one simple query after SET LOCAL, so it is one implicit transaction with a relaxed
+# commit (ledger/locks.py relaxed_commit: a drain lost in a crash is simply redone); an error
+# anywhere rolls all of it back. Each CTE that must finish before the next reads its RETURNING
+# count, so the window row locks are taken last, in ascending id order, and held only for the
+# final UPDATE and the commit.
+_DRAIN_SQL = """
+SET LOCAL synchronous_commit = off;
+WITH batch AS MATERIALIZED (
+    SELECT id, reservation_id, cost_nano FROM usage_usagerecord
+     WHERE NOT applied {only}
+     ORDER BY id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), held AS MATERIALIZED (
+    SELECT b.id AS record_id, h.window_id, h.amount_nano, b.cost_nano
+      FROM batch b JOIN budgets_hold h ON h.reservation_id = b.reservation_id
+), per_record AS MATERIALIZED (
+    SELECT b.id, coalesce(array_agg(h.window_id ORDER BY h.window_id) FILTER (WHERE h.window_id IS NOT NULL),
+                          '{{}}'::bigint[]) AS window_ids
+      FROM batch b LEFT JOIN held h ON h.record_id = b.id
+     GROUP BY b.id
+), gone_holds AS (
+    DELETE FROM budgets_hold h USING batch b WHERE h.reservation_id = b.reservation_id RETURNING 1
+), gone_reservations AS (
+    DELETE FROM budgets_reservation r USING batch b WHERE r.id = b.reservation_id RETURNING 1
+), marked AS (
+    UPDATE usage_usagerecord u
+       SET applied = true, applied_at = %(now)s, window_ids = p.window_ids
+      FROM per_record p
+     WHERE u.id = p.id
+    RETURNING 1
+), done AS MATERIALIZED (
+    SELECT (SELECT count(*) FROM marked) AS records, (SELECT count(*) FROM gone_holds) AS holds,
+           (SELECT count(*) FROM gone_reservations) AS reservations
+     WHERE {delay}
+), deltas AS MATERIALIZED (
+    SELECT held.window_id AS id, sum(held.cost_nano) AS spent, sum(held.amount_nano) AS released
+      FROM held, done
+     WHERE done.records >= 0 AND done.holds >= 0 AND done.reservations >= 0
+     GROUP BY held.window_id
+), locked AS MATERIALIZED (
+    SELECT w.id FROM budgets_window w
+     WHERE w.id IN (SELECT id FROM deltas)
+     ORDER BY w.id
+       {lock}
+), applied AS (
+    UPDATE budgets_window w
+       SET spent_nano = w.spent_nano + d.spent, reserved_nano = w.reserved_nano - d.released, touched_at = now()
+      FROM deltas d, (SELECT count(*) AS n FROM locked) l
+     WHERE w.id = d.id AND l.n > 0
+    RETURNING w.id, d.spent
+)
+SELECT done.records, coalesce((SELECT array_agg(id ORDER BY id) FROM applied WHERE spent > 0), '{{}}'::bigint[])
+  FROM done
+"""
+
+# Race tests only: > 0 sleeps after the records and holds are read, before the windows are
+# locked, so concurrent drains overlap the way a missing guard would need every time.
+RACE_DELAY_SECONDS = 0.0
 
 
 def drain(*, limit: int = 500, request_ids: Sequence[str] | None = None) -> int:
     """Apply up to `limit` unapplied records; return how many were applied.
 
-    1. Take unapplied records, skipping those another drain holds.
-    2. Collect their reservations' holds: per window, the holds come out of `reserved` and each
-       record's cost goes into `spent` (alert windows have zero holds and get the cost too).
+    1. Take unapplied records (oldest first), skipping those another drain holds.
+    2. Per window, their reservations' holds come out of `reserved` and each record's cost goes
+       into `spent` (alert windows have zero holds and get the cost too); each record keeps the
+       windows it was charged to (`window_ids`).
     3. Delete the reservations and their holds, mark the records applied.
     4. Last, lock those windows in id order and apply all deltas in one UPDATE; commit.
+    Then tell the apps above which windows were charged (ledger.signals.windows_changed, after
+    commit: outside the window locks, and a receiver that fails cannot undo the drain).
     """
-    with transaction.atomic():
-        relaxed_commit()  # a drain lost in a crash is simply redone (see relaxed_commit)
-        records = records_for_drain(request_ids=request_ids, limit=limit)
-        if not records:
-            return 0
-        reservation_ids = [r.reservation_id for r in records if r.reservation_id is not None]
-        holds_of: dict = defaultdict(list)
-        for reservation_id, window_id, amount in Hold.objects.filter(
-            reservation_id__in=reservation_ids
-        ).values_list("reservation_id", "window_id", "amount_nano"):
-            holds_of[reservation_id].append((window_id, amount))
-
-        spent: dict[int, int] = defaultdict(int)
-        released: dict[int, int] = defaultdict(int)
-        for rec in records:
-            holds = holds_of.get(rec.reservation_id, [])
-            rec.window_ids = sorted(window_id for window_id, _ in holds)
-            for window_id, amount in holds:
-                spent[window_id] += rec.cost_nano
-                released[window_id] += amount
-
-        if reservation_ids:
-            Hold.objects.filter(reservation_id__in=reservation_ids).delete()
-            Reservation.objects.filter(id__in=reservation_ids).delete()
-        now = timezone.now()
-        for rec in records:
-            rec.applied = True
-            rec.applied_at = now
-        UsageRecord.objects.bulk_update(records, ["applied", "applied_at", "window_ids"])
-
-        # The windows last, just before commit: admissions wait on these row locks, so they are
-        # held for two statements, not across the whole batch's writes.
-        window_ids = sorted(spent)
-        if window_ids:
-            lock_windows(window_ids)
-            _apply_deltas([(wid, spent[wid], released[wid]) for wid in window_ids])
-            # Thresholds are checked after commit (usage connects to windows_changed): outside
-            # the window locks, and an alert that fails cannot undo the drain.
-            charged = [wid for wid in window_ids if spent[wid] > 0]
-            if charged:
-                send_after_commit(window_ids=charged)
-        return len(records)
-
-
-def _apply_deltas(rows: list[tuple[int, int, int]]) -> None:
-    """One UPDATE for every window of the batch: (window id, +spent, -reserved)."""
-    values = ", ".join(["(%s::bigint, %s::bigint, %s::bigint)"] * len(rows))
-    params = [x for row in rows for x in row]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""
-            UPDATE budgets_window AS w
-               SET spent_nano = w.spent_nano + d.spent, reserved_nano = w.reserved_nano - d.released,
-                   touched_at = now()
-              FROM (VALUES {values}) AS d(id, spent, released)
-             WHERE w.id = d.id
-            """,
-            params,
-        )
+    params: dict = {"limit": limit, "now": timezone.now()}
+    only = ""
+    if request_ids is not None:
+        only = "AND request_id = ANY(%(request_ids)s::varchar[])"
+        params["request_ids"] = list(request_ids)
+    delay = f"pg_sleep({float(RACE_DELAY_SECONDS)})::text = ''" if RACE_DELAY_SECONDS else "true"
+    sql = _DRAIN_SQL.format(only=only, delay=delay, lock=WINDOW_LOCK_STRENGTH)
+    nested = connection.in_atomic_block
+    # Inside a caller's transaction (release, tests) a savepoint keeps a failed drain from
+    # aborting it; SET LOCAL then applies to that transaction, as relaxed_commit documents.
+    with transaction.atomic() if nested else nullcontext(), connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        cursor.cursor.nextset()  # past the SET's empty result
+        count, charged = cursor.fetchone()
+    if charged:
+        send_after_commit(window_ids=list(charged))  # at once outside a transaction
+    return int(count)
 
 
 def drain_all(*, batch: int = 500) -> int:

@@ -105,18 +105,14 @@ def _widen_expiry_race(monkeypatch):
     # Every racer reads the lapsed reservations and finds no record for them before anyone
     # inserts one, and every drain reads its holds before anyone applies them: the
     # interleaving a missing guard would need, every time.
-    real_build, real_lock = recording.build_record, drain_module.lock_windows
+    real_build = recording.build_record
 
     def slow_build(**kw):
         time.sleep(0.03)
         return real_build(**kw)
 
-    def slow_lock(ids):
-        time.sleep(0.1)
-        return real_lock(ids)
-
     monkeypatch.setattr(recording, "build_record", slow_build)
-    monkeypatch.setattr(drain_module, "lock_windows", slow_lock)
+    monkeypatch.setattr(drain_module, "RACE_DELAY_SECONDS", 0.1)
 
 
 @pytest.mark.django_db(transaction=True)
