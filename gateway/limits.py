@@ -5,10 +5,11 @@ rate limits (requests and tokens per minute)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from gateway.upstream import slots
-from ratelimits.services import enforce_rate_limits
+from ratelimits.models import RateLimit
+from ratelimits.services import enforce_rate_limits, matching_limits
 from tenants.models import ApiKey, EndCustomer
 
 if TYPE_CHECKING:
@@ -25,4 +26,19 @@ def enforce_limits(*, key: ApiKey, customer: EndCustomer | None, tokens: int, ta
                       connection_ids=[t.connection.id for t in targets if t.connection.kind != "echo"])
     if busy is not None:
         raise busy
-    enforce_rate_limits(key=key, customer=customer, tokens=tokens)
+    enforce_rate_limits(key=key, customer=customer, tokens=tokens, found=_limits_of(key, customer))
+
+
+def _limits_of(key: ApiKey, customer: EndCustomer | None) -> list[RateLimit]:
+    """The rate limits over this key (and customer), from the process's lookup cache like keys
+    and routes (CAPGATE["LOOKUP_CACHE_SECONDS"]): a round trip per request saved. A new or
+    changed limit applies within that many seconds. Rate limits shape traffic; no cap depends on
+    them (admission decides every cap in the database)."""
+    from gateway.service import lookups  # gateway.service imports this module
+
+    cache_key = ("rate_limits", key.id, customer.id if customer is not None else None)
+    found = cast(list[RateLimit] | None, lookups.get(cache_key))
+    if found is None:
+        found = matching_limits(key=key, customer=customer)
+        lookups.put(cache_key, found)
+    return found

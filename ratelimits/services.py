@@ -200,7 +200,8 @@ def _refusal(limiter: RateLimiter, limit: RateLimit, item: RateLimitItem, what: 
                        retry_after=max(1, min(60, math.ceil(reset_at - time.time()))))
 
 
-def enforce_rate_limits(*, key: ApiKey, customer: EndCustomer | None, tokens: int) -> None:
+def enforce_rate_limits(*, key: ApiKey, customer: EndCustomer | None, tokens: int,
+                        found: list[RateLimit] | None = None) -> None:
     """Count this request against every rate limit over its key, project, organization and
     end customer, or raise RateLimited (429) counting it against none. `tokens` is the request's
     bound: its input bound plus its output ceiling, as admission reserves it.
@@ -209,7 +210,8 @@ def enforce_rate_limits(*, key: ApiKey, customer: EndCustomer | None, tokens: in
     2. Test each, then hit each, on Redis.
     3. Redis unreachable: the same on this process's memory, and Redis again after a few seconds.
     """
-    found = matching_limits(key=key, customer=customer)
+    if found is None:  # the gateway passes them from its lookup cache (gateway/limits.py)
+        found = matching_limits(key=key, customer=customer)
     if not found:
         return
     checks = _checks(found, tokens)

@@ -291,8 +291,8 @@ CAPGATE = {
     # JSON nested deeper than this is refused with 400 (gateway and API): Python's parser would
     # otherwise recurse into a RecursionError. Real requests nest about 20 levels.
     "MAX_JSON_DEPTH": env.int("CAPGATE_MAX_JSON_DEPTH", default=64),
-    # Gateway processes cache key and route lookups this long (0: off). A revoked key or a
-    # changed route takes effect within it; budgets are never cached.
+    # Gateway processes cache key, route and rate-limit lookups this long (0: off). A revoked
+    # key, a changed route or rate limit takes effect within it; budgets are never cached.
     "LOOKUP_CACHE_SECONDS": env.float("CAPGATE_LOOKUP_CACHE_SECONDS", default=2.0),
     # The request log (requestlog/): refusals wait in each gateway process's memory at most this
     # long before one batched insert, and at most this many (more are dropped and counted: a
