@@ -18,11 +18,12 @@ from django.db import DatabaseError
 
 from budgets.errors import BudgetExceeded, BudgetUnavailable
 from core.errors import CapgateError
-from gateway import metrics, ops, proxy, reservations, runtime
+from gateway import metrics, ops, proxy, reservations, runtime, upstream
 from gateway.errors import GatewayError, render
 from gateway.estimate import parse_json
 from gateway.http import ClientGone, Request
 from gateway.routing import authenticate, list_models
+from gateway.stored import handle_stored_response
 from requestlog import buffer as request_log
 
 log = logging.getLogger("capgate.gateway")
@@ -51,7 +52,7 @@ async def handle(req: Request) -> None:
             return await handler(req, matched)
     stored = _STORED_RESPONSE.match(path)
     if stored is not None and (req.method, stored.group(2)) in _STORED_ACTIONS:
-        return await proxy.handle_stored_response(req, stored.group(1), _STORED_ACTIONS[(req.method, stored.group(2))])
+        return await handle_stored_response(req, stored.group(1), _STORED_ACTIONS[(req.method, stored.group(2))])
     try:
         if path == "/v1/models" and req.method == "GET":
             key = await runtime.db(authenticate, req.api_key())
@@ -175,7 +176,7 @@ class CapgateASGI:
             elif message["type"] == "lifespan.shutdown":
                 if runtime.background is not None:
                     await runtime.background.stop()
-                await proxy.close_client()
+                await upstream.close_client()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
+from gateway.routing import lookups
 from gateway.upstream import slots
 from ratelimits.models import RateLimit
 from ratelimits.services import enforce_rate_limits, matching_limits
@@ -34,8 +35,6 @@ def _limits_of(key: ApiKey, customer: EndCustomer | None) -> list[RateLimit]:
     and routes (CAPGATE["LOOKUP_CACHE_SECONDS"]): a round trip per request saved. A new or
     changed limit applies within that many seconds. Rate limits shape traffic; no cap depends on
     them (admission decides every cap in the database)."""
-    from gateway.service import lookups  # gateway.service imports this module
-
     cache_key = ("rate_limits", key.id, customer.id if customer is not None else None)
     found = cast(list[RateLimit] | None, lookups.get(cache_key))
     if found is None:

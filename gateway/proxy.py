@@ -10,13 +10,11 @@ Every admitted request ends in exactly one usage record (DESIGN §1, property 2-
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import httpx
 from django.conf import settings
@@ -26,39 +24,25 @@ from budgets.errors import BudgetExceeded, BudgetUnavailable
 from catalog.pricing import UnpricedFeature, UnpricedModel, Usage, cost_nano, rates_for
 from core.errors import CapgateError
 from core.money import usd_str
-from gateway import echo_jobs, metrics, responses, runtime, upstream
-from gateway.echo import echo_response, echo_stream
+from gateway import metrics, responses, runtime, streams, upstream
+from gateway.echo import echo_response
 from gateway.errors import GatewayError, render
 from gateway.estimate import SHAPERS, Shape, parse_json
 from gateway.http import ClientGone, Request
 from gateway.providers import (
-    StreamUsage,
-    connection_url,
     response_state,
-    sse_events,
     upstream_headers,
     upstream_url,
     usage_from_body,
 )
+from gateway.recorder import recorder
 from gateway.service import Prepared, Target, admit_call
+from gateway.streams import NOT_BILLED, Attempt, slot_of
+from gateway.upstream import client
 from ledger.recording import Outcome
 from requestlog import buffer as request_log
 
 log = logging.getLogger("capgate.gateway")
-NOT_BILLED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
-
-# The upstream client(s), per process: upstream.CLIENT_SHARDS pools spread round-robin (one
-# aiohttp pool since httpcore's per-request pool bookkeeping was replaced, docs/performance.md).
-# Each dials only allowed addresses and takes the caller's capacity slot (gateway/upstream.py).
-_clients: list[httpx.AsyncClient] = []
-_next_client = itertools.count()
-
-
-def client() -> httpx.AsyncClient:
-    """A pooled upstream client (one of a few shards, per process)."""
-    if not _clients:
-        _clients.extend(upstream.new_client() for _ in range(upstream.CLIENT_SHARDS))
-    return _clients[next(_next_client) % len(_clients)]
 
 
 # Background responses (`background: true`) are provider jobs: admitted here like any response,
@@ -68,16 +52,6 @@ BACKGROUND: Callable[[ProxyCall, dict], Awaitable[None]] | None = None
 
 def new_request_id() -> str:
     return "req_" + uuid.uuid4().hex
-
-
-@dataclass
-class Attempt:
-    """The result of trying one target."""
-
-    kind: str  # ok | failover | not_billed | unknown
-    status: int = 0
-    body: bytes = b""
-    error: str = ""
 
 
 async def handle(req: Request, kind: str) -> None:
@@ -272,7 +246,7 @@ class ProxyCall:
             try:
                 resp = await self._race_client(client().post(
                     upstream_url(target, self.kind), content=json.dumps(up_body).encode(),
-                    headers=upstream_headers(target, self.req.headers), extensions=_slot_of(target)))
+                    headers=upstream_headers(target, self.req.headers), extensions=slot_of(target)))
             except NOT_BILLED as exc:
                 return Attempt(kind="failover", error=f"{type(exc).__name__}: {exc}")
             except httpx.HTTPError as exc:  # sent, then the answer never came: maybe billed
@@ -349,92 +323,12 @@ class ProxyCall:
                        error=("unpriced usage: " + "; ".join(notes)) if notes else "")
 
     async def stream_attempt(self, target: Target, up_body: dict) -> Attempt:
-        response: httpx.Response | None = None
-        if target.connection.kind == "echo":
-            fault = await self._echo_fault(target)
-            if fault:
-                return fault
-            events = echo_stream(target, self.kind, up_body, self._prompt_bound())
-        else:
-            upstream_client = client()
-            request = upstream_client.build_request("POST", upstream_url(target, self.kind),
-                                                    content=json.dumps(up_body).encode(),
-                                                    headers=upstream_headers(target, self.req.headers),
-                                                    extensions=_slot_of(target))
-            try:
-                response = await self._race_client(upstream_client.send(request, stream=True))
-            except NOT_BILLED as exc:
-                return Attempt(kind="failover", error=f"{type(exc).__name__}: {exc}")
-            except httpx.HTTPError as exc:
-                return Attempt(kind="unknown", error=f"{type(exc).__name__}: {exc}")
-            if response.status_code >= 400:
-                data = await response.aread()
-                await response.aclose()
-                status = response.status_code
-                if status >= 500 or status == 429:
-                    return Attempt(kind="failover", status=status, body=data, error=f"upstream status {status}")
-                return Attempt(kind="not_billed", status=status, body=data, error=f"upstream rejected: {status}")
-            events = sse_events(response.aiter_lines())
-        runtime.health.succeeded(target.connection.id)
-        await self.relay(target, events, response)
-        return Attempt(kind="done")
-
-    async def relay(self, target: Target, events, response: httpx.Response | None) -> None:
-        """Relay SSE events to the client until the stream ends, the client leaves, the
-        upstream drops, or the request's hard lifetime runs out; then record once."""
-        p = self.prepared
-        assert p is not None
-        tracker = StreamUsage(self.kind)
-        wants_usage = self.client_stream_options.get("include_usage") is True
-        ending = "completed"
-        deadline = self._seconds_left()
-
-        async def pump() -> None:
-            async for event in events:
-                try:
-                    usage_only = tracker.feed(event.data)
-                except ValueError:
-                    usage_only = False
-                if usage_only and not wants_usage:
-                    continue
-                await self.req.send({"type": "http.response.body", "body": event.raw + b"\n\n", "more_body": True})
-
-        await self.req.start(200, [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
-                                   *self._headers()])
-        try:
-            async with asyncio.timeout(deadline):
-                await self._race_client(pump())
-        except ClientGone:
-            ending = "client disconnected mid-stream"
-        except TimeoutError:
-            ending = "request reached its maximum lifetime"
-        except httpx.HTTPError as exc:
-            ending = f"upstream stream broke: {type(exc).__name__}"
-        except OSError:
-            ending = "client connection lost"
-        finally:
-            if response is not None:
-                await response.aclose()
-            elif hasattr(events, "aclose"):
-                await events.aclose()
-        if ending == "completed" and tracker.usage is None:
-            ending = "stream ended without usage"
-        # Usage that arrived is the provider's final word even if the client left afterwards.
-        usage = tracker.usage
-        await self.record(self._served(target, usage, tracker.model, error=ending) if usage is not None
-                          else Outcome(status="estimated", cost_nano=p.worst_nano, connection_id=target.connection.id,
-                                       error=ending), target)
-        if self.kind == "responses" and tracker.response is not None:
-            await self._remember(target, tracker.response)
-        if ending != "client disconnected mid-stream":
-            try:
-                await self.req.send({"type": "http.response.body", "body": b"", "more_body": False})
-            except OSError:
-                pass
+        return await streams.stream_attempt(self, target, up_body)
 
     async def record(self, outcome: Outcome, target: Target | None = None) -> None:
-        """Insert the usage record; if the database is down, spool it to disk (fsync'd)."""
-        from ledger.recording import RecordRejected, record
+        """Insert the usage record (group commit with the records of other requests finishing
+        meanwhile, gateway/recorder.py); if the database is down, spool it to disk (fsync'd)."""
+        from ledger.recording import RecordRejected
         from ledger.spool import append
 
         p = self.prepared
@@ -442,7 +336,7 @@ class ProxyCall:
         outcome = Outcome(**{**outcome.__dict__, "latency_ms": int((time.monotonic() - self.started) * 1000),
                              "input_bound": p.input_bound})
         try:
-            await runtime.db(record, reservation=p.reservation, outcome=outcome, lane="settle")
+            await recorder().record(reservation=p.reservation, outcome=outcome)
         except RecordRejected:
             # Logged once where it was refused, and never spooled (a replay would be refused
             # forever). The client is still answered; the reservation is left to expiry, which
@@ -480,61 +374,3 @@ def _note_refusal(exc: BudgetExceeded, tipped_by: dict | None = None) -> None:
             asyncio.get_running_loop().run_in_executor(runtime.executor("settle"), lambda: note(window_id=exc.window_id, tipped_by=tipped_by))
     except Exception:  # alerts must never break the request path
         log.exception("could not note refusal")
-
-
-def _slot_of(target: Target) -> dict:
-    return upstream.tag(organization_id=target.connection.organization_id, connection_id=target.connection.id)
-
-
-async def close_client() -> None:
-    clients = list(_clients)
-    _clients.clear()
-    for c in clients:
-        await c.aclose()
-
-
-async def handle_stored_response(req: Request, response_id: str, action: str) -> None:
-    """GET, DELETE and POST .../cancel (and GET .../input_items) of a stored response, proxied
-    to the connection that served it, for the organization that owns it only: anyone else's id
-    is 404, as if it did not exist. Nothing is billed, so nothing is reserved."""
-    from gateway.service import authenticate
-
-    try:
-        key = await runtime.db(authenticate, req.api_key())
-        stored = await runtime.db(responses.owned, organization_id=key.organization_id, response_id=response_id)
-    except CapgateError as exc:
-        status, headers, body = render(exc, flavor="openai")
-        return await req.respond(status, body, headers)
-    connection = stored.connection if stored is not None else None
-    if stored is None or connection is None:
-        status, headers, body = render(GatewayError(f"No response with id '{response_id}'.", code="not_found",
-                                                    status=404, param="response_id"), flavor="openai")
-        return await req.respond(status, body, headers)
-    suffix = {"get": "", "delete": "", "cancel": "/cancel", "input_items": "/input_items"}[action]
-    if connection.kind == "echo":  # echo keeps only background responses: answer as a provider would
-        data: dict = {"id": response_id, "object": "response", "status": "completed"}
-        if action == "delete":
-            data = {"id": response_id, "object": "response.deleted", "deleted": True}
-        elif action == "cancel":
-            data["status"] = "cancelled"
-        elif action == "input_items":
-            data = {"object": "list", "data": [], "has_more": False}
-        status, content = 200, json.dumps(data).encode()
-        kept = await echo_jobs.send(connection, req.method, f"/v1/responses/{response_id}{suffix}")
-        if kept.status_code == 200:  # a background response: echo keeps those (gateway/echo_jobs.py)
-            content = kept.content
-    else:
-        target = Target(connection=connection, model=None)  # type: ignore[arg-type]
-        try:
-            resp = await client().request(
-                req.method, connection_url(connection.base_url, f"/v1/responses/{response_id}{suffix}"),
-                headers=upstream_headers(target, {}), extensions=upstream.tag(organization_id=connection.organization_id,
-                                                          connection_id=connection.id))
-        except httpx.HTTPError as exc:
-            status, hdrs, body = render(GatewayError(f"Upstream failed: {type(exc).__name__}", code="upstream_error",
-                                                     status=502), flavor="openai")
-            return await req.respond(status, body, hdrs)
-        status, content = resp.status_code, resp.content
-    if action == "delete" and status == 200:
-        await runtime.db(responses.forget, organization_id=key.organization_id, response_id=response_id, lane="settle")
-    await req.respond(status, content)

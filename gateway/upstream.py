@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import itertools
 import socket
 import ssl
 import threading
@@ -314,4 +315,25 @@ def new_client() -> httpx.AsyncClient:
                              follow_redirects=False, trust_env=False)
 
 
-__all__ = ["allowed_networks", "refusal_reason", "resolve", "slots", "new_client"]
+# The upstream client(s), per process: CLIENT_SHARDS pools spread round-robin (one aiohttp pool
+# since httpcore's per-request pool bookkeeping was replaced, docs/performance.md). Each dials
+# only allowed addresses and takes the caller's capacity slot.
+_clients: list[httpx.AsyncClient] = []
+_next_client = itertools.count()
+
+
+def client() -> httpx.AsyncClient:
+    """A pooled upstream client (one of a few shards, per process)."""
+    if not _clients:
+        _clients.extend(new_client() for _ in range(CLIENT_SHARDS))
+    return _clients[next(_next_client) % len(_clients)]
+
+
+async def close_client() -> None:
+    clients = list(_clients)
+    _clients.clear()
+    for c in clients:
+        await c.aclose()
+
+
+__all__ = ["allowed_networks", "client", "close_client", "refusal_reason", "resolve", "slots", "new_client"]

@@ -112,16 +112,16 @@ def test_stream_without_usage_is_charged_at_worst_case(gateway, wired, upstream,
 
 
 def test_non_stream_timeout_after_sending_is_charged_not_forgiven(gateway, wired, upstream, settings):
-    from gateway import proxy
+    from gateway import upstream as guarded
 
     settings.CAPGATE = {**settings.CAPGATE, "UPSTREAM_READ_TIMEOUT": 0.5}
-    proxy._clients.clear()  # the shared clients are rebuilt with the short timeout
+    guarded._clients.clear()  # the shared clients are rebuilt with the short timeout
     r = post(gateway, headers={"x-upstream-fail": "stall"})
     assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
     wait_settled()
     rec = UsageRecord.objects.get()
     assert rec.status == "estimated" and rec.cost_nano == rec.reserved_nano
-    proxy._clients.clear()
+    guarded._clients.clear()
 
 
 def test_stream_is_ended_at_the_requests_hard_lifetime(gateway, wired, upstream, settings):

@@ -13,7 +13,7 @@ import pytest
 
 from budgets.models import Reservation
 from catalog.models import Connection, RouteTarget
-from gateway import proxy
+from gateway import upstream as guarded
 from gateway.upstream import Slots, slots
 from tenants.models import ApiKey, hash_key
 from tests.conftest import make_tenant
@@ -32,9 +32,9 @@ def small_process(settings):
     """A gateway process with 64 upstream sockets, 16 per organization and per connection."""
     settings.CAPGATE = {**settings.CAPGATE, "UPSTREAM_MAX_CONNECTIONS": 64, "UPSTREAM_MAX_PER_ORGANIZATION": PER_TENANT,
                         "UPSTREAM_MAX_PER_CONNECTION": PER_TENANT, "UPSTREAM_POOL_TIMEOUT": 2.0}
-    proxy._clients.clear()
+    guarded._clients.clear()
     yield
-    proxy._clients.clear()
+    guarded._clients.clear()
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import httpx
 import pytest
 
 from budgets.models import Window
-from gateway import proxy
 from gateway import upstream as guard
 from tests.gateway.conftest import KEY, wait_settled
 from usage.models import UsageRecord
@@ -24,9 +23,9 @@ def public_only(settings):
     """Production's default: only public addresses. Fresh clients, so no keep-alive connection
     opened under the test settings' loopback allowance is reused."""
     settings.CAPGATE = {**settings.CAPGATE, "UPSTREAM_ALLOWED_NETWORKS": []}
-    proxy._clients.clear()
+    guard._clients.clear()
     yield
-    proxy._clients.clear()
+    guard._clients.clear()
 
 
 @pytest.mark.parametrize("address, reason", [
