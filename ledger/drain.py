@@ -68,9 +68,13 @@ WITH batch AS MATERIALIZED (
        SET spent_nano = w.spent_nano + d.spent, reserved_nano = w.reserved_nano - d.released, touched_at = now()
       FROM deltas d, (SELECT count(*) AS n FROM locked) l
      WHERE w.id = d.id AND l.n > 0
-    RETURNING w.id, d.spent
+    RETURNING w.id, w.budget_id, w.spent_nano, d.spent
 )
-SELECT done.records, coalesce((SELECT array_agg(id ORDER BY id) FROM applied WHERE spent > 0), '{{}}'::bigint[])
+SELECT done.records,
+       (SELECT coalesce(json_agg(json_build_array(a.id, a.spent_nano, b.amount_nano, b.thresholds) ORDER BY a.id),
+                        '[]'::json)
+          FROM applied a JOIN budgets_budget b ON b.id = a.budget_id
+         WHERE a.spent > 0)
   FROM done
 """
 
@@ -106,7 +110,11 @@ def drain(*, limit: int = 500, request_ids: Sequence[str] | None = None) -> int:
         cursor.cursor.nextset()  # past the SET's empty result
         count, charged = cursor.fetchone()
     if charged:
-        send_after_commit(window_ids=list(charged))  # at once outside a transaction
+        # With where each window's spend now stands, so a receiver can skip the windows that
+        # cannot need it (usage's threshold check skips those below every threshold: most).
+        send_after_commit(window_ids=[row[0] for row in charged],  # at once outside a transaction
+                          windows={wid: {"spent_nano": spent, "amount_nano": amount, "thresholds": thresholds or []}
+                                   for wid, spent, amount, thresholds in charged})
     return int(count)
 
 

@@ -16,8 +16,16 @@ class UsageConfig(AppConfig):
         windows_changed.connect(_check_thresholds, dispatch_uid="usage.alerts.on_windows_changed")
 
 
-def _check_thresholds(sender: Any, *, window_ids: list[int], **kwargs: Any) -> None:
-    """The ledger added spend to these windows and committed: raise any crossed threshold."""
-    from usage.alerts import on_windows_changed  # models: see ready()
+def _check_thresholds(sender: Any, *, window_ids: list[int], windows: dict | None = None, **kwargs: Any) -> None:
+    """The ledger added spend to these windows and committed: raise any crossed threshold.
 
+    When the drain says where each window's spend stands (`windows`), the windows below every
+    threshold are skipped without reading them: on_windows_changed could raise nothing there,
+    and its read was most of a drain's CPU (docs/performance.md)."""
+    from usage.alerts import crossed_thresholds, on_windows_changed  # models: see ready()
+
+    if windows is not None:
+        window_ids = [w for w in window_ids if crossed_thresholds(**windows[w])]
+        if not window_ids:
+            return
     on_windows_changed(window_ids=window_ids)
