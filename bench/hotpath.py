@@ -23,6 +23,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,8 +50,8 @@ def main() -> None:
     from catalog.pricing import Usage
     from gateway.estimate import SHAPERS
     from gateway.service import admit_call
-    from usage.drain import drain
-    from usage.recording import Outcome, record
+    from ledger.drain import drain
+    from ledger.recording import Outcome, record
 
     steps = ("shape", "admit_call", "record", "drain")
     cpu: dict[str, list[float]] = {s: [] for s in steps}
@@ -73,16 +74,17 @@ def main() -> None:
     headers = {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
     with connection.execute_wrapper(counting):
         for _ in range(args.requests):
-            shape = step("shape", lambda: SHAPERS["chat"](json.loads(json.dumps(BODY)), headers))
-            _key, prepared = step("admit_call", lambda: admit_call(
-                raw_key=KEY, shape=shape, shape_error=None, kind="chat", request_id="hot_" + uuid.uuid4().hex,
-                customer_id=None, run_id=None, run_budget_usd=None, owner_id=None, healthy=lambda _id: True))
+            shape = step("shape", partial(SHAPERS["chat"], json.loads(json.dumps(BODY)), headers))
+            _key, prepared = step("admit_call", partial(
+                admit_call, raw_key=KEY, shape=shape, shape_error=None, kind="chat",
+                request_id="hot_" + uuid.uuid4().hex, customer_id=None, run_id=None, run_budget_usd=None,
+                owner_id=None, healthy=lambda _id: True))
             outcome = Outcome(status="served", cost_nano=1000, usage=Usage(input_tokens=20, output_tokens=8),
                               connection_id=prepared.targets[0].connection.id)
-            step("record", lambda: record(reservation=prepared.reservation, outcome=outcome))
-            step("drain", lambda: drain(limit=500))
+            step("record", partial(record, reservation=prepared.reservation, outcome=outcome))
+            step("drain", partial(drain, limit=500))
     skip = args.requests // 10  # warm-up: caches, connections, first plans
-    load = open("/proc/loadavg").read().split()[0]
+    load = Path("/proc/loadavg").read_text().split()[0]
     print(f"{args.requests} requests, first {skip} skipped; load average {load} at the end\n")
     print("| step | CPU p50 ms | wall p50 ms | statements |")
     print("|---|---:|---:|---:|")
