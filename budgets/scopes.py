@@ -27,7 +27,7 @@ class Scope:
     @property
     def attname(self) -> str | None:
         """The subject's database column (a foreign key's `<field>_id`), also the attribute
-        budgets.admission.Subject carries it in."""
+        ledger.admission.Subject carries it in."""
         if self.column is None:
             return None
         return self.column if self.column.endswith("_id") else f"{self.column}_id"
