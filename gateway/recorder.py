@@ -27,6 +27,7 @@ class Recorder:
     def __init__(self) -> None:
         self._pending: list[tuple[Reservation, Outcome, asyncio.Future[UsageRecord]]] = []
         self._writing = False
+        self._task: asyncio.Task[None] | None = None  # held: the loop keeps only weak references
         self.batches = 0  # INSERTs made (the tests read it)
         self.records = 0
 
@@ -37,7 +38,7 @@ class Recorder:
         self._pending.append((reservation, outcome, done))
         if not self._writing:
             self._writing = True
-            asyncio.get_running_loop().create_task(self._write())
+            self._task = asyncio.get_running_loop().create_task(self._write())
         return await asyncio.shield(done)  # a cancelled caller must not cancel the batch's write
 
     async def _write(self) -> None:
