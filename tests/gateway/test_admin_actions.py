@@ -29,7 +29,7 @@ OTHER_KEY = "cg_other_key_in_the_same_org"
 MAX_TOKENS = 1000  # the echo bills all of it: actual cost is close to the worst case
 
 
-def slow_echo(wired, delay_ms: int = 1500) -> None:
+def slow_echo(wired, delay_ms: int = 4000) -> None:
     wired.echo.options = {"delay_ms": delay_ms, "completion_tokens": MAX_TOKENS, "prompt_tokens": 1}
     wired.echo.save()
 
