@@ -8,6 +8,7 @@ bash scripts/browser-deps.sh  # Debian's Chromium for the browser tests (no brow
 export DJANGO_SETTINGS_MODULE=config.settings.test
 eval "$(bash scripts/services.sh env | sed 's/^/export /')"
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .  # one layout, line length 120 (E501 in ruff check)
 .venv/bin/mypy .
 # The one-way import rule between apps ([tool.importlinter] in pyproject.toml); uncached: it takes
 # well under a second and leaves no cache directory behind.
