@@ -109,7 +109,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--whatif",
         action="store_true",
-        help="also measure leaner admission engines (bench/admit/whatif.py: hand-written SQL, cached budgets/windows, the classic transaction for contrast) at --whatif-clients, 3 ceilings, to size engine suggestions (adds ~100 s)",
+        help=(
+            "also measure leaner admission engines (bench/admit/whatif.py: hand-written SQL, cached "
+            "budgets/windows, the classic transaction for contrast) at --whatif-clients, 3 ceilings, to size "
+            "engine suggestions (adds ~100 s)"
+        ),
     )
     p.add_argument(
         "--whatif-clients",
@@ -121,7 +125,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--switch-interval",
         type=float,
         default=None,
-        help="sys.setswitchinterval() for the workers, seconds (default: Python's 0.005); shows how much of the threads' lock hold is GIL waiting",
+        help=(
+            "sys.setswitchinterval() for the workers, seconds (default: Python's 0.005); shows how much of "
+            "the threads' lock hold is GIL waiting"
+        ),
     )
     p.add_argument(
         "--quiet-below",
@@ -145,9 +152,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="config.settings.prod",
         help="Django settings module (default config.settings.prod: DEBUG off, psycopg pool on)",
     )
-    p.add_argument(
-        "--pgbench", default="pgbench", help="pgbench executable (default: pgbench on PATH)"
-    )
+    p.add_argument("--pgbench", default="pgbench", help="pgbench executable (default: pgbench on PATH)")
     p.add_argument("--out", type=Path, help="also write the report (markdown) to this file")
     args = p.parse_args(argv)
     args.runners = [r.strip() for r in args.runners.split(",") if r.strip()]

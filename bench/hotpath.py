@@ -75,12 +75,28 @@ def main() -> None:
     with connection.execute_wrapper(counting):
         for _ in range(args.requests):
             shape = step("shape", partial(SHAPERS["chat"], json.loads(json.dumps(BODY)), headers))
-            _key, prepared = step("admit_call", partial(
-                admit_call, raw_key=KEY, shape=shape, shape_error=None, kind="chat",
-                request_id="hot_" + uuid.uuid4().hex, customer_id=None, run_id=None, run_budget_usd=None,
-                owner_id=None, healthy=lambda _id: True))
-            outcome = Outcome(status="served", cost_nano=1000, usage=Usage(input_tokens=20, output_tokens=8),
-                              connection_id=prepared.targets[0].connection.id)
+            _key, prepared = step(
+                "admit_call",
+                partial(
+                    admit_call,
+                    raw_key=KEY,
+                    shape=shape,
+                    shape_error=None,
+                    kind="chat",
+                    request_id="hot_" + uuid.uuid4().hex,
+                    customer_id=None,
+                    run_id=None,
+                    run_budget_usd=None,
+                    owner_id=None,
+                    healthy=lambda _id: True,
+                ),
+            )
+            outcome = Outcome(
+                status="served",
+                cost_nano=1000,
+                usage=Usage(input_tokens=20, output_tokens=8),
+                connection_id=prepared.targets[0].connection.id,
+            )
             step("record", partial(record, reservation=prepared.reservation, outcome=outcome))
             step("drain", partial(drain, limit=500))
     skip = args.requests // 10  # warm-up: caches, connections, first plans
@@ -89,8 +105,10 @@ def main() -> None:
     print("| step | CPU p50 ms | wall p50 ms | statements |")
     print("|---|---:|---:|---:|")
     for s in steps:
-        print(f"| {s} | {statistics.median(cpu[s][skip:]):.2f} | {statistics.median(wall[s][skip:]):.2f} | "
-              f"{statistics.median(sent[s][skip:]):.0f} |")
+        print(
+            f"| {s} | {statistics.median(cpu[s][skip:]):.2f} | {statistics.median(wall[s][skip:]):.2f} | "
+            f"{statistics.median(sent[s][skip:]):.0f} |"
+        )
     total = sum(statistics.median(cpu[s][skip:]) for s in steps)
     print(f"| **total** | **{total:.2f}** | | |")
 

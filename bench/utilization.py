@@ -156,11 +156,17 @@ def setup() -> None:
     project = Project.objects.create(organization=org, name="Main", slug="main")
     ApiKey.objects.create(organization=org, project=project, name="k", prefix="cg_bench_u", key_hash=hash_key(KEY))
     provider = Provider.objects.create(slug="openai", name="OpenAI")
-    up = Connection.objects.create(organization=org, name="up", kind="openai", base_url=f"http://127.0.0.1:{UP_PORT}/v1")
+    up = Connection.objects.create(
+        organization=org, name="up", kind="openai", base_url=f"http://127.0.0.1:{UP_PORT}/v1"
+    )
     for route, tokenizer in (("util-exact", ENCODING), ("util-bytes", None)):
         model = Model.objects.create(
-            provider=provider, name=f"gpt-4o-{route}", input_usd_per_mtok=Decimal(PRICE_IN) / 1000,
-            output_usd_per_mtok=Decimal(PRICE_OUT) / 1000, max_output_tokens=16384, tokenizer=tokenizer,
+            provider=provider,
+            name=f"gpt-4o-{route}",
+            input_usd_per_mtok=Decimal(PRICE_IN) / 1000,
+            output_usd_per_mtok=Decimal(PRICE_OUT) / 1000,
+            max_output_tokens=16384,
+            tokenizer=tokenizer,
         )
         RouteTarget.objects.create(route=Route.objects.create(organization=org, name=route), connection=up, model=model)
     # No organization cap: the run budget is the only (and so the tightest) ceiling.
@@ -215,45 +221,73 @@ def row(label: str, mode: str, text: str, tag: str, reply_tokens: int) -> str:
 
     billed_burst = burst.billed_nano + wave.billed_nano
     ok = max(billed_burst, spent_burst, seq.billed_nano, spent_seq) <= cap_nano and not (
-        burst.other or wave.other or seq.other)
+        burst.other or wave.other or seq.other
+    )
     reserved = burst.reserved_input or seq.reserved_input or "-"
     bound = burst.bound or seq.bound or "-"
 
     def usd(nano: int) -> str:
         return format_usd(nano, symbol=False)
 
-    return (f"| {label} | {mode} | {len(text)} | {len(text.encode())} | {true_prompt} | {reserved} ({bound}) | "
-            f"{usd(cap_nano)} | {burst.admitted}/30 | {wave.admitted}/5 | {burst.admitted + wave.admitted} | "
-            f"{seq.admitted}/15 | {usd(billed_burst)} / {usd(spent_burst)} | {usd(seq.billed_nano)} / {usd(spent_seq)} | "
-            f"{'yes' if ok else 'NO'} |")
+    return (
+        f"| {label} | {mode} | {len(text)} | {len(text.encode())} | {true_prompt} | {reserved} ({bound}) | "
+        f"{usd(cap_nano)} | {burst.admitted}/30 | {wave.admitted}/5 | {burst.admitted + wave.admitted} | "
+        f"{seq.admitted}/15 | {usd(billed_burst)} / {usd(spent_burst)} | {usd(seq.billed_nano)} / {usd(spent_seq)} | "
+        f"{'yes' if ok else 'NO'} |"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--delay-ms", type=int, default=50, help="the fake upstream's response time")
-    parser.add_argument("--reply-tokens", type=int, default=MAX_TOKENS,
-                        help=f"completion tokens the fake upstream bills per reply (default: all {MAX_TOKENS})")
+    parser.add_argument(
+        "--reply-tokens",
+        type=int,
+        default=MAX_TOKENS,
+        help=f"completion tokens the fake upstream bills per reply (default: all {MAX_TOKENS})",
+    )
     args = parser.parse_args()
     reply = "max" if args.reply_tokens == MAX_TOKENS else args.reply_tokens
     (ROOT / "var").mkdir(exist_ok=True)
     setup()
     upstream = Proc("util-upstream", [PY, "-m", "tests.upstream.server", "--port", str(UP_PORT)], db=DB)
-    gateway = Proc("util-gateway", [str(ROOT / ".venv/bin/uvicorn"), "config.asgi:application", "--host", "127.0.0.1",
-                                    "--port", str(GW_PORT), "--no-access-log", "--log-level", "warning"], db=DB)
+    gateway = Proc(
+        "util-gateway",
+        [
+            str(ROOT / ".venv/bin/uvicorn"),
+            "config.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(GW_PORT),
+            "--no-access-log",
+            "--log-level",
+            "warning",
+        ],
+        db=DB,
+    )
     try:
         wait_http(f"http://127.0.0.1:{UP_PORT}/_stats")
         wait_http(f"http://127.0.0.1:{GW_PORT}/v1/models", {"authorization": f"Bearer {KEY}"})
-        httpx.post(f"http://127.0.0.1:{UP_PORT}/_control", json={
-            "delay_ms": args.delay_ms, "count_prompt": ENCODING, "completion_tokens": reply}).raise_for_status()
+        httpx.post(
+            f"http://127.0.0.1:{UP_PORT}/_control",
+            json={"delay_ms": args.delay_ms, "count_prompt": ENCODING, "completion_tokens": reply},
+        ).raise_for_status()
         tag = time.strftime("%H%M%S")
-        print(f"# capgate budget utilization — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-              f"{os.cpu_count()} cores\n")
-        print(f"Run budget = {TRUE_CALLS} true calls; max_tokens {MAX_TOKENS}, replies billed at "
-              f"{args.reply_tokens} tokens; "
-              f"${PRICE_IN / 1000:.2f} / ${PRICE_OUT / 1000:.2f} per 1M tokens; upstream delay {args.delay_ms} ms.\n")
-        print("| prompt | count | chars | UTF-8 bytes | true prompt tokens | reserved input tokens | cap $ | "
-              "30-burst | +5 wave | burst+wave | 15 sequential | billed / recorded $ (burst+wave) | "
-              "billed / recorded $ (sequential) | within cap |")
+        print(
+            f"# capgate budget utilization — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+            f"{os.cpu_count()} cores\n"
+        )
+        print(
+            f"Run budget = {TRUE_CALLS} true calls; max_tokens {MAX_TOKENS}, replies billed at "
+            f"{args.reply_tokens} tokens; "
+            f"${PRICE_IN / 1000:.2f} / ${PRICE_OUT / 1000:.2f} per 1M tokens; upstream delay {args.delay_ms} ms.\n"
+        )
+        print(
+            "| prompt | count | chars | UTF-8 bytes | true prompt tokens | reserved input tokens | cap $ | "
+            "30-burst | +5 wave | burst+wave | 15 sequential | billed / recorded $ (burst+wave) | "
+            "billed / recorded $ (sequential) | within cap |"
+        )
         print("|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
         for label, text in PROMPTS.items():
             for mode in ("exact", "bytes"):

@@ -58,21 +58,38 @@ class OrganizationViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveMode
 
 class ProjectSerializer(serializers.ModelSerializer):
     slug = serializers.SlugField(max_length=100)
-    default_customer_budget_usd = UsdField(source="default_customer_budget_nano", required=False,
-                                           allow_null=True, help_text="Cap for each end customer without one.")
+    default_customer_budget_usd = UsdField(
+        source="default_customer_budget_nano",
+        required=False,
+        allow_null=True,
+        help_text="Cap for each end customer without one.",
+    )
     default_customer_budget_period = choice_field("Period", Budget.Period.choices, required=False)
     default_customer_budget_mode = choice_field("Mode", Budget.Mode.choices, required=False)
 
     class Meta:
         model = Project
-        fields = ["id", "slug", "name", "default_customer_budget_usd", "default_customer_budget_period",
-                  "default_customer_budget_mode", "created_at"]
+        fields = [
+            "id",
+            "slug",
+            "name",
+            "default_customer_budget_usd",
+            "default_customer_budget_period",
+            "default_customer_budget_mode",
+            "created_at",
+        ]
         read_only_fields = ["id", "created_at"]
         validators: list = []
 
 
-class ProjectViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
-                     mixins.UpdateModelMixin, mixins.DestroyModelMixin):
+class ProjectViewSet(
+    OrgViewSet,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+):
     serializer_class = ProjectSerializer
 
     def get_queryset(self):
@@ -83,13 +100,17 @@ class ProjectViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixi
     def perform_create(self, serializer):
         data = dict(serializer.validated_data)
         serializer.instance = tenant_services.create_project(
-            organization=self.organization, slug=data.pop("slug"), name=data.pop("name"), actor=self.access.actor,
+            organization=self.organization,
+            slug=data.pop("slug"),
+            name=data.pop("name"),
+            actor=self.access.actor,
             **data,
         )
 
     def perform_update(self, serializer):
-        tenant_services.update_project(project=serializer.instance, actor=self.access.actor,
-                                       **serializer.validated_data)
+        tenant_services.update_project(
+            project=serializer.instance, actor=self.access.actor, **serializer.validated_data
+        )
 
     def perform_destroy(self, instance):
         tenant_services.delete_project(project=instance, actor=self.access.actor)
@@ -116,27 +137,53 @@ class BudgetSerializer(serializers.ModelSerializer):
     period = choice_field("Period", Budget.Period.choices, required=False)
     mode = choice_field("Mode", Budget.Mode.choices, required=False)
     amount_usd = UsdField(source="amount_nano")
-    project = OrgRelatedField(org_path="organization", by="slug", queryset=Project.objects.all(), required=False,
-                              allow_null=True)
-    member = OrgRelatedField(org_path="organization", queryset=Member.objects.all(), required=False,
-                             allow_null=True)
-    api_key = OrgRelatedField(org_path="organization", by="name", queryset=ApiKey.objects.all(), required=False,
-                              allow_null=True)
+    project = OrgRelatedField(
+        org_path="organization", by="slug", queryset=Project.objects.all(), required=False, allow_null=True
+    )
+    member = OrgRelatedField(org_path="organization", queryset=Member.objects.all(), required=False, allow_null=True)
+    api_key = OrgRelatedField(
+        org_path="organization", by="name", queryset=ApiKey.objects.all(), required=False, allow_null=True
+    )
     end_customer = EndCustomerRefField(queryset=EndCustomer.objects.all(), required=False, allow_null=True)
     run_id = serializers.CharField(max_length=200, required=False, allow_null=True)
     timezone = serializers.CharField(max_length=64, required=False)
     thresholds = serializers.ListField(
-        child=WholeNumberField(min_value=1, max_value=1000, error_messages={
-            "invalid": THRESHOLD_MESSAGE, "min_value": THRESHOLD_MESSAGE, "max_value": THRESHOLD_MESSAGE}),
-        required=False, max_length=20)
+        child=WholeNumberField(
+            min_value=1,
+            max_value=1000,
+            error_messages={
+                "invalid": THRESHOLD_MESSAGE,
+                "min_value": THRESHOLD_MESSAGE,
+                "max_value": THRESHOLD_MESSAGE,
+            },
+        ),
+        required=False,
+        max_length=20,
+    )
     recipients = serializers.ListField(child=EmailAddressField(), required=False, max_length=50)
     current = serializers.SerializerMethodField()
 
     class Meta:
         model = Budget
-        fields = ["id", "name", "scope", "project", "member", "api_key", "end_customer", "run_id", "period",
-                  "timezone", "mode", "amount_usd", "thresholds", "recipients", "current", "created_at",
-                  "updated_at"]
+        fields = [
+            "id",
+            "name",
+            "scope",
+            "project",
+            "member",
+            "api_key",
+            "end_customer",
+            "run_id",
+            "period",
+            "timezone",
+            "mode",
+            "amount_usd",
+            "thresholds",
+            "recipients",
+            "current",
+            "created_at",
+            "updated_at",
+        ]
         read_only_fields = ["id", "created_at", "updated_at"]
         validators: list = []
 
@@ -145,8 +192,14 @@ class BudgetSerializer(serializers.ModelSerializer):
         return WindowStatusSerializer(current_status(budget=budget, now=timezone.now())).data
 
 
-class BudgetViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
-                    mixins.UpdateModelMixin, mixins.DestroyModelMixin):
+class BudgetViewSet(
+    OrgViewSet,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+):
     """Budgets of every scope. Scope and subject are fixed once created; `current` is the
     window of the period containing now (spent, reserved, remaining)."""
 
@@ -162,8 +215,11 @@ class BudgetViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin
     def perform_create(self, serializer):
         data = dict(serializer.validated_data)
         serializer.instance = services.create_budget(
-            organization=self.organization, actor=self.access.actor, scope=data.pop("scope"),
-            amount_nano=data.pop("amount_nano"), **data,
+            organization=self.organization,
+            actor=self.access.actor,
+            scope=data.pop("scope"),
+            amount_nano=data.pop("amount_nano"),
+            **data,
         )
 
     def perform_update(self, serializer):
@@ -184,8 +240,21 @@ class ReservationSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Reservation
-        fields = ["id", "request_id", "project", "member", "api_key", "end_customer", "run_id", "model",
-                  "amount_usd", "created_at", "expires_at", "deadline_at", "job_id"]
+        fields = [
+            "id",
+            "request_id",
+            "project",
+            "member",
+            "api_key",
+            "end_customer",
+            "run_id",
+            "model",
+            "amount_usd",
+            "created_at",
+            "expires_at",
+            "deadline_at",
+            "job_id",
+        ]
         read_only_fields = fields
 
 
@@ -198,4 +267,3 @@ class ReservationViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModel
         if getattr(self, "swagger_fake_view", False):
             return Reservation.objects.none()
         return Reservation.objects.filter(organization=self.organization).order_by("-created_at", "id")
-

@@ -8,8 +8,9 @@ class BudgetExceeded(CapgateError):
     status = 402
     type = "budget_exceeded"
 
-    def __init__(self, *, code: str, budget_id: int, window_id: int, limit_nano: int,
-                 remaining_nano: int, worst_nano: int):
+    def __init__(
+        self, *, code: str, budget_id: int, window_id: int, limit_nano: int, remaining_nano: int, worst_nano: int
+    ):
         super().__init__(
             # Exact to the nano-USD: the numbers that were compared, not a rounding of them.
             f"Refused by {code.replace('_', ' ')}: the request's worst case "

@@ -32,7 +32,9 @@ def alive_ids(*, grace: timedelta, now: datetime | None = None) -> list[int]:
     """Instances that heartbeated within `grace` and have not stopped."""
     now = now or timezone.now()
     return list(
-        GatewayInstance.objects.filter(stopped_at__isnull=True, heartbeat_at__gte=now - grace).values_list("id", flat=True)
+        GatewayInstance.objects.filter(stopped_at__isnull=True, heartbeat_at__gte=now - grace).values_list(
+            "id", flat=True
+        )
     )
 
 

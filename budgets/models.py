@@ -25,10 +25,13 @@ def default_thresholds() -> list[int]:
 def _names_its_subject() -> Q:
     """A budget's scope names its subject: the broadest matches every request of the
     organization, each narrower one needs its subject column set."""
-    return reduce(operator.or_, [
-        Q(scope=s.name) if s.column is None else Q(scope=s.name, **{f"{s.column}__isnull": False})
-        for s in reversed(SCOPES)
-    ])
+    return reduce(
+        operator.or_,
+        [
+            Q(scope=s.name) if s.column is None else Q(scope=s.name, **{f"{s.column}__isnull": False})
+            for s in reversed(SCOPES)
+        ],
+    )
 
 
 class Budget(models.Model):
@@ -153,9 +156,7 @@ class Charged(models.Model):
     project = models.ForeignKey(Project, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     member = models.ForeignKey(Member, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
-    end_customer = models.ForeignKey(
-        EndCustomer, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
-    )
+    end_customer = models.ForeignKey(EndCustomer, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     run_id = models.CharField(max_length=200, null=True, blank=True)
 
     class Meta:
@@ -183,8 +184,7 @@ class Reservation(Charged):
     job_id = models.CharField(max_length=200, null=True, blank=True)
     # Who may settle it: a proxied call's reservation is settled only by that call; one made
     # through the reservation API by the key that made it (or a write-scope organization token).
-    origin = models.CharField(max_length=10, choices=Origin.choices, default=Origin.GATEWAY,
-                              db_default=Origin.GATEWAY)
+    origin = models.CharField(max_length=10, choices=Origin.choices, default=Origin.GATEWAY, db_default=Origin.GATEWAY)
 
     class Meta:
         constraints = [

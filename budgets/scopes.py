@@ -75,9 +75,7 @@ def matching_sql(alias: str, params: dict[str, str]) -> str:
         if s.attname is None:
             terms.append(f"{alias}.scope = '{s.name}'")
         else:
-            terms.append(
-                f"({alias}.scope = '{s.name}' AND {alias}.{s.attname} = %({params[s.attname]})s)"
-            )
+            terms.append(f"({alias}.scope = '{s.name}' AND {alias}.{s.attname} = %({params[s.attname]})s)")
     return "(" + "\n        OR ".join(terms) + ")"
 
 

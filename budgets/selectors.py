@@ -56,16 +56,16 @@ def statuses(*, budgets: Sequence[Budget], now: datetime) -> list[BudgetStatus]:
     bounds = {b.id: period_bounds(period=b.period, tz=b.timezone, now=now) for b in budgets}
     windows = {
         (w.budget_id, w.budget_version, w.period_start): w
-        for w in Window.objects.filter(budget_id__in=[b.id for b in budgets],
-                                       period_start__in={s for s, _ in bounds.values()})
+        for w in Window.objects.filter(
+            budget_id__in=[b.id for b in budgets], period_start__in={s for s, _ in bounds.values()}
+        )
     }
     out = []
     for b in budgets:
         start, end = bounds[b.id]
         w = windows.get((b.id, b.version, start))
         spent, reserved = (w.spent_nano, w.reserved_nano) if w else (_recorded_spend(b, start, end), 0)
-        out.append(BudgetStatus(budget=b, period_start=start, period_end=end, spent_nano=spent,
-                                reserved_nano=reserved))
+        out.append(BudgetStatus(budget=b, period_start=start, period_end=end, spent_nano=spent, reserved_nano=reserved))
     return out
 
 
@@ -82,5 +82,8 @@ def _recorded_spend(budget: Budget, start: datetime, end: datetime | None) -> in
 
 
 def live_reservations(*, organization_id: int):
-    return Reservation.objects.filter(organization_id=organization_id).select_related(
-        "project", "api_key", "end_customer").order_by("-created_at")
+    return (
+        Reservation.objects.filter(organization_id=organization_id)
+        .select_related("project", "api_key", "end_customer")
+        .order_by("-created_at")
+    )

@@ -91,9 +91,7 @@ def _check_fields(fields: dict[str, Any]) -> None:
         raise InvalidChange("At most 200 characters.", param="name")
 
 
-def create_budget(
-    *, organization: Organization, actor: Actor, scope: str, amount_nano: int, **fields: Any
-) -> Budget:
+def create_budget(*, organization: Organization, actor: Actor, scope: str, amount_nano: int, **fields: Any) -> Budget:
     """Validate scope/subject and fields, create the budget, audit it.
 
     Its first window is created by the next admission, starting with the period's recorded spend.
@@ -106,11 +104,18 @@ def create_budget(
     fields["amount_nano"] = amount_nano
     _check_fields(fields)
     budget = Budget.objects.create(
-        organization=organization, scope=scope, **{k: v for k, v in subject.items() if v not in (None, "")},
+        organization=organization,
+        scope=scope,
+        **{k: v for k, v in subject.items() if v not in (None, "")},
         **fields,
     )
-    audit(organization=organization, actor=actor, action="create", obj=budget,
-          changes={k: [None, v] for k, v in snapshot(budget, AUDITED_FIELDS).items() if v not in (None, "")})
+    audit(
+        organization=organization,
+        actor=actor,
+        action="create",
+        obj=budget,
+        changes={k: [None, v] for k, v in snapshot(budget, AUDITED_FIELDS).items() if v not in (None, "")},
+    )
     return budget
 
 
@@ -130,8 +135,7 @@ def update_budget(*, budget: Budget, actor: Actor, **fields: Any) -> dict[str, l
     for name in fixed:
         current = budget.scope if name == "scope" else getattr(budget, name)
         if fields[name] != current:
-            raise InvalidChange("Scope and subject are fixed once created; create a new budget instead.",
-                                param=name)
+            raise InvalidChange("Scope and subject are fixed once created; create a new budget instead.", param=name)
         del fields[name]
     unknown = set(fields) - set(EDITABLE_FIELDS)
     if unknown:
@@ -165,8 +169,13 @@ def delete_budget(*, budget: Budget, actor: Actor) -> None:
             with transaction.atomic():
                 budget_for_update(budget.pk)
                 ledger_windows.release_budget(budget.pk)
-                audit(organization=budget.organization, actor=actor, action="delete", obj=budget,
-                      changes={"amount_nano": [budget.amount_nano, None]})
+                audit(
+                    organization=budget.organization,
+                    actor=actor,
+                    action="delete",
+                    obj=budget,
+                    changes={"amount_nano": [budget.amount_nano, None]},
+                )
                 budget.delete()
             return
         except OperationalError as exc:

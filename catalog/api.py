@@ -16,9 +16,14 @@ from tenants.api.views import OrgViewSet
 
 
 class ConnectionSerializer(serializers.ModelSerializer):
-    secret = serializers.CharField(write_only=True, required=False, allow_blank=True, max_length=10_000,
-                                   trim_whitespace=False,
-                                   help_text="Write-only: stored encrypted, never returned.")
+    secret = serializers.CharField(
+        write_only=True,
+        required=False,
+        allow_blank=True,
+        max_length=10_000,
+        trim_whitespace=False,
+        help_text="Write-only: stored encrypted, never returned.",
+    )
     has_secret = serializers.SerializerMethodField()
     kind = choice_field("Kind", Connection.Kind.choices)
     base_url = serializers.URLField(required=False, allow_blank=True, max_length=200)
@@ -30,8 +35,18 @@ class ConnectionSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Connection
-        fields = ["id", "name", "kind", "base_url", "secret", "has_secret", *services.RATE_FIELDS, "options",
-                  "enabled", "created_at"]
+        fields = [
+            "id",
+            "name",
+            "kind",
+            "base_url",
+            "secret",
+            "has_secret",
+            *services.RATE_FIELDS,
+            "options",
+            "enabled",
+            "created_at",
+        ]
         read_only_fields = ["id", "created_at"]
         validators: list = []  # name uniqueness is the service's to report, as a field error
 
@@ -39,8 +54,14 @@ class ConnectionSerializer(serializers.ModelSerializer):
         return bool(connection.secret)
 
 
-class ConnectionViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
-                        mixins.UpdateModelMixin, mixins.DestroyModelMixin):
+class ConnectionViewSet(
+    OrgViewSet,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+):
     """An organization's upstreams. Rates set here override the catalog's list price for it."""
 
     serializer_class = ConnectionSerializer
@@ -84,7 +105,8 @@ class RouteSerializer(serializers.ModelSerializer):
     targets = RouteTargetSerializer(many=True, help_text="Tried in order (failover).")
     name = serializers.CharField(max_length=200)
     default_max_output_tokens = output_ceiling_field(
-        help_text="Output ceiling sent upstream when a request names none (the tighter of this and the key's).")
+        help_text="Output ceiling sent upstream when a request names none (the tighter of this and the key's)."
+    )
 
     class Meta:
         model = Route
@@ -97,13 +119,21 @@ class RouteSerializer(serializers.ModelSerializer):
             "id": route.id,
             "name": route.name,
             "default_max_output_tokens": route.default_max_output_tokens,
-            "targets": [{"connection": t.connection_id, "model": str(t.model)}
-                        for t in route.targets.select_related("model__provider").order_by("position")],
+            "targets": [
+                {"connection": t.connection_id, "model": str(t.model)}
+                for t in route.targets.select_related("model__provider").order_by("position")
+            ],
         }
 
 
-class RouteViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
-                   mixins.UpdateModelMixin, mixins.DestroyModelMixin):
+class RouteViewSet(
+    OrgViewSet,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+):
     """A model name the organization's keys call, mapped to ordered (connection, model) targets."""
 
     serializer_class = RouteSerializer
@@ -120,9 +150,13 @@ class RouteViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin,
             targets = [(t["connection"], t["model"]) for t in data["targets"]]
         else:
             targets = [(t.connection, t.model) for t in route.targets.select_related("connection", "model")]
-        route, _ = services.set_route(organization=self.organization, name=name, targets=targets,
-                                      actor=self.access.actor,
-                                      default_max_output_tokens=data.get("default_max_output_tokens", services.KEEP))
+        route, _ = services.set_route(
+            organization=self.organization,
+            name=name,
+            targets=targets,
+            actor=self.access.actor,
+            default_max_output_tokens=data.get("default_max_output_tokens", services.KEEP),
+        )
         serializer.instance = route
 
     def perform_create(self, serializer):
@@ -146,9 +180,20 @@ class PriceSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Model
-        fields = ["id", "model", *services.RATE_FIELDS, "per_request_usd", *services.FEATURE_DECIMAL_FIELDS,
-                  *services.FEATURE_INT_FIELDS, "max_output_tokens", "context_window",
-                  "max_image_tokens", "tokenizer", "prices_as_of", "priced"]
+        fields = [
+            "id",
+            "model",
+            *services.RATE_FIELDS,
+            "per_request_usd",
+            *services.FEATURE_DECIMAL_FIELDS,
+            *services.FEATURE_INT_FIELDS,
+            "max_output_tokens",
+            "context_window",
+            "max_image_tokens",
+            "tokenizer",
+            "prices_as_of",
+            "priced",
+        ]
         read_only_fields = fields
 
     @extend_schema_field(serializers.CharField())

@@ -82,8 +82,9 @@ def _model_field(name: str) -> Any:
 def _price(name: str) -> DecimalField:
     column = cast(models.DecimalField, _model_field(name))
     assert column.max_digits is not None and column.decimal_places is not None
-    return DecimalField(max_digits=column.max_digits, decimal_places=column.decimal_places, required=False,
-                        allow_null=column.null)
+    return DecimalField(
+        max_digits=column.max_digits, decimal_places=column.decimal_places, required=False, allow_null=column.null
+    )
 
 
 def token_count_field(**kwargs: Any) -> WholeNumberField:

@@ -55,7 +55,7 @@ def decrypt_secret(stored: str) -> str:
     if not stored.startswith(ENCRYPTED_PREFIX):
         return stored  # written before encryption existed (the migration encrypts those)
     try:
-        return _fernet().decrypt(stored[len(ENCRYPTED_PREFIX):].encode()).decode()
+        return _fernet().decrypt(stored[len(ENCRYPTED_PREFIX) :].encode()).decode()
     except InvalidToken as exc:
         raise ValueError("connection secret cannot be decrypted: wrong CAPGATE_SECRET_KEY?") from exc
 
@@ -131,8 +131,7 @@ class Model(models.Model):
         for field in ("input", "output", "cache_read", "cache_write", "cache_write_1h"):
             constraints.append(
                 models.CheckConstraint(
-                    condition=Q(**{f"{field}_usd_per_mtok__isnull": True})
-                    | Q(**{f"{field}_usd_per_mtok__gte": 0}),
+                    condition=Q(**{f"{field}_usd_per_mtok__isnull": True}) | Q(**{f"{field}_usd_per_mtok__gte": 0}),
                     name=f"model_{field}_price_nonnegative",
                 )
             )

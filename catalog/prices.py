@@ -29,10 +29,10 @@ load_catalog() validates the whole file before it touches the database and write
 transaction, so a bad file changes nothing; it reports every problem at once. Each model's
 prices and limits are checked by catalog.fields.PriceSerializer, the rules (and messages) of
 `manage.py apply`'s prices and the staff price form; the file adds its own: input and output are
-required, and a price is a string (a JSON number with a fraction is not exact). Loading is an upsert keyed on (provider slug, model
-name): new models are created; an existing model is left exactly as it is unless overwrite=True,
-so prices an operator edited survive a reload. Models missing from the file are never deleted
-(route targets protect them).
+required, and a price is a string (a JSON number with a fraction is not exact). Loading is an
+upsert keyed on (provider slug, model name): new models are created; an existing model is left
+exactly as it is unless overwrite=True, so prices an operator edited survive a reload. Models missing from the
+file are never deleted (route targets protect them).
 """
 
 from __future__ import annotations
@@ -56,8 +56,13 @@ DEFAULT_CATALOG_PATH = Path(__file__).resolve().parent / "data" / "prices.json"
 _TOP_KEYS = {"prices_as_of", "source", "providers", "models"}
 _PROVIDER_KEYS = {"slug", "name"}
 _REQUIRED_RATES = ("input", "output")
-_INT_FIELDS = ("max_output_tokens", "context_window", "max_image_tokens", "server_tool_result_tokens",
-               "long_context_threshold_tokens")
+_INT_FIELDS = (
+    "max_output_tokens",
+    "context_window",
+    "max_image_tokens",
+    "server_tool_result_tokens",
+    "long_context_threshold_tokens",
+)
 # Paid features beyond tokens (docs/billing.md), optional; null or absent: not priced (refused
 # under a blocking cap when a request asks for them).
 _FEATURE_PRICES = {
@@ -164,9 +169,9 @@ def load_catalog(*, data: dict, overwrite: bool, dry_run: bool = False) -> LoadR
         by_slug = _upsert_providers(providers, overwrite=overwrite, result=result)
         existing = {
             (m.provider.slug, m.name): m
-            for m in Model.objects.select_for_update().select_related("provider").filter(
-                provider__slug__in=list(providers)
-            )
+            for m in Model.objects.select_for_update()
+            .select_related("provider")
+            .filter(provider__slug__in=list(providers))
         }
         for entry in entries:
             model = existing.get((entry.provider, entry.name))

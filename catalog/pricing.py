@@ -142,8 +142,12 @@ def batch_rates(*, rates: Rates, model: Model) -> Rates:
     if m is None or m == 1:
         return rates
     return dataclasses.replace(
-        rates, input=rates.input * m, output=rates.output * m, cache_read=rates.cache_read * m,
-        cache_write=rates.cache_write * m, per_request=rates.per_request * m,
+        rates,
+        input=rates.input * m,
+        output=rates.output * m,
+        cache_read=rates.cache_read * m,
+        cache_write=rates.cache_write * m,
+        per_request=rates.per_request * m,
         cache_write_1h=rates.cache_write_1h * m if rates.cache_write_1h is not None else None,
         web_search_per_use=rates.web_search_per_use * m if rates.web_search_per_use is not None else None,
     )
@@ -207,4 +211,3 @@ def cost_nano(*, usage: Usage, rates: Rates) -> int:
         + usage.web_search_requests * (rates.web_search_per_use or Decimal(0)) * _NANO_PER_USD
     )
     return int(total.to_integral_value(rounding=ROUND_HALF_UP))
-

@@ -22,14 +22,29 @@ from tenants.services import check_output_ceiling
 class KEEP:
     """Sentinel: leave a field as it is."""
 
+
 RATE_FIELDS = ("input_usd_per_mtok", "output_usd_per_mtok", "cache_read_usd_per_mtok", "cache_write_usd_per_mtok")
 CONNECTION_FIELDS = ("name", "kind", "base_url", *RATE_FIELDS, "options", "enabled")
 # Paid features beyond tokens (docs/billing.md): Decimal prices and multipliers, and token counts.
-FEATURE_DECIMAL_FIELDS = ("cache_write_1h_usd_per_mtok", "web_search_usd_per_use", "priority_multiplier",
-                          "flex_multiplier", "long_context_input_multiplier", "long_context_output_multiplier")
+FEATURE_DECIMAL_FIELDS = (
+    "cache_write_1h_usd_per_mtok",
+    "web_search_usd_per_use",
+    "priority_multiplier",
+    "flex_multiplier",
+    "long_context_input_multiplier",
+    "long_context_output_multiplier",
+)
 FEATURE_INT_FIELDS = ("server_tool_result_tokens", "long_context_threshold_tokens")
-MODEL_PRICE_FIELDS = (*RATE_FIELDS, "per_request_usd", "max_output_tokens", "context_window", "max_image_tokens",
-                      *FEATURE_DECIMAL_FIELDS, *FEATURE_INT_FIELDS, "tokenizer")
+MODEL_PRICE_FIELDS = (
+    *RATE_FIELDS,
+    "per_request_usd",
+    "max_output_tokens",
+    "context_window",
+    "max_image_tokens",
+    *FEATURE_DECIMAL_FIELDS,
+    *FEATURE_INT_FIELDS,
+    "tokenizer",
+)
 TOKENIZER_NAMES = tuple(value for value, _ in TOKENIZERS)
 _MAX_RATE = Decimal("99999999")
 
@@ -82,8 +97,11 @@ def _check_destination(url: str, *, param: str = "base_url", what: str = "A base
         return
     reason = refusal_reason(host)
     if reason is not None:
-        raise InvalidChange(f"{parts.hostname} is not a public address ({reason}); connections may only reach "
-                            "public addresses unless the operator allows the network.", param=param)
+        raise InvalidChange(
+            f"{parts.hostname} is not a public address ({reason}); connections may only reach "
+            "public addresses unless the operator allows the network.",
+            param=param,
+        )
 
 
 check_destination = _check_destination
@@ -106,16 +124,18 @@ def update_connection(
 ) -> dict[str, list[Any]]:
     """`secret=None` keeps the stored secret (it is write-only: forms never show it back)."""
     _check_connection(fields)
-    if "name" in fields and connection.organization.connections.filter(name=fields["name"]).exclude(
-        pk=connection.pk
-    ).exists():
+    if (
+        "name" in fields
+        and connection.organization.connections.filter(name=fields["name"]).exclude(pk=connection.pk).exists()
+    ):
         raise InvalidChange(f"A connection named {fields['name']!r} exists.", param="name")
     secret_fields = []
     if secret is not None and secret != connection.secret:
         fields["secret"] = secret
         secret_fields = ["secret"]
-    return save_changes(obj=connection, organization=connection.organization, actor=actor, fields=fields,
-                        secret_fields=secret_fields)
+    return save_changes(
+        obj=connection, organization=connection.organization, actor=actor, fields=fields, secret_fields=secret_fields
+    )
 
 
 def delete_connection(*, connection: Connection, actor: Actor) -> None:
@@ -135,7 +155,11 @@ def find_model(ref: str) -> Model:
 
 
 def set_route(
-    *, organization: Organization, name: str, targets: Sequence[tuple[Connection, Model]], actor: Actor,
+    *,
+    organization: Organization,
+    name: str,
+    targets: Sequence[tuple[Connection, Model]],
+    actor: Actor,
     default_max_output_tokens: int | None | type[KEEP] = KEEP,
 ) -> tuple[Route, bool]:
     """Create or replace the route `name` with ordered targets, and set its default output
@@ -154,8 +178,13 @@ def set_route(
         route, created = Route.objects.get_or_create(organization=organization, name=name)
         ceiling_changed = False
         if default_max_output_tokens is not KEEP and route.default_max_output_tokens != default_max_output_tokens:
-            audit(organization=organization, actor=actor, action="update", obj=route,
-                  changes={"default_max_output_tokens": [route.default_max_output_tokens, default_max_output_tokens]})
+            audit(
+                organization=organization,
+                actor=actor,
+                action="update",
+                obj=route,
+                changes={"default_max_output_tokens": [route.default_max_output_tokens, default_max_output_tokens]},
+            )
             route.default_max_output_tokens = default_max_output_tokens  # type: ignore[assignment]
             route.save(update_fields=["default_max_output_tokens"])
             ceiling_changed = True
@@ -167,8 +196,13 @@ def set_route(
             RouteTarget(route=route, connection=c, model=m, position=i) for i, (c, m) in enumerate(targets)
         )
         shown = [f"{c.name} -> {m}" for c, m in targets]
-        audit(organization=organization, actor=actor, action="create" if created else "update", obj=route,
-              changes={"targets": [None if created else _describe(current), shown]})
+        audit(
+            organization=organization,
+            actor=actor,
+            action="create" if created else "update",
+            obj=route,
+            changes={"targets": [None if created else _describe(current), shown]},
+        )
     return route, True
 
 

@@ -78,8 +78,11 @@ def check_spool() -> Check:
 def readiness() -> tuple[int, dict]:
     """(200 or 503, the body). Every check runs, so a 503 names all that fail."""
     database = check_database()
-    checks = [database, check_migrations() if database.ok else Check("migrations", False, "unknown: database unreachable"),
-              check_spool()]
+    checks = [
+        database,
+        check_migrations() if database.ok else Check("migrations", False, "unknown: database unreachable"),
+        check_spool(),
+    ]
     ok = all(c.ok for c in checks)
     body: dict[str, object] = {
         "status": "ready" if ok else "unavailable",

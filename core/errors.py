@@ -13,8 +13,15 @@ class CapgateError(Exception):
     code = "invalid_request"
     type = "invalid_request_error"
 
-    def __init__(self, message: str, *, code: str | None = None, status: int | None = None,
-                 details: dict[str, Any] | None = None, param: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        status: int | None = None,
+        details: dict[str, Any] | None = None,
+        param: str | None = None,
+    ):
         super().__init__(message)
         self.message = message
         if code is not None:

@@ -38,10 +38,10 @@ def loads(raw: bytes | str, *, max_bytes: int | None = None, depth: int | None =
     (json.JSONDecodeError or UnicodeDecodeError) as json.loads does."""
     limit = max_depth() if depth is None else depth
     if max_bytes is not None and len(raw) > max_bytes:
-        raise JSONLimitError(f"The request body is larger than {max_bytes} bytes.", code="request_too_large",
-                             status=413)
-    too_deep = JSONLimitError(f"The request body nests deeper than {limit} levels.", code="json_too_deep",
-                              status=400)
+        raise JSONLimitError(
+            f"The request body is larger than {max_bytes} bytes.", code="request_too_large", status=413
+        )
+    too_deep = JSONLimitError(f"The request body nests deeper than {limit} levels.", code="json_too_deep", status=400)
     # Cheap and exact when it applies: a body with no more brackets than the limit cannot
     # nest deeper (counted in C, before any parsing).
     opens = raw.count(b"[") + raw.count(b"{") if isinstance(raw, bytes) else raw.count("[") + raw.count("{")

@@ -37,8 +37,7 @@ class MoneyError(ValueError):
         self.message = message
 
 
-def usd_to_nano(usd: Decimal | str | int, *, round_up: bool = False,
-                maximum: Decimal = MAX_AMOUNT_USD) -> int:
+def usd_to_nano(usd: Decimal | str | int, *, round_up: bool = False, maximum: Decimal = MAX_AMOUNT_USD) -> int:
     """A USD amount (a Decimal, a decimal string such as "0.0012", or an int; never a float) ->
     nano-USD. Digits below a nano-USD round half-up, or up with `round_up` (worst cases).
     Refuses (MoneyError) a float, a bool, anything that is not a finite decimal number, a negative
@@ -49,7 +48,7 @@ def usd_to_nano(usd: Decimal | str | int, *, round_up: bool = False,
     try:
         amount = Decimal(usd.strip() if isinstance(usd, str) else usd)
     except InvalidOperation:
-        raise MoneyError(f"must be a decimal USD amount such as \"0.25\", not {str(usd)[:40]!r}") from None
+        raise MoneyError(f'must be a decimal USD amount such as "0.25", not {str(usd)[:40]!r}') from None
     if not amount.is_finite():
         raise MoneyError(f"must be a finite decimal USD amount, not {str(usd)[:40]!r}")
     if amount < 0:

@@ -38,7 +38,14 @@ def require_manage(access: Access) -> None:
 
 
 def render_org(request: HttpRequest, access: Access, template: str, section: str, **context: Any) -> HttpResponse:
-    return render(request, template, {
-        "org": access.organization, "access": access, "section": section,
-        "organizations": organizations_for(request.user), **context,
-    })
+    return render(
+        request,
+        template,
+        {
+            "org": access.organization,
+            "access": access,
+            "section": section,
+            "organizations": organizations_for(request.user),
+            **context,
+        },
+    )

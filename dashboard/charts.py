@@ -48,8 +48,10 @@ def stacked_daily(*, rows: list[tuple[date, str | None, int]], start: date, days
     parts.append(f'<line x1="{pad_left}" y1="10" x2="{pad_left}" y2="{10 + plot_h}" stroke="#ccd"/>')
     parts.append(f'<text x="{pad_left - 6}" y="{10 + plot_h}" text-anchor="end" font-size="11" fill="#667">$0</text>')
     if max_day:
-        parts.append(f'<text x="{pad_left - 6}" y="18" text-anchor="end" font-size="11" fill="#667">'
-                     f'{escape(format_usd(max_day))}</text>')
+        parts.append(
+            f'<text x="{pad_left - 6}" y="18" text-anchor="end" font-size="11" fill="#667">'
+            f"{escape(format_usd(max_day))}</text>"
+        )
     for i in range(days):
         day = start + timedelta(days=i)
         x = pad_left + i * bar_w + 1
@@ -64,11 +66,13 @@ def stacked_daily(*, rows: list[tuple[date, str | None, int]], start: date, days
             parts.append(
                 f'<rect x="{x:.1f}" y="{y:.1f}" width="{max(bar_w - 2, 1):.1f}" height="{h:.1f}" '
                 f'fill="{colour.get(key, other)}"><title>{day.isoformat()} {escape(key)}: '
-                f'{escape(format_usd(cost))}</title></rect>'
+                f"{escape(format_usd(cost))}</title></rect>"
             )
         if (days - 1 - i) % 7 == 0:  # weekly labels, ending on today
-            parts.append(f'<text x="{x + bar_w / 2:.1f}" y="{height - 6}" text-anchor="middle" font-size="10" '
-                         f'fill="#667">{day.strftime("%b %d")}</text>')
+            parts.append(
+                f'<text x="{x + bar_w / 2:.1f}" y="{height - 6}" text-anchor="middle" font-size="10" '
+                f'fill="#667">{day.strftime("%b %d")}</text>'
+            )
     parts.append("</svg>")
     legend = [(colour[g], g) for g in top]
     if len(totals) > TOP:
@@ -83,8 +87,15 @@ def top_groups(ranking: dict[str | None, tuple[int, ...]]) -> list[str]:
     return [g or "(none)" for g, _ in sorted(by_name, key=lambda kv: kv[1], reverse=True)[:TOP]]
 
 
-def stacked_series(*, rows: list[tuple[datetime, str | None, int]], buckets: list[datetime], top: list[str],
-                   label: str, fmt: Callable[[int], str], hourly: bool) -> Chart:
+def stacked_series(
+    *,
+    rows: list[tuple[datetime, str | None, int]],
+    buckets: list[datetime],
+    top: list[str],
+    label: str,
+    fmt: Callable[[int], str],
+    hourly: bool,
+) -> Chart:
     """rows: (bucket start, group, value). One bar per bucket, stacked by group; groups outside
     `top` add up as "other". `fmt` renders a value for the axis and the hover titles."""
     colour = {g: PALETTE[i] for i, g in enumerate(top)}
@@ -102,13 +113,16 @@ def stacked_series(*, rows: list[tuple[datetime, str | None, int]], buckets: lis
     plot_w, plot_h = width - pad_left - 10, height - pad_bottom - 10
     bar_w = plot_w / max(len(buckets), 1)
     every = 6 if hourly else max(1, len(buckets) // 8)
-    parts = [f'<svg viewBox="0 0 {width} {height}" role="img" aria-label="{escape(label)}">',
-             f'<line x1="{pad_left}" y1="10" x2="{pad_left}" y2="{10 + plot_h}" stroke="#ccd"/>',
-             f'<text x="{pad_left - 6}" y="{10 + plot_h}" text-anchor="end" font-size="11" fill="#667">'
-             f'{escape(fmt(0))}</text>']
+    parts = [
+        f'<svg viewBox="0 0 {width} {height}" role="img" aria-label="{escape(label)}">',
+        f'<line x1="{pad_left}" y1="10" x2="{pad_left}" y2="{10 + plot_h}" stroke="#ccd"/>',
+        f'<text x="{pad_left - 6}" y="{10 + plot_h}" text-anchor="end" font-size="11" fill="#667">'
+        f"{escape(fmt(0))}</text>",
+    ]
     if peak:
-        parts.append(f'<text x="{pad_left - 6}" y="18" text-anchor="end" font-size="11" fill="#667">'
-                     f'{escape(fmt(peak))}</text>')
+        parts.append(
+            f'<text x="{pad_left - 6}" y="18" text-anchor="end" font-size="11" fill="#667">{escape(fmt(peak))}</text>'
+        )
     for i, at in enumerate(buckets):
         x = pad_left + i * bar_w + 1
         y: float = 10 + plot_h
@@ -125,8 +139,10 @@ def stacked_series(*, rows: list[tuple[datetime, str | None, int]], buckets: lis
             )
         if (len(buckets) - 1 - i) % every == 0:  # labels counted back from the latest bar
             text = at.strftime("%H:00") if hourly else at.strftime("%b %d")
-            parts.append(f'<text x="{x + bar_w / 2:.1f}" y="{height - 6}" text-anchor="middle" font-size="10" '
-                         f'fill="#667">{text}</text>')
+            parts.append(
+                f'<text x="{x + bar_w / 2:.1f}" y="{height - 6}" text-anchor="middle" font-size="10" '
+                f'fill="#667">{text}</text>'
+            )
     parts.append("</svg>")
     legend = [(colour[g], g) for g in top]
     if has_other:

@@ -29,8 +29,14 @@ class ApiField(forms.Field):
     """A form field validated by `api_field` (a serializer's field, e.g.
     `BudgetSerializer().fields["amount_usd"]`). Empty is None, or [] for a list (or "required")."""
 
-    def __init__(self, api_field: serializers.Field, *, parse: Callable[[str], Any] | None = None,
-                 show: Callable[[Any], Any] | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        api_field: serializers.Field,
+        *,
+        parse: Callable[[str], Any] | None = None,
+        show: Callable[[Any], Any] | None = None,
+        **kwargs: Any,
+    ):
         self.api_field, self.parse, self.show = api_field, parse, show
         kwargs.setdefault("widget", _widget(api_field, kwargs.get("required", True)))
         super().__init__(**kwargs)
@@ -61,13 +67,13 @@ def usd_form_field(**kwargs: Any) -> ApiField:
 
 
 def comma_list(text: Any) -> list[str]:
-    """"a, b" or one per line -> ["a", "b"]."""
+    """ "a, b" or one per line -> ["a", "b"]."""
     parts = str(text).replace("\n", ",").split(",")
     return [part.strip() for part in parts if part.strip()]
 
 
 def percentages(text: Any) -> list[str]:
-    """"50, 80%, 100" -> ["50", "80", "100"]: a trailing % is a percentage."""
+    """ "50, 80%, 100" -> ["50", "80", "100"]: a trailing % is a percentage."""
     return [part.removesuffix("%").strip() for part in comma_list(text)]
 
 

@@ -46,13 +46,31 @@ class BudgetForm(OrgForm):
     run_id = forms.CharField(max_length=200, required=False, label="Run id")
     period = api_field(BudgetSerializer, "period", initial="month")
     timezone = forms.CharField(max_length=64, initial="UTC")
-    mode = api_field(BudgetSerializer, "mode", initial="block",
-                     help_text="block refuses requests before the provider call; alert only notifies")
+    mode = api_field(
+        BudgetSerializer,
+        "mode",
+        initial="block",
+        help_text="block refuses requests before the provider call; alert only notifies",
+    )
     amount_usd = api_field(BudgetSerializer, "amount_usd", label="Amount (USD)")
-    thresholds = api_field(BudgetSerializer, "thresholds", parse=percentages, show=show_list, required=False,
-                           initial="50, 80, 100", help_text="percent of the amount")
-    recipients = api_field(BudgetSerializer, "recipients", parse=comma_list, show=show_list, required=False,
-                           widget=forms.Textarea, help_text="emails, comma-separated; empty: the organization's owners")
+    thresholds = api_field(
+        BudgetSerializer,
+        "thresholds",
+        parse=percentages,
+        show=show_list,
+        required=False,
+        initial="50, 80, 100",
+        help_text="percent of the amount",
+    )
+    recipients = api_field(
+        BudgetSerializer,
+        "recipients",
+        parse=comma_list,
+        show=show_list,
+        required=False,
+        widget=forms.Textarea,
+        help_text="emails, comma-separated; empty: the organization's owners",
+    )
 
     SUBJECT = ("scope", "project", "member", "api_key", "end_customer", "run_id")
     # The page shows only the chosen scope's subject field (templates/dashboard/_scope_subjects.html).
@@ -65,7 +83,8 @@ class BudgetForm(OrgForm):
         self.model_choice("member").queryset = org.members.select_related("user").order_by("id")
         self.model_choice("api_key").queryset = org.api_keys.order_by("name")
         self.model_choice("end_customer").queryset = EndCustomer.objects.filter(project__organization=org).order_by(
-            "external_id")
+            "external_id"
+        )
         if editing:  # scope and subject are fixed once created
             for name in self.SUBJECT:
                 self.fields[name].disabled = True
@@ -82,15 +101,27 @@ class BudgetForm(OrgForm):
 class KeyForm(OrgForm):
     name = forms.CharField(max_length=200)
     project = forms.ModelChoiceField(queryset=Project.objects.none())
-    member = forms.ModelChoiceField(queryset=Member.objects.none(), required=False,
-                                    help_text="whose key it is (spend can be capped per member)")
-    allowed_models = api_field(KeySerializer, "allowed_models", parse=comma_list, show=show_list, required=False,
-                               help_text="comma-separated; empty: every routed model")
-    expires_at = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
-                                     help_text="UTC")
+    member = forms.ModelChoiceField(
+        queryset=Member.objects.none(), required=False, help_text="whose key it is (spend can be capped per member)"
+    )
+    allowed_models = api_field(
+        KeySerializer,
+        "allowed_models",
+        parse=comma_list,
+        show=show_list,
+        required=False,
+        help_text="comma-separated; empty: every routed model",
+    )
+    expires_at = forms.DateTimeField(
+        required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}), help_text="UTC"
+    )
     default_max_output_tokens = api_field(
-        KeySerializer, "default_max_output_tokens", required=False, label="Default output ceiling",
-        help_text="tokens sent upstream when a request names none; empty: the model's maximum")
+        KeySerializer,
+        "default_max_output_tokens",
+        required=False,
+        label="Default output ceiling",
+        help_text="tokens sent upstream when a request names none; empty: the model's maximum",
+    )
 
     def __init__(self, *args: Any, can_choose_member: bool = True, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -104,12 +135,18 @@ class ProjectForm(OrgForm):
     slug = forms.SlugField(max_length=100)
     name = forms.CharField(max_length=200)
     default_customer_budget_usd = api_field(
-        ProjectSerializer, "default_customer_budget_usd", required=False, label="Default end-customer cap (USD)",
-        help_text="applies to each end customer without a budget of its own")
-    default_customer_budget_period = api_field(ProjectSerializer, "default_customer_budget_period",
-                                               initial="month", label="Cap period")
-    default_customer_budget_mode = api_field(ProjectSerializer, "default_customer_budget_mode", initial="block",
-                                             label="Cap mode")
+        ProjectSerializer,
+        "default_customer_budget_usd",
+        required=False,
+        label="Default end-customer cap (USD)",
+        help_text="applies to each end customer without a budget of its own",
+    )
+    default_customer_budget_period = api_field(
+        ProjectSerializer, "default_customer_budget_period", initial="month", label="Cap period"
+    )
+    default_customer_budget_mode = api_field(
+        ProjectSerializer, "default_customer_budget_mode", initial="block", label="Cap mode"
+    )
 
     def service_kwargs(self) -> dict[str, Any]:
         d = dict(self.cleaned_data)
@@ -119,8 +156,9 @@ class ProjectForm(OrgForm):
 
 class EndCustomerForm(OrgForm):
     project = forms.ModelChoiceField(queryset=Project.objects.none())
-    external_id = forms.CharField(max_length=200, label="External id",
-                                  help_text="the value your app sends as X-Capgate-Customer")
+    external_id = forms.CharField(
+        max_length=200, label="External id", help_text="the value your app sends as X-Capgate-Customer"
+    )
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -140,16 +178,25 @@ RATE_FIELDS = ("input_usd_per_mtok", "output_usd_per_mtok", "cache_read_usd_per_
 
 
 def rate_field(name: str, label: str) -> forms.Field:
-    return api_field(ConnectionSerializer, name, required=False, label=label,
-                     help_text="USD per 1M tokens; empty: the catalog's list price")
+    return api_field(
+        ConnectionSerializer,
+        name,
+        required=False,
+        label=label,
+        help_text="USD per 1M tokens; empty: the catalog's list price",
+    )
 
 
 class ConnectionForm(forms.Form):
     name = forms.CharField(max_length=100)
     kind = api_field(ConnectionSerializer, "kind")
     base_url = forms.URLField(required=False, max_length=200, assume_scheme="https")
-    secret = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False), strip=False,
-                             help_text="write-only: stored encrypted, never shown; leave empty to keep")
+    secret = forms.CharField(
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        strip=False,
+        help_text="write-only: stored encrypted, never shown; leave empty to keep",
+    )
     input_usd_per_mtok = rate_field("input_usd_per_mtok", "Negotiated input rate")
     output_usd_per_mtok = rate_field("output_usd_per_mtok", "Negotiated output rate")
     cache_read_usd_per_mtok = rate_field("cache_read_usd_per_mtok", "Negotiated cache-read rate")
@@ -166,11 +213,17 @@ class ConnectionForm(forms.Form):
 
 class PolicyForm(forms.Form):
     allow_unpriced = forms.BooleanField(
-        required=False, label="Allow models with no price",
-        help_text="blocking budgets then do not govern that traffic (it cannot be bounded)")
-    default_run_budget_usd = api_field(OrganizationSerializer, "default_run_budget_usd", required=False,
-                                       label="Default run budget (USD)",
-                                       help_text="for X-Capgate-Run without X-Capgate-Run-Budget-Usd")
+        required=False,
+        label="Allow models with no price",
+        help_text="blocking budgets then do not govern that traffic (it cannot be bounded)",
+    )
+    default_run_budget_usd = api_field(
+        OrganizationSerializer,
+        "default_run_budget_usd",
+        required=False,
+        label="Default run budget (USD)",
+        help_text="for X-Capgate-Run without X-Capgate-Run-Budget-Usd",
+    )
 
 
 class TokenForm(forms.Form):
@@ -180,14 +233,14 @@ class TokenForm(forms.Form):
 
 class UsageFilterForm(OrgForm):
     since = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
-    until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}),
-                            help_text="inclusive")
+    until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}), help_text="inclusive")
     project = forms.ModelChoiceField(queryset=Project.objects.none(), required=False)
     api_key = forms.ModelChoiceField(queryset=ApiKey.objects.none(), required=False, label="Key")
     model = forms.CharField(required=False, max_length=200)
     end_customer = forms.CharField(required=False, max_length=200, label="End customer id")
-    status = forms.ChoiceField(required=False, choices=[("", "any")] + [
-        (s, s) for s in ("served", "failed_upstream", "estimated", "released")])
+    status = forms.ChoiceField(
+        required=False, choices=[("", "any")] + [(s, s) for s in ("served", "failed_upstream", "estimated", "released")]
+    )
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -201,12 +254,17 @@ class ChartForm(forms.Form):
     RANGES = {"day": timedelta(hours=24), "week": timedelta(days=7), "month": timedelta(days=30)}
     MAX_DAYS = 366  # a custom range is drawn in days: a year is 366 bars at most
 
-    range = forms.ChoiceField(required=False, choices=[
-        ("day", "last 24 hours"), ("week", "last 7 days"), ("month", "last 30 days"), ("custom", "custom")])
+    range = forms.ChoiceField(
+        required=False,
+        choices=[("day", "last 24 hours"), ("week", "last 7 days"), ("month", "last 30 days"), ("custom", "custom")],
+    )
     start = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}), help_text="custom, UTC")
     end = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}), help_text="inclusive")
-    by = forms.ChoiceField(required=False, label="Group by", choices=[
-        ("project", "project"), ("key", "key"), ("model", "model"), ("customer", "customer")])
+    by = forms.ChoiceField(
+        required=False,
+        label="Group by",
+        choices=[("project", "project"), ("key", "key"), ("model", "model"), ("customer", "customer")],
+    )
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}

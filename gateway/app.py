@@ -28,11 +28,19 @@ from requestlog import buffer as request_log
 
 log = logging.getLogger("capgate.gateway")
 _RESERVATION = re.compile(r"^/v1/reservations/([^/]+)/(settle|release)$")
-_PROXIED = {"/v1/chat/completions": "chat", "/v1/messages": "messages", "/v1/embeddings": "embeddings",
-            "/v1/responses": "responses"}
+_PROXIED = {
+    "/v1/chat/completions": "chat",
+    "/v1/messages": "messages",
+    "/v1/embeddings": "embeddings",
+    "/v1/responses": "responses",
+}
 _STORED_RESPONSE = re.compile(r"^/v1/responses/([A-Za-z0-9_\-]{1,200})(/cancel|/input_items)?$")
-_STORED_ACTIONS = {("GET", None): "get", ("DELETE", None): "delete", ("POST", "/cancel"): "cancel",
-                   ("GET", "/input_items"): "input_items"}
+_STORED_ACTIONS = {
+    ("GET", None): "get",
+    ("DELETE", None): "delete",
+    ("POST", "/cancel"): "cancel",
+    ("GET", "/input_items"): "input_items",
+}
 # Endpoints served by an app above the gateway (jobs/: files, batches, videos), registered by its
 # AppConfig.ready(): (method, full-path pattern, handler(request, match)).
 ROUTES: list[tuple[str, re.Pattern[str], Callable[[Request, re.Match[str]], Awaitable[None]]]] = []
@@ -43,8 +51,11 @@ async def handle(req: Request) -> None:
     kind = _PROXIED.get(path)
     if kind is not None:
         if req.method != "POST":
-            return await _error(req, GatewayError("Use POST.", code="method_not_allowed", status=405),
-                                "anthropic" if kind == "messages" else "openai")
+            return await _error(
+                req,
+                GatewayError("Use POST.", code="method_not_allowed", status=405),
+                "anthropic" if kind == "messages" else "openai",
+            )
         return await proxy.handle(req, kind)
     for method, pattern, handler in ROUTES:
         matched = pattern.match(path)
@@ -57,20 +68,35 @@ async def handle(req: Request) -> None:
         if path == "/v1/models" and req.method == "GET":
             key = await runtime.db(authenticate, req.api_key())
             names = await runtime.db(list_models, key=key)
-            return await req.json(200, {"object": "list", "data": [
-                {"id": n, "object": "model", "created": 0, "owned_by": key.organization.slug} for n in names]})
+            return await req.json(
+                200,
+                {
+                    "object": "list",
+                    "data": [
+                        {"id": n, "object": "model", "created": 0, "owned_by": key.organization.slug} for n in names
+                    ],
+                },
+            )
         if path == "/v1/reservations" and req.method == "POST":
             return await _reserve(req)
         match = _RESERVATION.match(path)
         if match and req.method == "POST":
             raw = await req.body(settings.CAPGATE["MAX_BODY_BYTES"])
             if match.group(2) == "settle":
-                status, data = await runtime.db(reservations.settle, raw_key=req.api_key(),
-                                                reservation_id=match.group(1), body=parse_json(raw or b"{}"),
-                                                lane="settle")
+                status, data = await runtime.db(
+                    reservations.settle,
+                    raw_key=req.api_key(),
+                    reservation_id=match.group(1),
+                    body=parse_json(raw or b"{}"),
+                    lane="settle",
+                )
             else:
-                status, data = await runtime.db(reservations.release_reservation, raw_key=req.api_key(),
-                                                reservation_id=match.group(1), lane="settle")
+                status, data = await runtime.db(
+                    reservations.release_reservation,
+                    raw_key=req.api_key(),
+                    reservation_id=match.group(1),
+                    lane="settle",
+                )
             if runtime.background is not None:
                 runtime.background.kick_drain()
             return await req.json(status, data)
@@ -108,17 +134,28 @@ async def _reserve(req: Request) -> None:
         body: dict = parse_json(await req.body(settings.CAPGATE["MAX_BODY_BYTES"]))
         call.model_name = str(body.get("model") or "") if isinstance(body, dict) else ""
         bg = runtime.background
-        status, data = await runtime.db(reservations.create, raw_key=req.api_key(), body=body,
-                                        headers=req.headers, owner_id=bg.instance_id if bg else None)
+        status, data = await runtime.db(
+            reservations.create,
+            raw_key=req.api_key(),
+            body=body,
+            headers=req.headers,
+            owner_id=bg.instance_id if bg else None,
+        )
     except ClientGone:
         return
     except CapgateError as exc:
         if isinstance(exc, BudgetExceeded):
             h = req.headers
-            proxy._note_refusal(exc, tipped_by={
-                "request_id": call.request_id, "key": (req.api_key() or "")[:12],
-                "customer": h.get("x-capgate-customer", ""), "run": h.get("x-capgate-run", ""),
-                "model": call.model_name[:200]})
+            proxy._note_refusal(
+                exc,
+                tipped_by={
+                    "request_id": call.request_id,
+                    "key": (req.api_key() or "")[:12],
+                    "customer": h.get("x-capgate-customer", ""),
+                    "run": h.get("x-capgate-run", ""),
+                    "model": call.model_name[:200],
+                },
+            )
         return await _logged_error(call, exc)
     except DatabaseError:
         log.exception("gateway: database unavailable")

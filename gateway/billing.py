@@ -46,20 +46,39 @@ _BODY = "its bytes are part of the input bound"
 FIELDS: dict[str, dict[str, Entry]] = {
     "chat": {
         "model": _e(TOKENS, "priced at the most expensive route target; the target's own model id is sent upstream"),
-        "messages": _e(TOKENS, "UTF-8 bytes + per-message framing bound the input tokens; images by the model's image bound; audio and files refused under a blocking cap"),
+        "messages": _e(
+            TOKENS,
+            "UTF-8 bytes + per-message framing bound the input tokens; images by the model's image bound; "
+            "audio and files refused under a blocking cap",
+        ),
         "max_tokens": _e(TOKENS, "the output ceiling"),
         "max_completion_tokens": _e(TOKENS, "the output ceiling; reasoning tokens count inside it"),
         "n": _e(TOKENS, "the output ceiling is reserved once per choice"),
-        "tools": _e(TOKENS, "function and custom tool schemas are body bytes, plus a fixed tool-use overhead; other tool types are refused"),
+        "tools": _e(
+            TOKENS,
+            "function and custom tool schemas are body bytes, plus a fixed tool-use overhead; other tool "
+            "types are refused",
+        ),
         "functions": _e(TOKENS, _BODY + ", plus the tool-use overhead"),
         "response_format": _e(TOKENS, _BODY),
-        "prediction": _e(TOKENS, "rejected prediction tokens are billed as output: the prediction's bytes are added to the output bound"),
+        "prediction": _e(
+            TOKENS,
+            "rejected prediction tokens are billed as output: the prediction's bytes are added to the output bound",
+        ),
         "reasoning_effort": _e(TOKENS, "reasoning tokens are output tokens inside max_completion_tokens"),
         "verbosity": _e(TOKENS, "output length inside the output ceiling"),
-        "service_tier": _e(PRICED, "priority/fast and flex are priced by the catalog's tier multipliers; auto is the connection's configured tier; a tier without a price is refused under a blocking cap"),
+        "service_tier": _e(
+            PRICED,
+            "priority/fast and flex are priced by the catalog's tier multipliers; auto is the connection's "
+            "configured tier; a tier without a price is refused under a blocking cap",
+        ),
         "audio": _e(REFUSED, "audio output is priced per audio token, which the catalog cannot bound"),
-        "modalities": _e(REFUSED, "an 'audio' modality buys audio output (refused under a blocking cap); ['text'] is free"),
-        "web_search_options": _e(REFUSED, "search-preview models bill a per-call fee plus search content the body cannot show"),
+        "modalities": _e(
+            REFUSED, "an 'audio' modality buys audio output (refused under a blocking cap); ['text'] is free"
+        ),
+        "web_search_options": _e(
+            REFUSED, "search-preview models bill a per-call fee plus search content the body cannot show"
+        ),
         "moderation": _e(REFUSED, "moderation of input and output has no documented price"),
         "frequency_penalty": _e(FREE, _SAMPLING),
         "presence_penalty": _e(FREE, _SAMPLING),
@@ -85,14 +104,34 @@ FIELDS: dict[str, dict[str, Entry]] = {
     },
     "messages": {
         "model": _e(TOKENS, "priced at the most expensive route target; the target's own model id is sent upstream"),
-        "messages": _e(TOKENS, "UTF-8 bytes + per-message framing bound the input tokens; images by the model's image bound; documents refused under a blocking cap"),
+        "messages": _e(
+            TOKENS,
+            "UTF-8 bytes + per-message framing bound the input tokens; images by the model's image bound; "
+            "documents refused under a blocking cap",
+        ),
         "system": _e(TOKENS, _BODY),
         "max_tokens": _e(TOKENS, "the output ceiling"),
-        "thinking": _e(TOKENS, "budget_tokens sits inside max_tokens (with interleaved thinking it is added to the output bound)"),
-        "output_config": _e(TOKENS, "effort and output format shape output inside max_tokens; a format schema is body bytes"),
-        "tools": _e(PRICED, "custom tools are body bytes plus the tool-use overhead; web_search is priced per use with max_uses (injected when absent) and each use adds a bounded result; web_fetch is bounded by max_uses x max_content_tokens (injected when absent); code_execution and MCP toolsets are refused under a blocking cap"),
-        "cache_control": _e(PRICED, "cache writes are bounded at the cache-write rate; ttl '1h' at the catalog's 1-hour write price"),
-        "service_tier": _e(PRICED, "auto is the connection's configured tier (standard unless set); priority is priced by the catalog's multiplier"),
+        "thinking": _e(
+            TOKENS, "budget_tokens sits inside max_tokens (with interleaved thinking it is added to the output bound)"
+        ),
+        "output_config": _e(
+            TOKENS, "effort and output format shape output inside max_tokens; a format schema is body bytes"
+        ),
+        "tools": _e(
+            PRICED,
+            "custom tools are body bytes plus the tool-use overhead; web_search is priced per use with "
+            "max_uses (injected when absent) and each use adds a bounded result; web_fetch is bounded by "
+            "max_uses x max_content_tokens (injected when absent); code_execution and MCP toolsets are "
+            "refused under a blocking cap",
+        ),
+        "cache_control": _e(
+            PRICED, "cache writes are bounded at the cache-write rate; ttl '1h' at the catalog's 1-hour write price"
+        ),
+        "service_tier": _e(
+            PRICED,
+            "auto is the connection's configured tier (standard unless set); priority is priced by the "
+            "catalog's multiplier",
+        ),
         "container": _e(REFUSED, "code-execution containers are billed by the hour"),
         "mcp_servers": _e(REFUSED, "remote MCP tool results add input the body cannot show"),
         "inference_geo": _e(REFUSED, "regional inference is priced above the global rate; 'global' is free"),
@@ -106,17 +145,43 @@ FIELDS: dict[str, dict[str, Entry]] = {
     },
     "responses": {
         "model": _e(TOKENS, "priced at the most expensive route target; the target's own model id is sent upstream"),
-        "input": _e(TOKENS, "UTF-8 bytes + per-item framing bound the input tokens; images by the model's image bound; files, audio and item references refused under a blocking cap"),
+        "input": _e(
+            TOKENS,
+            "UTF-8 bytes + per-item framing bound the input tokens; images by the model's image bound; files, "
+            "audio and item references refused under a blocking cap",
+        ),
         "instructions": _e(TOKENS, _BODY),
         "max_output_tokens": _e(TOKENS, "the output ceiling; reasoning tokens count inside it"),
         "reasoning": _e(TOKENS, "reasoning tokens are output tokens inside max_output_tokens"),
         "text": _e(TOKENS, "a format schema is body bytes; verbosity stays inside the output ceiling"),
-        "previous_response_id": _e(TOKENS, "the earlier context is bounded by what capgate relayed for that response (its input + output tokens); an id capgate did not relay is refused under a blocking cap"),
-        "conversation": _e(TOKENS, "the conversation's context is bounded by the last response capgate relayed in it; an unknown conversation is refused under a blocking cap"),
+        "previous_response_id": _e(
+            TOKENS,
+            "the earlier context is bounded by what capgate relayed for that response (its input + output "
+            "tokens); an id capgate did not relay is refused under a blocking cap",
+        ),
+        "conversation": _e(
+            TOKENS,
+            "the conversation's context is bounded by the last response capgate relayed in it; an unknown "
+            "conversation is refused under a blocking cap",
+        ),
         "truncation": _e(TOKENS, "'auto' may drop context; the bound does not count on it"),
-        "tools": _e(PRICED, "function, custom and client-run tools are body bytes plus the tool-use overhead; web_search is priced per use, its uses bounded by max_tool_calls (injected when absent), each adding a bounded result; file_search, code_interpreter, image_generation, MCP and other hosted tools are refused under a blocking cap"),
-        "service_tier": _e(PRICED, "priority/fast and flex are priced by the catalog's tier multipliers; auto is the connection's configured tier"),
-        "background": _e(TOKENS, "a provider job (jobs/background.py): bounded like the same response in the foreground, admitted at submission, its hold kept until the provider's final report"),
+        "tools": _e(
+            PRICED,
+            "function, custom and client-run tools are body bytes plus the tool-use overhead; web_search is "
+            "priced per use, its uses bounded by max_tool_calls (injected when absent), each adding a bounded "
+            "result; file_search, code_interpreter, image_generation, MCP and other hosted tools are refused "
+            "under a blocking cap",
+        ),
+        "service_tier": _e(
+            PRICED,
+            "priority/fast and flex are priced by the catalog's tier multipliers; auto is the connection's "
+            "configured tier",
+        ),
+        "background": _e(
+            TOKENS,
+            "a provider job (jobs/background.py): bounded like the same response in the foreground, admitted "
+            "at submission, its hold kept until the provider's final report",
+        ),
         "prompt": _e(REFUSED, "a stored prompt template adds input the body cannot show"),
         "context_management": _e(REFUSED, "server-side compaction runs model calls of its own"),
         "moderation": _e(REFUSED, "moderation of input and output has no documented price"),
@@ -248,8 +313,12 @@ def counts() -> dict[str, dict[str, int]]:
 
 def markdown() -> str:
     """docs/billing.md, generated from the tables above."""
-    endpoints = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses",
-                 "embeddings": "/v1/embeddings"}
+    endpoints = {
+        "chat": "/v1/chat/completions",
+        "messages": "/v1/messages",
+        "responses": "/v1/responses",
+        "embeddings": "/v1/embeddings",
+    }
     lines = [
         "# Billing inventory",
         "",
@@ -287,9 +356,15 @@ def markdown() -> str:
         if kind in TOOL_TYPES:
             lines += ["", "Tool types:", "", "| type | class | why |", "|---|---|---|"]
             lines += [f"| `{name}` | {CLASS_TITLES[e.cls]} | {e.why} |" for name, e in TOOL_TYPES[kind].items()]
-    lines += ["", "## Provider headers that are not forwarded", "",
-              "Any other `anthropic-*` or `openai-*` request header is refused with 400 (`unsupported_header`).",
-              "", "| header | why it cannot change the bill |", "|---|---|"]
+    lines += [
+        "",
+        "## Provider headers that are not forwarded",
+        "",
+        "Any other `anthropic-*` or `openai-*` request header is refused with 400 (`unsupported_header`).",
+        "",
+        "| header | why it cannot change the bill |",
+        "|---|---|",
+    ]
     lines += [f"| `{name}` | {why} |" for name, why in NOT_FORWARDED.items()]
     lines += ["", "## `anthropic-beta` values", "", "| beta | class | why |", "|---|---|---|"]
     lines += [f"| `{name}` | {CLASS_TITLES[e.cls]} | {e.why} |" for name, e in ANTHROPIC_BETAS.items()]

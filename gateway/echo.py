@@ -21,9 +21,7 @@ from gateway.routing import Target
 
 
 def max_output(body: dict) -> Any:
-    return (
-        body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
-    )
+    return body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
 
 
 def usage_numbers(opts: dict, prompt_bound: int, ceiling: int | None) -> tuple[int, int]:
@@ -55,16 +53,11 @@ def _tier(opts: dict, body: dict, kind: str) -> str:
     return str(requested or "default")
 
 
-def _response_object(
-    opts: dict, body: dict, prompt: int, completion: int, text: str, rid: str
-) -> dict:
+def _response_object(opts: dict, body: dict, prompt: int, completion: int, text: str, rid: str) -> dict:
     """A completed Responses API object; web searches use every allowed tool call."""
     searches = (
         int(body.get("max_tool_calls") or 0)
-        if any(
-            isinstance(t, dict) and str(t.get("type", "")).startswith("web_search")
-            for t in body.get("tools") or []
-        )
+        if any(isinstance(t, dict) and str(t.get("type", "")).startswith("web_search") for t in body.get("tools") or [])
         else 0
     )
     output: list[dict] = [
@@ -109,9 +102,7 @@ def _response_object(
 def echo_body(opts: dict, kind: str, body: dict, prompt_bound: int, rid: str | None = None) -> dict:
     """The non-stream answer to a request of `kind` (chat | messages | responses | embeddings)."""
     ceiling = max_output(body)
-    prompt, completion = usage_numbers(
-        opts, prompt_bound, ceiling if isinstance(ceiling, int) else None
-    )
+    prompt, completion = usage_numbers(opts, prompt_bound, ceiling if isinstance(ceiling, int) else None)
     text = str(opts.get("text") or "echo")
     rid = rid or uuid.uuid4().hex[:24]
     if kind == "messages":
@@ -142,10 +133,7 @@ def echo_body(opts: dict, kind: str, body: dict, prompt_bound: int, rid: str | N
         return {
             "object": "list",
             "model": body["model"],
-            "data": [
-                {"object": "embedding", "index": i, "embedding": [0.0] * 8}
-                for i in range(len(items))
-            ],
+            "data": [{"object": "embedding", "index": i, "embedding": [0.0] * 8} for i in range(len(items))],
             "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
         }
     n = int(body.get("n") or 1)
@@ -156,8 +144,7 @@ def echo_body(opts: dict, kind: str, body: dict, prompt_bound: int, rid: str | N
         "model": body["model"],
         "service_tier": _tier(opts, body, kind),
         "choices": [
-            {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-            for i in range(n)
+            {"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"} for i in range(n)
         ],
         "usage": {
             "prompt_tokens": prompt,
@@ -174,9 +161,7 @@ async def echo_response(target: Target, kind: str, body: dict, prompt_bound: int
     return json.dumps(echo_body(opts, kind, body, prompt_bound)).encode()
 
 
-async def echo_stream(
-    target: Target, kind: str, body: dict, prompt_bound: int
-) -> AsyncIterator[SSEEvent]:
+async def echo_stream(target: Target, kind: str, body: dict, prompt_bound: int) -> AsyncIterator[SSEEvent]:
     opts = target.connection.options
     await asyncio.sleep(int(opts.get("delay_ms") or 0) / 1000)
     chunk_delay = int(opts.get("chunk_delay_ms") or 0) / 1000
@@ -302,16 +287,12 @@ async def echo_stream(
     yield ev(
         {
             **base,
-            "choices": [
-                {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-            ],
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
         }
     )
     for _ in range(chunks):
         await asyncio.sleep(chunk_delay)
-        yield ev(
-            {**base, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
-        )
+        yield ev({**base, "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]})
     yield ev({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
     if (body.get("stream_options") or {}).get("include_usage"):
         yield ev(

@@ -61,9 +61,7 @@ def _parse_input(content: bytes, endpoint: str) -> tuple[list[dict], list[dict]]
         elif not isinstance(item.get("body"), dict):
             problem = "body must be a JSON object"
         if problem or not isinstance(item, dict):
-            errors.append(
-                {"code": "invalid_request", "line": number, "message": problem, "param": None}
-            )
+            errors.append({"code": "invalid_request", "line": number, "message": problem, "param": None})
             continue
         seen.add(item["custom_id"])
         lines.append(item)
@@ -117,13 +115,7 @@ def openai_batch(
         totals["input"] += int(u.get("prompt_tokens", u.get("input_tokens", 0)))
         totals["output"] += int(u.get("completion_tokens", u.get("output_tokens", 0)))
     files = (
-        {}
-        if errors
-        else {
-            name: "".join(lines).encode()
-            for name, lines in (("output", ok), ("error", bad))
-            if lines
-        }
+        {} if errors else {name: "".join(lines).encode() for name, lines in (("output", ok), ("error", bad)) if lines}
     )
     created = {
         "id": bid,
@@ -152,8 +144,7 @@ def openai_batch(
     if errors:
         return (
             created,
-            created
-            | {"status": "failed", "failed_at": now, "errors": {"object": "list", "data": errors}},
+            created | {"status": "failed", "failed_at": now, "errors": {"object": "list", "data": errors}},
             {},
         )
     finished = created | {
@@ -183,18 +174,14 @@ def _rfc3339(ts: int) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
-def message_batch(
-    opts: dict, body: dict, results_url: Callable[[str], str]
-) -> tuple[dict, dict, bytes]:
+def message_batch(opts: dict, body: dict, results_url: Callable[[str], str]) -> tuple[dict, dict, bytes]:
     """(the create answer, the ended batch, its results JSONL) of an Anthropic message batch."""
     requests = body.get("requests")
     if not isinstance(requests, list) or not requests:
         raise bad_request("requests: must be a non-empty list", param="requests")
     ids = [r.get("custom_id") if isinstance(r, dict) else None for r in requests]
     if not all(isinstance(i, str) and i for i in ids) or len(set(ids)) != len(ids):
-        raise bad_request(
-            "requests: each needs a custom_id, unique within the batch", param="requests"
-        )
+        raise bad_request("requests: each needs a custom_id, unique within the batch", param="requests")
     if not all(isinstance(r.get("params"), dict) for r in requests):
         raise bad_request("requests: each needs params (a Messages API request)", param="requests")
     bid, now = f"msgbatch_{uuid.uuid4().hex[:24]}", int(time.time())
@@ -203,9 +190,7 @@ def message_batch(
     for r in requests:
         status, answer = answer_line(opts, "messages", r["params"], "anthropic")
         result: dict[str, Any] = (
-            {"type": "succeeded", "message": answer}
-            if status == 200
-            else {"type": "errored", "error": answer}
+            {"type": "succeeded", "message": answer} if status == 200 else {"type": "errored", "error": answer}
         )
         counts[result["type"]] += 1
         out.append(json.dumps({"custom_id": r["custom_id"], "result": result}) + "\n")

@@ -88,9 +88,7 @@ class _Call:
                 self.files[name] = part
 
     async def put(self, key: str, value: Any) -> None:
-        await self.r.set(
-            PREFIX + key, value if isinstance(value, bytes) else json.dumps(value), ex=TTL_S
-        )
+        await self.r.set(PREFIX + key, value if isinstance(value, bytes) else json.dumps(value), ex=TTL_S)
 
     async def raw(self, key: str) -> bytes | None:
         return await self.r.get(PREFIX + key)
@@ -108,9 +106,7 @@ class _Call:
 # -- files ----------------------------------------------------------------------------------
 
 
-async def _add_file(
-    call: _Call, filename: str, purpose: str, content: bytes, file_id: str | None = None
-) -> dict:
+async def _add_file(call: _Call, filename: str, purpose: str, content: bytes, file_id: str | None = None) -> dict:
     meta = {
         "id": file_id or f"file-{uuid.uuid4().hex[:24]}",
         "object": "file",
@@ -335,9 +331,7 @@ async def send(
         handler, ids = _route(method.upper(), path)
         r = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
         try:
-            call = _Call(
-                connection, r, body, files, data, {k: v[-1] for k, v in parse_qs(qs).items()}
-            )
+            call = _Call(connection, r, body, files, data, {k: v[-1] for k, v in parse_qs(qs).items()})
             status, content, content_type = await handler(call, *ids)
         finally:
             await r.aclose()

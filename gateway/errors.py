@@ -57,8 +57,10 @@ def error_headers(exc: CapgateError) -> list[tuple[bytes, bytes]]:
     retry_after = getattr(exc, "retry_after", None)
     if exc.status == 429 and retry_after is not None:
         # Rate and concurrency limits (ratelimits/, gateway/upstream.py): when to try again, and which limit.
-        headers += [(b"retry-after", str(int(retry_after)).encode()),
-                    (b"x-capgate-rate-limit", str(getattr(exc, "limit_name", exc.code)).encode())]
+        headers += [
+            (b"retry-after", str(int(retry_after)).encode()),
+            (b"x-capgate-rate-limit", str(getattr(exc, "limit_name", exc.code)).encode()),
+        ]
     return headers
 
 

@@ -110,9 +110,17 @@ def shape_chat(body: dict, headers: dict[str, str] | None = None) -> Shape:
     parts = fields.PartCounter()
     billed = {**body, "messages": [{**m, "content": parts.strip(m.get("content"))} for m in messages]}
     return Shape(
-        kind="chat", model=model, text_tokens=fields.text_tokens(billed, messages) + tools.overhead, images=parts.images,
-        unbounded_parts=parts.unbounded, max_output=max_output, output_param=param, choices=n, stream=fields.stream(body),
-        refused=tuple(refused + tools.refused), extra_output=extra_output,
+        kind="chat",
+        model=model,
+        text_tokens=fields.text_tokens(billed, messages) + tools.overhead,
+        images=parts.images,
+        unbounded_parts=parts.unbounded,
+        max_output=max_output,
+        output_param=param,
+        choices=n,
+        stream=fields.stream(body),
+        refused=tuple(refused + tools.refused),
+        extra_output=extra_output,
         service_tier=fields.service_tier(body, {"auto", "default", "flex", "scale", "priority", "fast"}),
         prompt=Prompt(kind="chat", billed=billed, overhead=tools.overhead),
     )
@@ -145,13 +153,24 @@ def shape_messages(body: dict, headers: dict[str, str] | None = None) -> Shape:
         "messages": [{**m, "content": parts.strip(m.get("content"))} for m in messages],
     }
     return Shape(
-        kind="messages", model=model, text_tokens=fields.text_tokens(billed, messages) + tools.overhead,
-        images=parts.images, unbounded_parts=parts.unbounded, max_output=max_tokens,
-        output_param="max_tokens" if max_tokens else None, choices=1, stream=fields.stream(body),
-        refused=tuple(refused + tools.refused), web_searches=tools.web_searches,
-        server_tool_uses=tools.server_tool_uses, fetch_tokens=tools.fetch_tokens, extra_output=extra_output,
-        cache_1h=fields.has_1h_cache(body), service_tier=fields.service_tier(body, {"auto", "standard_only"}),
-        patch={"tools": tools.patched} if tools.patched is not None else {}, forward_headers=forward,
+        kind="messages",
+        model=model,
+        text_tokens=fields.text_tokens(billed, messages) + tools.overhead,
+        images=parts.images,
+        unbounded_parts=parts.unbounded,
+        max_output=max_tokens,
+        output_param="max_tokens" if max_tokens else None,
+        choices=1,
+        stream=fields.stream(body),
+        refused=tuple(refused + tools.refused),
+        web_searches=tools.web_searches,
+        server_tool_uses=tools.server_tool_uses,
+        fetch_tokens=tools.fetch_tokens,
+        extra_output=extra_output,
+        cache_1h=fields.has_1h_cache(body),
+        service_tier=fields.service_tier(body, {"auto", "standard_only"}),
+        patch={"tools": tools.patched} if tools.patched is not None else {},
+        forward_headers=forward,
     )
 
 
@@ -187,8 +206,9 @@ def shape_responses(body: dict, headers: dict[str, str] | None = None) -> Shape:
         items = []
     else:
         raise bad_request("'input' is required: a string or an array of input items.", param="input")
-    refused = [f for f in ("background", "prompt", "context_management", "moderation")
-               if body.get(f) not in (None, False)]
+    refused = [
+        f for f in ("background", "prompt", "context_management", "moderation") if body.get(f) not in (None, False)
+    ]
     parts = fields.PartCounter()
     billed_items = []
     for i, item in enumerate(items):
@@ -207,13 +227,22 @@ def shape_responses(body: dict, headers: dict[str, str] | None = None) -> Shape:
     max_output = fields.positive_int(body, "max_output_tokens")
     billed = {**body, "input": billed_items}
     return Shape(
-        kind="responses", model=model,
-        text_tokens=fields.text_tokens(billed, billed_items) + tools.overhead, images=parts.images,
-        unbounded_parts=parts.unbounded, max_output=max_output,
-        output_param="max_output_tokens" if max_output else None, choices=1, stream=fields.stream(body),
-        refused=tuple(refused + tools.refused), web_searches=searches, server_tool_uses=searches,
+        kind="responses",
+        model=model,
+        text_tokens=fields.text_tokens(billed, billed_items) + tools.overhead,
+        images=parts.images,
+        unbounded_parts=parts.unbounded,
+        max_output=max_output,
+        output_param="max_output_tokens" if max_output else None,
+        choices=1,
+        stream=fields.stream(body),
+        refused=tuple(refused + tools.refused),
+        web_searches=searches,
+        server_tool_uses=searches,
         service_tier=fields.service_tier(body, {"auto", "default", "flex", "scale", "priority", "fast"}),
-        patch=patch, context_ref=context_ref, stored=body.get("store") is not False,
+        patch=patch,
+        context_ref=context_ref,
+        stored=body.get("store") is not False,
     )
 
 
@@ -239,11 +268,17 @@ def shape_embeddings(body: dict, headers: dict[str, str] | None = None) -> Shape
         else:
             raise bad_request("'input' items must be strings or arrays of integers.", param="input")
     return Shape(
-        kind="embeddings", model=model, text_tokens=tokens + settings.CAPGATE["PER_REQUEST_OVERHEAD_TOKENS"],
-        images=0, unbounded_parts=0, max_output=None, output_param=None, choices=1, stream=False,
+        kind="embeddings",
+        model=model,
+        text_tokens=tokens + settings.CAPGATE["PER_REQUEST_OVERHEAD_TOKENS"],
+        images=0,
+        unbounded_parts=0,
+        max_output=None,
+        output_param=None,
+        choices=1,
+        stream=False,
         prompt=Prompt(kind="embeddings", billed={"input": items}),
     )
 
 
-SHAPERS = {"chat": shape_chat, "messages": shape_messages, "embeddings": shape_embeddings,
-           "responses": shape_responses}
+SHAPERS = {"chat": shape_chat, "messages": shape_messages, "embeddings": shape_embeddings, "responses": shape_responses}

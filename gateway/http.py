@@ -48,10 +48,12 @@ class Request:
         self.started = True
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
-    async def respond(self, status: int, body: bytes, headers: Headers | None = None,
-                      content_type: bytes = b"application/json") -> None:
-        await self.start(status, [(b"content-type", content_type), (b"content-length", str(len(body)).encode()),
-                                  *(headers or [])])
+    async def respond(
+        self, status: int, body: bytes, headers: Headers | None = None, content_type: bytes = b"application/json"
+    ) -> None:
+        await self.start(
+            status, [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *(headers or [])]
+        )
         await self.send({"type": "http.response.body", "body": body})
 
     async def json(self, status: int, data: Any, headers: Headers | None = None) -> None:

@@ -23,8 +23,10 @@ def enforce_limits(*, key: ApiKey, customer: EndCustomer | None, tokens: int, ta
     The concurrency check is a pre-check (unlocked): a request it lets through can still find
     the slot taken when it calls upstream, and is then refused there, its reservation released
     at once. Checked first so a tenant refused for concurrency does not use up its rate."""
-    busy = slots.full(organization_id=key.organization_id,
-                      connection_ids=[t.connection.id for t in targets if t.connection.kind != "echo"])
+    busy = slots.full(
+        organization_id=key.organization_id,
+        connection_ids=[t.connection.id for t in targets if t.connection.kind != "echo"],
+    )
     if busy is not None:
         raise busy
     enforce_rate_limits(key=key, customer=customer, tokens=tokens, found=_limits_of(key, customer))

@@ -45,21 +45,34 @@ log = logging.getLogger("capgate.metrics")
 _FAST = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _SLOW = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
-REQUESTS = Counter("capgate_requests", "Gateway requests answered, by endpoint, status and refusal code.",
-                   ["endpoint", "status", "code"])
-UPSTREAM_LATENCY = Histogram("capgate_upstream_latency_seconds",
-                             "Time from sending an upstream call to its response headers, per connection.",
-                             ["connection"], buckets=_SLOW)
-UPSTREAM_ERRORS = Counter("capgate_upstream_errors",
-                          "Upstream calls that failed (connect error, timeout, 429 or 5xx), per connection.",
-                          ["connection", "reason"])
-ADMISSION_LATENCY = Histogram("capgate_admission_latency_seconds",
-                              "Time to authenticate, price and admit (or refuse) one gateway request.",
-                              buckets=_FAST)
+REQUESTS = Counter(
+    "capgate_requests",
+    "Gateway requests answered, by endpoint, status and refusal code.",
+    ["endpoint", "status", "code"],
+)
+UPSTREAM_LATENCY = Histogram(
+    "capgate_upstream_latency_seconds",
+    "Time from sending an upstream call to its response headers, per connection.",
+    ["connection"],
+    buckets=_SLOW,
+)
+UPSTREAM_ERRORS = Counter(
+    "capgate_upstream_errors",
+    "Upstream calls that failed (connect error, timeout, 429 or 5xx), per connection.",
+    ["connection", "reason"],
+)
+ADMISSION_LATENCY = Histogram(
+    "capgate_admission_latency_seconds",
+    "Time to authenticate, price and admit (or refuse) one gateway request.",
+    buckets=_FAST,
+)
 
 _ENDPOINTS = {
-    "/v1/chat/completions": "chat_completions", "/v1/messages": "messages", "/v1/embeddings": "embeddings",
-    "/v1/models": "models", "/v1/reservations": "reservations",
+    "/v1/chat/completions": "chat_completions",
+    "/v1/messages": "messages",
+    "/v1/embeddings": "embeddings",
+    "/v1/models": "models",
+    "/v1/reservations": "reservations",
 }
 _RESERVATION_ACTION = re.compile(r"^/v1/reservations/[^/]+/(settle|release)$")
 _CODE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -111,8 +124,9 @@ def observe_admission(seconds: float) -> None:
     ADMISSION_LATENCY.observe(seconds)
 
 
-def observe_upstream(*, connection_id: int, seconds: float, status: int | None = None,
-                     error: BaseException | None = None) -> None:
+def observe_upstream(
+    *, connection_id: int, seconds: float, status: int | None = None, error: BaseException | None = None
+) -> None:
     """One upstream call: its time to headers, and whether it failed (what failover counts as
     a failure: no answer, 429 or 5xx)."""
     try:
@@ -183,31 +197,38 @@ class StateCollector(Collector):
         up.add_metric([], 1.0 if state is not None else 0.0)
         yield up
         if state is not None:
-            yield GaugeMetricFamily("capgate_outbox_depth", "Usage records not yet applied to the budget windows.",
-                                    value=state["outbox"])
-            yield GaugeMetricFamily("capgate_drain_lag_seconds",
-                                    "Age of the oldest usage record waiting in the outbox (0 when empty).",
-                                    value=state["lag"])
-            count = GaugeMetricFamily("capgate_live_reservations", "Reservations currently held, per organization.",
-                                      labels=["organization"])
-            held = GaugeMetricFamily("capgate_reserved_usd", "USD held by live reservations, per organization.",
-                                     labels=["organization"])
+            yield GaugeMetricFamily(
+                "capgate_outbox_depth", "Usage records not yet applied to the budget windows.", value=state["outbox"]
+            )
+            yield GaugeMetricFamily(
+                "capgate_drain_lag_seconds",
+                "Age of the oldest usage record waiting in the outbox (0 when empty).",
+                value=state["lag"],
+            )
+            count = GaugeMetricFamily(
+                "capgate_live_reservations", "Reservations currently held, per organization.", labels=["organization"]
+            )
+            held = GaugeMetricFamily(
+                "capgate_reserved_usd", "USD held by live reservations, per organization.", labels=["organization"]
+            )
             for row in state["live"]:
                 count.add_metric([row["organization__slug"]], row["n"])
                 # A float only here, for Prometheus; the books stay in integer nano-USD.
                 held.add_metric([row["organization__slug"]], float(nano_to_usd(row["held"] or 0)))
             yield count
             yield held
-            sent = CounterMetricFamily("capgate_alert_deliveries", "Alert deliveries by channel and status.",
-                                       labels=["channel", "status"])
+            sent = CounterMetricFamily(
+                "capgate_alert_deliveries", "Alert deliveries by channel and status.", labels=["channel", "status"]
+            )
             for row in state["alerts"]:
                 sent.add_metric(["email", row["status"]], row["n"])
             for row in state["deliveries"]:
                 sent.add_metric(["webhook", row["status"]], row["n"])
             yield sent
         waiting, dead = _spool_lines()
-        yield GaugeMetricFamily("capgate_spool_depth", "Usage records spooled on this host, waiting for the database.",
-                                value=waiting)
+        yield GaugeMetricFamily(
+            "capgate_spool_depth", "Usage records spooled on this host, waiting for the database.", value=waiting
+        )
         yield GaugeMetricFamily("capgate_spool_dead_letter_files", "Dead-letter spool files on this host.", value=dead)
 
 

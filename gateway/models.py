@@ -24,6 +24,8 @@ class StoredResponse(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["organization", "response_id"], name="stored_response_unique_per_org"),
-            models.CheckConstraint(condition=models.Q(context_tokens__gte=0), name="stored_response_tokens_nonnegative"),
+            models.CheckConstraint(
+                condition=models.Q(context_tokens__gte=0), name="stored_response_tokens_nonnegative"
+            ),
         ]
         indexes = [models.Index(fields=["organization", "conversation_id", "-id"])]

@@ -16,8 +16,9 @@ PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 async def handle(req: Request) -> None:
     path = req.path.rstrip("/") or "/"
     if req.method not in ("GET", "HEAD"):
-        return await req.json(405, {"error": {"code": "method_not_allowed", "message": "Use GET."}},
-                              [(b"allow", b"GET, HEAD")])
+        return await req.json(
+            405, {"error": {"code": "method_not_allowed", "message": "Use GET."}}, [(b"allow", b"GET, HEAD")]
+        )
     if path == "/healthz":
         return await req.json(200, {"status": "ok"})
     if path == "/readyz":
@@ -25,9 +26,11 @@ async def handle(req: Request) -> None:
         status, body = await runtime.db(health.readiness, lane="settle")
         return await req.json(status, body)
     if not metrics.authorized(req.headers):
-        return await req.json(401, {"error": {"code": "unauthorized",
-                                              "message": "Send Authorization: Bearer <CAPGATE_METRICS_TOKEN>."}},
-                              [(b"www-authenticate", b"Bearer")])
+        return await req.json(
+            401,
+            {"error": {"code": "unauthorized", "message": "Send Authorization: Bearer <CAPGATE_METRICS_TOKEN>."}},
+            [(b"www-authenticate", b"Bearer")],
+        )
     data = await runtime.db(metrics.scrape, lane="settle")
     await req.respond(200, data, content_type=metrics.CONTENT_TYPE_LATEST.encode())
 

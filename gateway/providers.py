@@ -17,8 +17,12 @@ from gateway import billing
 from gateway.routing import Target
 
 ANTHROPIC_VERSION = "2023-06-01"
-PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "embeddings": "/v1/embeddings",
-         "responses": "/v1/responses"}
+PATHS = {
+    "chat": "/v1/chat/completions",
+    "messages": "/v1/messages",
+    "embeddings": "/v1/embeddings",
+    "responses": "/v1/responses",
+}
 
 
 def upstream_url(target: Target, kind: str) -> str:
@@ -78,11 +82,16 @@ def usage_openai(u: dict | None, service_tier: object = None) -> Usage | None:
     out_details = u.get("completion_tokens_details") or {}
     cached = _count(details, "cached_tokens")
     unpriced = [f"prompt_tokens_details.{k}={_count(details, k)}" for k in ("audio_tokens",) if _count(details, k)]
-    unpriced += [f"completion_tokens_details.{k}={_count(out_details, k)}" for k in ("audio_tokens",)
-                 if _count(out_details, k)]
-    return Usage(input_tokens=max(prompt - cached, 0), output_tokens=_count(u, "completion_tokens"),
-                 cache_read_tokens=cached, service_tier=service_tier if isinstance(service_tier, str) else None,
-                 unpriced=tuple(unpriced))
+    unpriced += [
+        f"completion_tokens_details.{k}={_count(out_details, k)}" for k in ("audio_tokens",) if _count(out_details, k)
+    ]
+    return Usage(
+        input_tokens=max(prompt - cached, 0),
+        output_tokens=_count(u, "completion_tokens"),
+        cache_read_tokens=cached,
+        service_tier=service_tier if isinstance(service_tier, str) else None,
+        unpriced=tuple(unpriced),
+    )
 
 
 # server_tool_use counters: priced per use, free (their tokens are in the input), or unknown.
@@ -113,8 +122,7 @@ def usage_anthropic(u: dict | None) -> Usage | None:
 # Responses API output items that are hosted tool calls: web searches are priced per use; the
 # rest are refused under a blocking cap, so if one appears its cost is flagged, never dropped.
 _PRICED_CALLS = {"web_search_call"}
-_HOSTED_CALLS = {"file_search_call", "code_interpreter_call", "image_generation_call", "mcp_call",
-                 "tool_search_call"}
+_HOSTED_CALLS = {"file_search_call", "code_interpreter_call", "image_generation_call", "mcp_call", "tool_search_call"}
 
 
 def usage_responses(response: object) -> Usage | None:
@@ -127,10 +135,14 @@ def usage_responses(response: object) -> Usage | None:
     searches = sum(1 for i in items if i.get("type") in _PRICED_CALLS)
     hosted = sorted({str(i.get("type")) for i in items if i.get("type") in _HOSTED_CALLS})
     tier = response.get("service_tier")
-    return Usage(input_tokens=max(_count(u, "input_tokens") - cached, 0), output_tokens=_count(u, "output_tokens"),
-                 cache_read_tokens=cached, web_search_requests=searches,
-                 service_tier=tier if isinstance(tier, str) else None,
-                 unpriced=tuple(f"output.{t}" for t in hosted))
+    return Usage(
+        input_tokens=max(_count(u, "input_tokens") - cached, 0),
+        output_tokens=_count(u, "output_tokens"),
+        cache_read_tokens=cached,
+        web_search_requests=searches,
+        service_tier=tier if isinstance(tier, str) else None,
+        unpriced=tuple(f"output.{t}" for t in hosted),
+    )
 
 
 def response_state(response: object) -> tuple[str, str | None, int] | None:
@@ -140,8 +152,11 @@ def response_state(response: object) -> tuple[str, str | None, int] | None:
     u = response.get("usage") if isinstance(response.get("usage"), dict) else {}
     conversation = response.get("conversation")
     conv_id = conversation.get("id") if isinstance(conversation, dict) else conversation
-    return response["id"], conv_id if isinstance(conv_id, str) else None, \
-        _count(u, "input_tokens") + _count(u, "output_tokens")
+    return (
+        response["id"],
+        conv_id if isinstance(conv_id, str) else None,
+        _count(u, "input_tokens") + _count(u, "output_tokens"),
+    )
 
 
 def usage_from_body(kind: str, body: bytes) -> tuple[Usage | None, str]:
@@ -179,8 +194,9 @@ class StreamUsage:
         """Read one event's data; return True if it was OpenAI's usage-only chunk."""
         if self.kind == "responses":
             # response.completed / .incomplete / .failed carry the whole Response with its usage.
-            if b'"usage"' in data and (b'"response.completed"' in data or b'"response.incomplete"' in data
-                                       or b'"response.failed"' in data):
+            if b'"usage"' in data and (
+                b'"response.completed"' in data or b'"response.incomplete"' in data or b'"response.failed"' in data
+            ):
                 response = json.loads(data).get("response")
                 usage = usage_responses(response)
                 if usage is not None:

@@ -103,32 +103,49 @@ class ProxyCall:
             self.model_name = str(body.get("model") or "") if isinstance(body, dict) else ""
             background = self.kind == "responses" and body.get("background") is True and BACKGROUND is not None
             # A background response is bounded like the same response in the foreground.
-            shape = SHAPERS[self.kind]({k: v for k, v in body.items() if k != "background"} if background else body,
-                                       self.req.headers)
+            shape = SHAPERS[self.kind](
+                {k: v for k, v in body.items() if k != "background"} if background else body, self.req.headers
+            )
         except CapgateError as exc:
             shape_error = exc
         bg = runtime.background
         admitting = time.monotonic()
         try:
             _key, self.prepared = await runtime.db(
-                admit_call, raw_key=self.req.api_key(), shape=shape, shape_error=shape_error, kind=self.kind,
-                request_id=self.request_id, customer_id=self.req.headers.get("x-capgate-customer"),
+                admit_call,
+                raw_key=self.req.api_key(),
+                shape=shape,
+                shape_error=shape_error,
+                kind=self.kind,
+                request_id=self.request_id,
+                customer_id=self.req.headers.get("x-capgate-customer"),
                 run_id=self.req.headers.get("x-capgate-run"),
                 run_budget_usd=self.req.headers.get("x-capgate-run-budget-usd"),
-                owner_id=bg.instance_id if bg else None, healthy=runtime.health.ok,
+                owner_id=bg.instance_id if bg else None,
+                healthy=runtime.health.ok,
             )
         except BudgetExceeded as exc:
             h = self.req.headers
-            _note_refusal(exc, tipped_by={"request_id": self.request_id, "key": (self.req.api_key() or "")[:12],
-                                          "customer": h.get("x-capgate-customer", ""), "run": h.get("x-capgate-run", ""),
-                                          "model": str(body.get("model", ""))[:200] if isinstance(body, dict) else ""})
+            _note_refusal(
+                exc,
+                tipped_by={
+                    "request_id": self.request_id,
+                    "key": (self.req.api_key() or "")[:12],
+                    "customer": h.get("x-capgate-customer", ""),
+                    "run": h.get("x-capgate-run", ""),
+                    "model": str(body.get("model", ""))[:200] if isinstance(body, dict) else "",
+                },
+            )
             return await self.fail(exc)
         except CapgateError as exc:
             return await self.fail(exc)
         except DatabaseError:
             log.exception("admission failed: database unavailable")
-            return await self.fail(BudgetUnavailable(
-                "Budgets cannot be checked right now (database unavailable); the request was not sent."))
+            return await self.fail(
+                BudgetUnavailable(
+                    "Budgets cannot be checked right now (database unavailable); the request was not sent."
+                )
+            )
         finally:
             metrics.observe_admission(time.monotonic() - admitting)
         assert shape is not None
@@ -148,8 +165,9 @@ class ProxyCall:
             # now rather than holding the room until expiry. If the outcome was already recorded,
             # this record is a no-op (the first record of a request id wins).
             assert self.prepared is not None
-            await self.record(Outcome(status="estimated", cost_nano=self.prepared.worst_nano,
-                                      error="internal error after admission"))
+            await self.record(
+                Outcome(status="estimated", cost_nano=self.prepared.worst_nano, error="internal error after admission")
+            )
             raise
 
     # --- after admission: exactly one record per request from here on -------------------
@@ -191,8 +209,15 @@ class ProxyCall:
             except TimeoutError:
                 attempt = Attempt(kind="unknown", error="request reached its maximum lifetime")
             except ClientGone:
-                await self.record(Outcome(status="estimated", cost_nano=p.worst_nano, connection_id=target.connection.id,
-                                          error="client disconnected before the response"), target)
+                await self.record(
+                    Outcome(
+                        status="estimated",
+                        cost_nano=p.worst_nano,
+                        connection_id=target.connection.id,
+                        error="client disconnected before the response",
+                    ),
+                    target,
+                )
                 return
             if attempt.kind == "failover":
                 runtime.health.failed(target.connection.id)
@@ -205,14 +230,17 @@ class ProxyCall:
         # No target billed (or the outcome is unknown): record it and tell the client.
         if last.kind == "unknown":
             await self.record(Outcome(status="estimated", cost_nano=p.worst_nano, error=last.error))
-            return await self.fail(GatewayError(f"Upstream outcome unknown: {last.error}", code="upstream_timeout",
-                                                status=504))
+            return await self.fail(
+                GatewayError(f"Upstream outcome unknown: {last.error}", code="upstream_timeout", status=504)
+            )
         await self.record(Outcome(status="failed_upstream", error=last.error or f"upstream status {last.status}"))
         if last.body and 400 <= last.status < 500 and last.status not in (401, 403):
             return await self.req.respond(last.status, last.body, self._headers())
         if last.body and last.status in (429, 500, 502, 503, 529):
             return await self.req.respond(last.status, last.body, self._headers())
-        await self.fail(GatewayError(f"Upstream failed: {last.error or last.status}", code="upstream_error", status=502))
+        await self.fail(
+            GatewayError(f"Upstream failed: {last.error or last.status}", code="upstream_error", status=502)
+        )
 
     async def _echo_fault(self, target: Target) -> Attempt | None:
         # Fault injection for capcheck and tests: honoured only on echo connections that opt in.
@@ -244,9 +272,14 @@ class ProxyCall:
             status = 200
         else:
             try:
-                resp = await self._race_client(client().post(
-                    upstream_url(target, self.kind), content=json.dumps(up_body).encode(),
-                    headers=upstream_headers(target, self.req.headers), extensions=slot_of(target)))
+                resp = await self._race_client(
+                    client().post(
+                        upstream_url(target, self.kind),
+                        content=json.dumps(up_body).encode(),
+                        headers=upstream_headers(target, self.req.headers),
+                        extensions=slot_of(target),
+                    )
+                )
             except NOT_BILLED as exc:
                 return Attempt(kind="failover", error=f"{type(exc).__name__}: {exc}")
             except httpx.HTTPError as exc:  # sent, then the answer never came: maybe billed
@@ -274,9 +307,15 @@ class ProxyCall:
         assert p is not None
         response_id, conversation_id, context = state
         try:
-            await runtime.db(responses.remember, organization_id=p.reservation.organization_id,
-                             connection_id=target.connection.id, response_id=response_id,
-                             conversation_id=conversation_id, context=context, lane="settle")
+            await runtime.db(
+                responses.remember,
+                organization_id=p.reservation.organization_id,
+                connection_id=target.connection.id,
+                response_id=response_id,
+                conversation_id=conversation_id,
+                context=context,
+                lane="settle",
+            )
         except DatabaseError:
             # Safe direction: a continuation from an unknown id is refused under a cap.
             log.warning("could not remember response %s: database unavailable", response_id)
@@ -288,21 +327,28 @@ class ProxyCall:
     def _prompt_bound(self) -> int:
         return self.text_tokens
 
-    def _served(self, target: Target, usage: Usage | None, provider_model: str,
-                error: str = "no usage reported") -> Outcome:
+    def _served(
+        self, target: Target, usage: Usage | None, provider_model: str, error: str = "no usage reported"
+    ) -> Outcome:
         """The record of a call the provider answered, priced at the model actually called and
         at the service tier the provider says served it."""
         p = self.prepared
         assert p is not None
         if usage is None:
-            return Outcome(status="estimated", cost_nano=p.worst_nano, connection_id=target.connection.id,
-                           provider_model=provider_model, error=error)
+            return Outcome(
+                status="estimated",
+                cost_nano=p.worst_nano,
+                connection_id=target.connection.id,
+                provider_model=provider_model,
+                error=error,
+            )
         requested = target.tier(self.shape.service_tier if self.shape else None)
         notes = list(usage.unpriced)
         try:
             try:
-                rates = rates_for(model=target.model, connection=target.connection,
-                                  tier=usage.service_tier or requested)
+                rates = rates_for(
+                    model=target.model, connection=target.connection, tier=usage.service_tier or requested
+                )
             except UnpricedFeature as exc:
                 notes.append(f"unpriced {exc.feature}")
                 rates = rates_for(model=target.model, connection=target.connection, tier=requested)
@@ -318,9 +364,14 @@ class ProxyCall:
             # A paid feature we cannot price is never dropped: charged no less than the worst
             # case reserved for it, and the record says what it was.
             cost = max(cost, p.worst_nano)
-        return Outcome(status="served", cost_nano=cost, usage=usage, connection_id=target.connection.id,
-                       provider_model=provider_model or target.model.name,
-                       error=("unpriced usage: " + "; ".join(notes)) if notes else "")
+        return Outcome(
+            status="served",
+            cost_nano=cost,
+            usage=usage,
+            connection_id=target.connection.id,
+            provider_model=provider_model or target.model.name,
+            error=("unpriced usage: " + "; ".join(notes)) if notes else "",
+        )
 
     async def stream_attempt(self, target: Target, up_body: dict) -> Attempt:
         return await streams.stream_attempt(self, target, up_body)
@@ -333,8 +384,13 @@ class ProxyCall:
 
         p = self.prepared
         assert p is not None
-        outcome = Outcome(**{**outcome.__dict__, "latency_ms": int((time.monotonic() - self.started) * 1000),
-                             "input_bound": p.input_bound})
+        outcome = Outcome(
+            **{
+                **outcome.__dict__,
+                "latency_ms": int((time.monotonic() - self.started) * 1000),
+                "input_bound": p.input_bound,
+            }
+        )
         try:
             await recorder().record(reservation=p.reservation, outcome=outcome)
         except RecordRejected:
@@ -344,8 +400,9 @@ class ProxyCall:
             pass
         except DatabaseError:
             log.warning("usage record for %s spooled: database unavailable", self.request_id)
-            await asyncio.get_running_loop().run_in_executor(None, lambda: append(reservation=p.reservation,
-                                                                                  outcome=outcome))
+            await asyncio.get_running_loop().run_in_executor(
+                None, lambda: append(reservation=p.reservation, outcome=outcome)
+            )
         if runtime.background is not None:
             runtime.background.kick_drain()
 
@@ -371,6 +428,8 @@ def _note_refusal(exc: BudgetExceeded, tipped_by: dict | None = None) -> None:
 
         note = getattr(alerts, "note_refusal", None)
         if note is not None:
-            asyncio.get_running_loop().run_in_executor(runtime.executor("settle"), lambda: note(window_id=exc.window_id, tipped_by=tipped_by))
+            asyncio.get_running_loop().run_in_executor(
+                runtime.executor("settle"), lambda: note(window_id=exc.window_id, tipped_by=tipped_by)
+            )
     except Exception:  # alerts must never break the request path
         log.exception("could not note refusal")

@@ -63,8 +63,10 @@ def has_1h_cache(node: Any) -> bool:
 def _max_uses(tool: dict, i: int, default: int) -> int:
     uses = tool.get("max_uses", default)
     if isinstance(uses, bool) or not isinstance(uses, int) or not 1 <= uses <= MAX_SERVER_TOOL_USES:
-        raise bad_request(f"tools[{i}].max_uses must be an integer between 1 and {MAX_SERVER_TOOL_USES}.",
-                          param=f"tools[{i}].max_uses")
+        raise bad_request(
+            f"tools[{i}].max_uses must be an integer between 1 and {MAX_SERVER_TOOL_USES}.",
+            param=f"tools[{i}].max_uses",
+        )
     return uses
 
 
@@ -100,7 +102,9 @@ def classify_tools(body: dict, kind: str) -> Tools:
             raise bad_request(f"tools[{i}].type must be a string.", param=f"tools[{i}].type")
         name = billing.undated(raw_type)
         if name not in known:
-            raise _unsupported(f"Unsupported tool type: '{raw_type}'.", code="unsupported_tool", param=f"tools[{i}].type")
+            raise _unsupported(
+                f"Unsupported tool type: '{raw_type}'.", code="unsupported_tool", param=f"tools[{i}].type"
+            )
         entry = known[name]
         if entry.cls == billing.REFUSED:
             out.refused.append(name)
@@ -115,9 +119,14 @@ def classify_tools(body: dict, kind: str) -> Tools:
         elif name == "web_fetch":
             uses = _max_uses(tool, i, cfg["DEFAULT_SERVER_TOOL_MAX_USES"])
             content = tool.get("max_content_tokens", cfg["DEFAULT_WEB_FETCH_MAX_CONTENT_TOKENS"])
-            if isinstance(content, bool) or not isinstance(content, int) or not 1 <= content <= MAX_OUTPUT_TOKENS_ACCEPTED:
-                raise bad_request(f"tools[{i}].max_content_tokens must be a positive integer.",
-                                  param=f"tools[{i}].max_content_tokens")
+            if (
+                isinstance(content, bool)
+                or not isinstance(content, int)
+                or not 1 <= content <= MAX_OUTPUT_TOKENS_ACCEPTED
+            ):
+                raise bad_request(
+                    f"tools[{i}].max_content_tokens must be a positive integer.", param=f"tools[{i}].max_content_tokens"
+                )
             out.server_tool_uses += uses
             out.fetch_tokens += uses * content
             if "max_uses" not in tool or "max_content_tokens" not in tool:
@@ -135,8 +144,11 @@ def check_headers(headers: dict[str, str], kind: str) -> None:
     """Provider headers are classified like fields: forwarded and listed, ignored and listed, or
     refused — a new paid header never passes unseen."""
     for name in headers:
-        if (name.startswith(billing.PROVIDER_HEADER_PREFIXES) and name not in billing.HEADERS[kind]
-                and name not in billing.NOT_FORWARDED):
+        if (
+            name.startswith(billing.PROVIDER_HEADER_PREFIXES)
+            and name not in billing.HEADERS[kind]
+            and name not in billing.NOT_FORWARDED
+        ):
             raise _unsupported(f"Unsupported header: '{name}'.", code="unsupported_header", param=name)
 
 
@@ -157,8 +169,9 @@ def anthropic_headers(headers: dict[str, str]) -> tuple[dict[str, str], list[str
             name = billing.undated(value)
             entry = billing.ANTHROPIC_BETAS.get(name)
             if entry is None:
-                raise _unsupported(f"Unsupported anthropic-beta value: '{value}'.", code="unsupported_beta",
-                                   param="anthropic-beta")
+                raise _unsupported(
+                    f"Unsupported anthropic-beta value: '{value}'.", code="unsupported_beta", param="anthropic-beta"
+                )
             betas.add(name)
             if entry.cls == billing.REFUSED:
                 refused.append("anthropic_beta")
@@ -237,6 +250,7 @@ def messages(body: dict, *, allow_system_role: bool = True) -> list:
 def max_tool_calls(body: dict) -> int:
     calls = body.get("max_tool_calls", settings.CAPGATE["DEFAULT_SERVER_TOOL_MAX_USES"])
     if isinstance(calls, bool) or not isinstance(calls, int) or not 1 <= calls <= MAX_SERVER_TOOL_USES:
-        raise bad_request(f"'max_tool_calls' must be an integer between 1 and {MAX_SERVER_TOOL_USES}.",
-                          param="max_tool_calls")
+        raise bad_request(
+            f"'max_tool_calls' must be an integer between 1 and {MAX_SERVER_TOOL_USES}.", param="max_tool_calls"
+        )
     return calls

@@ -66,19 +66,28 @@ def _int(body: dict, field: str, *, low: int = 0, high: int = 10_000_000) -> int
 
 def view(reservation: Reservation) -> dict:
     return {
-        "id": str(reservation.id), "object": "reservation", "request_id": reservation.request_id.split(":", 1)[-1],
-        "model": reservation.model, "amount_nano": reservation.amount_nano,
+        "id": str(reservation.id),
+        "object": "reservation",
+        "request_id": reservation.request_id.split(":", 1)[-1],
+        "model": reservation.model,
+        "amount_nano": reservation.amount_nano,
         "amount_usd": usd_str(reservation.amount_nano),
-        "expires_at": reservation.expires_at.isoformat(), "deadline_at": reservation.deadline_at.isoformat(),
+        "expires_at": reservation.expires_at.isoformat(),
+        "deadline_at": reservation.deadline_at.isoformat(),
         "status": "reserved",
     }
 
 
 def record_view(rec: UsageRecord) -> dict:
     return {
-        "id": str(rec.reservation_id), "object": "reservation", "request_id": rec.request_id.split(":", 1)[-1],
-        "model": rec.model, "status": rec.status, "cost_nano": rec.cost_nano,
-        "cost_usd": usd_str(rec.cost_nano), "reserved_nano": rec.reserved_nano,
+        "id": str(rec.reservation_id),
+        "object": "reservation",
+        "request_id": rec.request_id.split(":", 1)[-1],
+        "model": rec.model,
+        "status": rec.status,
+        "cost_nano": rec.cost_nano,
+        "cost_usd": usd_str(rec.cost_nano),
+        "reserved_nano": rec.reserved_nano,
         "excess_nano": rec.excess_nano,
     }
 
@@ -116,15 +125,36 @@ def create(*, raw_key: str | None, body: dict, headers: dict[str, str], owner_id
         if "messages" in body:
             shape = shape_chat({k: v for k, v in body.items() if k not in OWN_FIELDS})
         else:
-            shape = Shape(kind="chat", model=model, text_tokens=_int(body, "input_tokens"), images=0,
-                          unbounded_parts=0, max_output=_int(body, "max_output_tokens", low=1), output_param=None,
-                          choices=1, stream=False)
-    who = payer(key=key, customer_id=headers.get("x-capgate-customer"), run_id=headers.get("x-capgate-run"),
-                run_budget_usd=headers.get("x-capgate-run-budget-usd"))
+            shape = Shape(
+                kind="chat",
+                model=model,
+                text_tokens=_int(body, "input_tokens"),
+                images=0,
+                unbounded_parts=0,
+                max_output=_int(body, "max_output_tokens", low=1),
+                output_param=None,
+                choices=1,
+                stream=False,
+            )
+    who = payer(
+        key=key,
+        customer_id=headers.get("x-capgate-customer"),
+        run_id=headers.get("x-capgate-run"),
+        run_budget_usd=headers.get("x-capgate-run-budget-usd"),
+    )
     try:
         # Sized and admitted as the proxy sizes and admits, except that the caller makes the call.
-        prepared = reserve(payer=who, request_id=request_id, model=model, shape=shape, targets=targets,
-                           amount_nano=amount, proxied=False, lease=lease, origin=Reservation.Origin.API)
+        prepared = reserve(
+            payer=who,
+            request_id=request_id,
+            model=model,
+            shape=shape,
+            targets=targets,
+            amount_nano=amount,
+            proxied=False,
+            lease=lease,
+            origin=Reservation.Origin.API,
+        )
     except IntegrityError:
         # The same request id admitted concurrently: the unique request id kept it to one
         # reservation (this statement changed nothing); answer with that one.
@@ -142,8 +172,9 @@ def _caller(raw_key: str | None) -> ApiKey | ApiToken:
         if token is None:
             raise GatewayError("Invalid API token.", code="invalid_api_key", status=401)
         if not token.can_write:
-            raise GatewayError("A read-only token cannot settle or release reservations.",
-                               code="read_only_token", status=403)
+            raise GatewayError(
+                "A read-only token cannot settle or release reservations.", code="read_only_token", status=403
+            )
         return token
     return authenticate(raw_key)
 
@@ -167,20 +198,35 @@ def _find(caller: ApiKey | ApiToken, reservation_id: str) -> tuple[Reservation |
             # The API namespaces its request ids by organization; the gateway's start with "req_".
             from_api, key_id = rec.request_id.startswith(f"{org_id}:"), rec.api_key_id
         if not from_api:
-            raise GatewayError("This reservation belongs to a call the gateway proxies; only that call settles it.",
-                               code="reservation_owned_by_gateway", status=409)
+            raise GatewayError(
+                "This reservation belongs to a call the gateway proxies; only that call settles it.",
+                code="reservation_owned_by_gateway",
+                status=409,
+            )
         if isinstance(caller, ApiKey) and key_id != caller.id:
-            raise GatewayError("Only the key that made this reservation (or a write token) can settle or release it.",
-                               code="not_reservation_owner", status=403)
+            raise GatewayError(
+                "Only the key that made this reservation (or a write token) can settle or release it.",
+                code="not_reservation_owner",
+                status=403,
+            )
     return reservation, rec
 
 
 def _audited(caller: ApiKey | ApiToken, action: str, rec: UsageRecord) -> None:
     actor = Actor.of_token(caller) if isinstance(caller, ApiToken) else key_actor(caller)
     entry = Reservation(id=rec.reservation_id, request_id=rec.request_id)
-    audit(organization=caller.organization, actor=actor, action="update", obj=entry,
-          changes={"status": ["reserved", rec.status], "cost_nano": [rec.reserved_nano, rec.cost_nano],
-                   "request_id": [None, rec.request_id.split(":", 1)[-1]], "by": [None, action]})
+    audit(
+        organization=caller.organization,
+        actor=actor,
+        action="update",
+        obj=entry,
+        changes={
+            "status": ["reserved", rec.status],
+            "cost_nano": [rec.reserved_nano, rec.cost_nano],
+            "request_id": [None, rec.request_id.split(":", 1)[-1]],
+            "by": [None, action],
+        },
+    )
 
 
 def _already(rec: UsageRecord, action: str) -> tuple[int, dict]:
@@ -189,10 +235,12 @@ def _already(rec: UsageRecord, action: str) -> tuple[int, dict]:
     if (action == "release") == released:
         return 200, record_view(rec)
     if released:
-        raise GatewayError("This reservation was released; it cannot be settled now.",
-                           code="reservation_released", status=409)
-    raise GatewayError("This reservation was settled; it cannot be released now.",
-                       code="reservation_settled", status=409)
+        raise GatewayError(
+            "This reservation was released; it cannot be settled now.", code="reservation_released", status=409
+        )
+    raise GatewayError(
+        "This reservation was settled; it cannot be released now.", code="reservation_settled", status=409
+    )
 
 
 def settle(*, raw_key: str | None, reservation_id: str, body: dict) -> tuple[int, dict]:
@@ -205,16 +253,28 @@ def settle(*, raw_key: str | None, reservation_id: str, body: dict) -> tuple[int
     if reservation is None:
         assert rec is not None  # _find raises when both are missing
         # Expired and charged at worst case: a true report corrects it (record() handles it).
-        reservation = Reservation(id=rec.reservation_id, request_id=rec.request_id, organization_id=rec.organization_id,
-                                  amount_nano=rec.reserved_nano, created_at=rec.admitted_at, model=rec.model)
+        reservation = Reservation(
+            id=rec.reservation_id,
+            request_id=rec.request_id,
+            organization_id=rec.organization_id,
+            amount_nano=rec.reserved_nano,
+            created_at=rec.admitted_at,
+            model=rec.model,
+        )
     if "cost_usd" in body:
         cost, usage = _usd(body["cost_usd"], "cost_usd", round_up=False), Usage()
     elif isinstance(body.get("usage"), dict):
         u = body["usage"]
-        counts = {f: _int(u, f) if f in u else 0 for f in
-                  ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")}
-        usage = Usage(input_tokens=counts["input_tokens"], output_tokens=counts["output_tokens"],
-                      cache_read_tokens=counts["cache_read_tokens"], cache_write_tokens=counts["cache_write_tokens"])
+        counts = {
+            f: _int(u, f) if f in u else 0
+            for f in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+        }
+        usage = Usage(
+            input_tokens=counts["input_tokens"],
+            output_tokens=counts["output_tokens"],
+            cache_read_tokens=counts["cache_read_tokens"],
+            cache_write_tokens=counts["cache_write_tokens"],
+        )
         target, rates = settle_rates(reservation=reservation)
         if rates is None:
             raise bad_request("This reservation has no priced route: settle with 'cost_usd'.", param="usage")
@@ -241,8 +301,14 @@ def release_reservation(*, raw_key: str | None, reservation_id: str) -> tuple[in
         return _already(rec, "release")
     if reservation is None:
         assert rec is not None
-        reservation = Reservation(id=rec.reservation_id, request_id=rec.request_id, organization_id=rec.organization_id,
-                                  amount_nano=rec.reserved_nano, created_at=rec.admitted_at, model=rec.model)
+        reservation = Reservation(
+            id=rec.reservation_id,
+            request_id=rec.request_id,
+            organization_id=rec.organization_id,
+            amount_nano=rec.reserved_nano,
+            created_at=rec.admitted_at,
+            model=rec.model,
+        )
     rec = release(reservation=reservation, error="released by caller")
     if rec.status != UsageRecord.Status.RELEASED:  # a settle won the race
         return _already(rec, "release")

@@ -30,23 +30,34 @@ def unknown_context(ref: tuple[str, str]) -> GatewayError:
     return GatewayError(
         f"capgate did not relay {kind} '{ident}', so it cannot bound the context the provider would add to "
         "this request; a blocking budget cannot admit it. Continue from a response made through capgate.",
-        code=f"unknown_{field}", status=402, param=field)
+        code=f"unknown_{field}",
+        status=402,
+        param=field,
+    )
 
 
-def remember(*, organization_id: int, connection_id: int, response_id: str, conversation_id: str | None,
-             context: int) -> None:
+def remember(
+    *, organization_id: int, connection_id: int, response_id: str, conversation_id: str | None, context: int
+) -> None:
     """Keep a relayed response's context size. The same id twice keeps the first (a retry)."""
     try:
-        StoredResponse.objects.create(organization_id=organization_id, connection_id=connection_id,
-                                      response_id=response_id[:200], conversation_id=(conversation_id or None),
-                                      context_tokens=max(context, 0))
+        StoredResponse.objects.create(
+            organization_id=organization_id,
+            connection_id=connection_id,
+            response_id=response_id[:200],
+            conversation_id=(conversation_id or None),
+            context_tokens=max(context, 0),
+        )
     except IntegrityError:
         pass  # already remembered: the first relay's numbers stand
 
 
 def owned(*, organization_id: int, response_id: str) -> StoredResponse | None:
-    return (StoredResponse.objects.select_related("connection")
-            .filter(organization_id=organization_id, response_id=response_id).first())
+    return (
+        StoredResponse.objects.select_related("connection")
+        .filter(organization_id=organization_id, response_id=response_id)
+        .first()
+    )
 
 
 def forget(*, organization_id: int, response_id: str) -> None:

@@ -80,9 +80,7 @@ def authenticate(raw_key: str | None) -> ApiKey:
     digest = hash_key(raw_key)
     key = cast(ApiKey | None, lookups.get(("key", digest)))
     if key is None:
-        key = (
-            ApiKey.objects.select_related("organization", "project").filter(key_hash=digest).first()
-        )
+        key = ApiKey.objects.select_related("organization", "project").filter(key_hash=digest).first()
         if key is not None:
             lookups.put(("key", digest), key)
     if key is None:
@@ -119,9 +117,7 @@ def resolve_route(*, key: ApiKey, name: str, kind: str) -> list[Target]:
                 model=t.model,
                 route_max_output=route.default_max_output_tokens,
             )
-            for t in route.targets.select_related(
-                "connection", "model", "model__provider"
-            ).order_by("position", "id")
+            for t in route.targets.select_related("connection", "model", "model__provider").order_by("position", "id")
         ]
         lookups.put(cache_key, routed)
     targets = [t for t in routed if t.connection.enabled and t.connection.kind in COMPATIBLE[kind]]
@@ -135,19 +131,13 @@ def resolve_route(*, key: ApiKey, name: str, kind: str) -> list[Target]:
 
 
 def list_models(*, key: ApiKey) -> list[str]:
-    names = (
-        Route.objects.filter(organization_id=key.organization_id)
-        .order_by("name")
-        .values_list("name", flat=True)
-    )
+    names = Route.objects.filter(organization_id=key.organization_id).order_by("name").values_list("name", flat=True)
     return [n for n in names if key.allows_model(n)]
 
 
 def settle_rates(*, reservation: Reservation) -> tuple[Target | None, Rates | None]:
     """The rates a reservation-API settle prices usage at: its route's first target."""
-    route = Route.objects.filter(
-        organization_id=reservation.organization_id, name=reservation.model
-    ).first()
+    route = Route.objects.filter(organization_id=reservation.organization_id, name=reservation.model).first()
     if route is None:
         return None, None
     target = route.targets.select_related("connection", "model").order_by("position", "id").first()

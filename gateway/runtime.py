@@ -124,7 +124,9 @@ class Background:
         except DatabaseError:
             log.exception("could not register this gateway process; will retry in the heartbeat loop")
         await asyncio.get_running_loop().run_in_executor(None, warm_thread_connections)
-        self._tasks = [asyncio.create_task(c()) for c in (self._heartbeat, self._drain, self._replay, self._request_log)]
+        self._tasks = [
+            asyncio.create_task(c()) for c in (self._heartbeat, self._drain, self._replay, self._request_log)
+        ]
 
     async def stop(self) -> None:
         from budgets.instances import stop
@@ -185,8 +187,9 @@ class Background:
             try:
                 await db(request_log.flush, lane="settle")
             except DatabaseError:
-                log.warning("request log flush failed: database unavailable; %d refusals wait",
-                            len(request_log.refusals))
+                log.warning(
+                    "request log flush failed: database unavailable; %d refusals wait", len(request_log.refusals)
+                )
 
     async def _replay(self) -> None:
         from ledger.spool import pending, replay

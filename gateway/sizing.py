@@ -74,9 +74,7 @@ def bound_tokens(shape: Shape, output: int) -> int:
     """The tokens a request may use, for tokens-per-minute limits: its input bound plus its
     output ceiling per choice."""
     passes = 1 + shape.server_tool_uses
-    return (shape.text_tokens + shape.fetch_tokens) * passes + (
-        output + shape.extra_output
-    ) * shape.choices
+    return (shape.text_tokens + shape.fetch_tokens) * passes + (output + shape.extra_output) * shape.choices
 
 
 def _catalog_max_output(targets: list[Target]) -> int:
@@ -107,9 +105,7 @@ def _price_targets(
     no_feature: UnpricedFeature | None = None
     for t in targets:
         try:
-            rates = rates_for(
-                model=t.model, connection=t.connection, tier=t.tier(shape.service_tier)
-            )
+            rates = rates_for(model=t.model, connection=t.connection, tier=t.tier(shape.service_tier))
             worst_case_nano(bound=_bound(shape, t, rates, 0), rates=rates)
         except UnpricedModel as exc:
             no_model = no_model or exc
@@ -129,23 +125,15 @@ _FEATURE_CODES = {
 
 
 def _feature_code(exc: UnpricedFeature) -> str:
-    name = (
-        "service_tier"
-        if exc.feature.startswith("service_tier")
-        else _FEATURE_CODES.get(exc.feature, "feature")
-    )
+    name = "service_tier" if exc.feature.startswith("service_tier") else _FEATURE_CODES.get(exc.feature, "feature")
     return f"{name}_under_budget"
 
 
 def _countable(shape: Shape, priced: list[_Priced]) -> bool:
-    return (
-        shape.prompt is not None and bool(priced) and all(p.target.model.tokenizer for p in priced)
-    )
+    return shape.prompt is not None and bool(priced) and all(p.target.model.tokenizer for p in priced)
 
 
-def _exact_prompt(
-    shape: Shape, priced: list[_Priced], tightest: Ceiling | None
-) -> tuple[Shape, str]:
+def _exact_prompt(shape: Shape, priced: list[_Priced], tightest: Ceiling | None) -> tuple[Shape, str]:
     """The shape with its prompt counted exactly, when that changes the answer (issue 14).
 
     Only under a blocking ceiling, when every priced target's model has a local tokenizer
@@ -158,10 +146,7 @@ def _exact_prompt(
     assert shape.prompt is not None
     encodings = {cast(str, p.target.model.tokenizer) for p in priced}
     output = shape.max_output or 0
-    worst = max(
-        worst_case_nano(bound=_bound(shape, p.target, p.rates, output), rates=p.rates)
-        for p in priced
-    )
+    worst = max(worst_case_nano(bound=_bound(shape, p.target, p.rates, output), rates=p.rates) for p in priced)
     if worst <= settings.CAPGATE["EXACT_COUNT_SHARE"] * max(tightest.remaining_nano, 0):
         return shape, "bytes"
     counts = []
@@ -176,24 +161,17 @@ def _exact_prompt(
     return dataclasses.replace(shape, text_tokens=exact), "exact"
 
 
-def _affordable_output(
-    shape: Shape, priced: list[_Priced], tightest: Ceiling | None, cap: int
-) -> int:
+def _affordable_output(shape: Shape, priced: list[_Priced], tightest: Ceiling | None, cap: int) -> int:
     floor = settings.CAPGATE["MIN_OUTPUT_TOKENS"]
     if tightest is None:
         return cap
     bounds = [(p, _bound(shape, p.target, p.rates, 0)) for p in priced]
     input_worst = max(worst_case_nano(bound=b, rates=p.rates) for p, b in bounds)
     per_token = (
-        max(nano_per_output_token(rates=p.rates, input_tokens=b.input_tokens) for p, b in bounds)
-        * shape.choices
+        max(nano_per_output_token(rates=p.rates, input_tokens=b.input_tokens) for p, b in bounds) * shape.choices
     )
     room = tightest.remaining_nano - input_worst
-    affordable = (
-        int(Decimal(room) / per_token)
-        if per_token > 0 and room > 0
-        else (cap if per_token == 0 else 0)
-    )
+    affordable = int(Decimal(room) / per_token) if per_token > 0 and room > 0 else (cap if per_token == 0 else 0)
     output = min(cap, max(affordable - shape.extra_output, 0))
     if output < floor:
         raise BudgetExceeded(
@@ -212,8 +190,7 @@ def _unpriced(exc: UnpricedModel | UnpricedFeature, *, proxied: bool) -> Gateway
     if isinstance(exc, UnpricedFeature):
         return GatewayError(
             f"Model {exc.model} has no catalog price for {exc.feature}, so a blocking budget "
-            "cannot admit a request that uses it."
-            + ("" if proxied else " Give 'amount_usd' instead."),
+            "cannot admit a request that uses it." + ("" if proxied else " Give 'amount_usd' instead."),
             code=_feature_code(exc),
             status=402,
         )
@@ -231,9 +208,7 @@ def _unpriced(exc: UnpricedModel | UnpricedFeature, *, proxied: bool) -> Gateway
     )
 
 
-def size(
-    *, key: ApiKey, shape: Shape, targets: list[Target], budgets: list[Budget], proxied: bool = True
-) -> Sized:
+def size(*, key: ApiKey, shape: Shape, targets: list[Target], budgets: list[Budget], proxied: bool = True) -> Sized:
     """Size the worst case of `shape` over `targets` under `budgets` (those matching its payer).
 
     1. Under a blocking budget, refuse fields the billing inventory refuses there
@@ -253,9 +228,7 @@ def size(
     """
     blocking = any(b.mode == Budget.Mode.BLOCK for b in budgets)
     if shape.context_ref is not None:
-        earlier = responses.context_tokens(
-            organization_id=key.organization_id, ref=shape.context_ref
-        )
+        earlier = responses.context_tokens(organization_id=key.organization_id, ref=shape.context_ref)
         if earlier is None and blocking:
             raise responses.unknown_context(shape.context_ref)
         shape = dataclasses.replace(shape, text_tokens=shape.text_tokens + (earlier or 0))
@@ -270,9 +243,7 @@ def size(
         )
     priced, no_model, no_feature = _price_targets(shape, targets)
     if not proxied and (no_feature or no_model):
-        raise _unpriced(
-            cast(UnpricedModel | UnpricedFeature, no_feature or no_model), proxied=False
-        )
+        raise _unpriced(cast(UnpricedModel | UnpricedFeature, no_feature or no_model), proxied=False)
     if blocking and priced:
         targets = [p.target for p in priced]  # unpriced fallbacks are not tried under a cap
     elif blocking and no_feature is not None:
@@ -281,10 +252,7 @@ def size(
         assert no_model is not None
         raise _unpriced(no_model, proxied=True)
     governed = blocking and bool(priced)
-    if governed and (
-        shape.unbounded_parts
-        or (shape.images and any(not t.model.max_image_tokens for t in targets))
-    ):
+    if governed and (shape.unbounded_parts or (shape.images and any(not t.model.max_image_tokens for t in targets))):
         raise GatewayError(
             "The request has parts (audio, files, or images for a model without an image bound) whose cost the "
             "catalog cannot bound, so a blocking budget cannot admit it.",
@@ -294,9 +262,7 @@ def size(
 
     # One unlocked read of the tightest ceiling, shared by the exact count and the output ceiling.
     affords = proxied and shape.max_output is None
-    tightest = (
-        headroom(budgets=budgets) if governed and (affords or _countable(shape, priced)) else None
-    )
+    tightest = headroom(budgets=budgets) if governed and (affords or _countable(shape, priced)) else None
     shape, input_bound = _exact_prompt(shape, priced, tightest)
     cap = _catalog_max_output(targets)
     inject = None
@@ -316,10 +282,7 @@ def size(
         output, inject = 0, None
 
     worst = max(
-        (
-            worst_case_nano(bound=_bound(shape, p.target, p.rates, output), rates=p.rates)
-            for p in priced
-        ),
+        (worst_case_nano(bound=_bound(shape, p.target, p.rates, output), rates=p.rates) for p in priced),
         default=0,
     )
     if not governed and blocking:

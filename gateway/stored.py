@@ -28,8 +28,10 @@ async def handle_stored_response(req: Request, response_id: str, action: str) ->
         return await req.respond(status, body, headers)
     connection = stored.connection if stored is not None else None
     if stored is None or connection is None:
-        status, headers, body = render(GatewayError(f"No response with id '{response_id}'.", code="not_found",
-                                                    status=404, param="response_id"), flavor="openai")
+        status, headers, body = render(
+            GatewayError(f"No response with id '{response_id}'.", code="not_found", status=404, param="response_id"),
+            flavor="openai",
+        )
         return await req.respond(status, body, headers)
     suffix = {"get": "", "delete": "", "cancel": "/cancel", "input_items": "/input_items"}[action]
     if connection.kind == "echo":  # echo keeps only background responses: answer as a provider would
@@ -48,12 +50,16 @@ async def handle_stored_response(req: Request, response_id: str, action: str) ->
         target = Target(connection=connection, model=None)  # type: ignore[arg-type]
         try:
             resp = await client().request(
-                req.method, connection_url(connection.base_url, f"/v1/responses/{response_id}{suffix}"),
-                headers=upstream_headers(target, {}), extensions=upstream.tag(organization_id=connection.organization_id,
-                                                          connection_id=connection.id))
+                req.method,
+                connection_url(connection.base_url, f"/v1/responses/{response_id}{suffix}"),
+                headers=upstream_headers(target, {}),
+                extensions=upstream.tag(organization_id=connection.organization_id, connection_id=connection.id),
+            )
         except httpx.HTTPError as exc:
-            status, hdrs, body = render(GatewayError(f"Upstream failed: {type(exc).__name__}", code="upstream_error",
-                                                     status=502), flavor="openai")
+            status, hdrs, body = render(
+                GatewayError(f"Upstream failed: {type(exc).__name__}", code="upstream_error", status=502),
+                flavor="openai",
+            )
             return await req.respond(status, body, hdrs)
         status, content = resp.status_code, resp.content
     if action == "delete" and status == 200:

@@ -48,10 +48,13 @@ async def stream_attempt(call: ProxyCall, target: Target, up_body: dict) -> Atte
         events = echo_stream(target, call.kind, up_body, call._prompt_bound())
     else:
         upstream_client = client()
-        request = upstream_client.build_request("POST", upstream_url(target, call.kind),
-                                                content=json.dumps(up_body).encode(),
-                                                headers=upstream_headers(target, call.req.headers),
-                                                extensions=slot_of(target))
+        request = upstream_client.build_request(
+            "POST",
+            upstream_url(target, call.kind),
+            content=json.dumps(up_body).encode(),
+            headers=upstream_headers(target, call.req.headers),
+            extensions=slot_of(target),
+        )
         try:
             response = await call._race_client(upstream_client.send(request, stream=True))
         except NOT_BILLED as exc:
@@ -69,6 +72,7 @@ async def stream_attempt(call: ProxyCall, target: Target, up_body: dict) -> Atte
     runtime.health.succeeded(target.connection.id)
     await relay(call, target, events, response)
     return Attempt(kind="done")
+
 
 async def relay(call: ProxyCall, target: Target, events, response: httpx.Response | None) -> None:
     """Relay SSE events to the client until the stream ends, the client leaves, the
@@ -90,8 +94,9 @@ async def relay(call: ProxyCall, target: Target, events, response: httpx.Respons
                 continue
             await call.req.send({"type": "http.response.body", "body": event.raw + b"\n\n", "more_body": True})
 
-    await call.req.start(200, [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"),
-                               *call._headers()])
+    await call.req.start(
+        200, [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *call._headers()]
+    )
     try:
         async with asyncio.timeout(deadline):
             await call._race_client(pump())
@@ -112,9 +117,12 @@ async def relay(call: ProxyCall, target: Target, events, response: httpx.Respons
         ending = "stream ended without usage"
     # Usage that arrived is the provider's final word even if the client left afterwards.
     usage = tracker.usage
-    await call.record(call._served(target, usage, tracker.model, error=ending) if usage is not None
-                      else Outcome(status="estimated", cost_nano=p.worst_nano, connection_id=target.connection.id,
-                                   error=ending), target)
+    await call.record(
+        call._served(target, usage, tracker.model, error=ending)
+        if usage is not None
+        else Outcome(status="estimated", cost_nano=p.worst_nano, connection_id=target.connection.id, error=ending),
+        target,
+    )
     if call.kind == "responses" and tracker.response is not None:
         await call._remember(target, tracker.response)
     if ending != "client disconnected mid-stream":

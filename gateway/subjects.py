@@ -54,9 +54,7 @@ class Payer:
         )
 
 
-def payer(
-    *, key: ApiKey, customer_id: str | None, run_id: str | None, run_budget_usd: str | None
-) -> Payer:
+def payer(*, key: ApiKey, customer_id: str | None, run_id: str | None, run_budget_usd: str | None) -> Payer:
     """Validate the customer and run headers and resolve who pays (creating a new end customer,
     and its project's default cap, on first sight)."""
     customer = end_customer(key=key, external_id=customer_id)
@@ -80,14 +78,9 @@ def end_customer(*, key: ApiKey, external_id: str | None) -> EndCustomer | None:
             "X-Capgate-Customer must be 1-200 letters, digits or . _ @ : + -",
             code="invalid_customer",
         )
-    customer, _ = EndCustomer.objects.get_or_create(
-        project_id=key.project_id, external_id=external_id
-    )
+    customer, _ = EndCustomer.objects.get_or_create(project_id=key.project_id, external_id=external_id)
     project = key.project
-    if (
-        project.default_customer_budget_nano is not None
-        and not Budget.objects.filter(end_customer=customer).exists()
-    ):
+    if project.default_customer_budget_nano is not None and not Budget.objects.filter(end_customer=customer).exists():
         with transaction.atomic():
             # Serialise racing first requests of one customer on its row: one default budget.
             EndCustomer.objects.select_for_update().get(pk=customer.pk)
@@ -115,9 +108,7 @@ def run_budget(*, key: ApiKey, run_id: str | None, amount_usd: str | None) -> in
             raise bad_request("X-Capgate-Run-Budget-Usd needs X-Capgate-Run.", code="invalid_run")
         return None
     if not _EXTERNAL_ID.match(run_id):
-        raise bad_request(
-            "X-Capgate-Run must be 1-200 letters, digits or . _ @ : + -", code="invalid_run"
-        )
+        raise bad_request("X-Capgate-Run must be 1-200 letters, digits or . _ @ : + -", code="invalid_run")
     if amount_usd is None:
         amount_nano = key.organization.default_run_budget_nano
         if amount_nano is None:
@@ -126,21 +117,13 @@ def run_budget(*, key: ApiKey, run_id: str | None, amount_usd: str | None) -> in
         try:
             amount_nano = usd_to_nano(amount_usd, maximum=MAX_RUN_BUDGET_USD)
         except MoneyError as exc:
-            raise bad_request(
-                f"X-Capgate-Run-Budget-Usd {exc.message}.", code="invalid_run_budget"
-            ) from None
+            raise bad_request(f"X-Capgate-Run-Budget-Usd {exc.message}.", code="invalid_run_budget") from None
         if amount_nano == 0:
-            raise bad_request(
-                "X-Capgate-Run-Budget-Usd must be more than 0.", code="invalid_run_budget"
-            )
-    existing = Budget.objects.filter(
-        organization_id=key.organization_id, scope=Budget.Scope.RUN, run_id=run_id
-    ).first()
+            raise bad_request("X-Capgate-Run-Budget-Usd must be more than 0.", code="invalid_run_budget")
+    existing = Budget.objects.filter(organization_id=key.organization_id, scope=Budget.Scope.RUN, run_id=run_id).first()
     if existing is None:
         return amount_nano
-    _check_run_amount(
-        existing, run_id=run_id, amount_nano=amount_nano if amount_usd is not None else None
-    )
+    _check_run_amount(existing, run_id=run_id, amount_nano=amount_nano if amount_usd is not None else None)
     return None
 
 
@@ -170,7 +153,5 @@ def create_run_budget(*, key: ApiKey, run_id: str, amount_nano: int, explicit: b
                 name=f"run {run_id}",
             )
     except IntegrityError:  # a concurrent first call created it: compare with that one
-        existing = Budget.objects.get(
-            organization_id=key.organization_id, scope=Budget.Scope.RUN, run_id=run_id
-        )
+        existing = Budget.objects.get(organization_id=key.organization_id, scope=Budget.Scope.RUN, run_id=run_id)
         _check_run_amount(existing, run_id=run_id, amount_nano=amount_nano if explicit else None)

@@ -81,15 +81,25 @@ class GuardedResolver(aiohttp.abc.AbstractResolver):
     host name: aiohttp passes it as SNI). IP literals never reach a resolver in aiohttp, so
     GuardedTransport checks those before sending."""
 
-    async def resolve(self, host: str, port: int = 0,
-                      family: socket.AddressFamily = socket.AF_INET) -> list[aiohttp.abc.ResolveResult]:
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[aiohttp.abc.ResolveResult]:
         try:
             async with asyncio.timeout(settings.CAPGATE["UPSTREAM_CONNECT_TIMEOUT"]):
                 found = await resolve(host, port)  # the module attribute, looked up at each connect
         except TimeoutError:
             raise DestinationUnreachable(f"resolving {host} timed out") from None
-        return [{"hostname": host, "host": address, "port": port, "family": _family(address), "proto": 0,
-                 "flags": socket.AI_NUMERICHOST} for address in check_addresses(host, found)]
+        return [
+            {
+                "hostname": host,
+                "host": address,
+                "port": port,
+                "family": _family(address),
+                "proto": 0,
+                "flags": socket.AI_NUMERICHOST,
+            }
+            for address in check_addresses(host, found)
+        ]
 
     async def close(self) -> None:
         pass
@@ -143,23 +153,32 @@ class Slots:
         """The limit that leaves no room (an unlocked pre-check, before admission)."""
         per_conn, per_org = self.limits()
         if self.by_organization.get(organization_id, 0) >= per_org:
-            return UpstreamBusy(f"This organization already has {per_org} upstream calls in flight on this "
-                                "gateway; retry shortly.", code="organization_concurrency_limit")
+            return UpstreamBusy(
+                f"This organization already has {per_org} upstream calls in flight on this gateway; retry shortly.",
+                code="organization_concurrency_limit",
+            )
         ids = list(connection_ids)
         if ids and all(self.by_connection.get(i, 0) >= per_conn for i in ids):
-            return UpstreamBusy(f"Every connection serving this model already has {per_conn} upstream calls in "
-                                "flight on this gateway; retry shortly.", code="connection_concurrency_limit")
+            return UpstreamBusy(
+                f"Every connection serving this model already has {per_conn} upstream calls in "
+                "flight on this gateway; retry shortly.",
+                code="connection_concurrency_limit",
+            )
         return None
 
     def take(self, *, organization_id: int, connection_id: int) -> None:
         per_conn, per_org = self.limits()
         with self._lock:
             if self.by_organization.get(organization_id, 0) >= per_org:
-                raise UpstreamBusy(f"This organization already has {per_org} upstream calls in flight on this "
-                                   "gateway; retry shortly.", code="organization_concurrency_limit")
+                raise UpstreamBusy(
+                    f"This organization already has {per_org} upstream calls in flight on this gateway; retry shortly.",
+                    code="organization_concurrency_limit",
+                )
             if self.by_connection.get(connection_id, 0) >= per_conn:
-                raise UpstreamBusy(f"This connection already has {per_conn} upstream calls in flight on this "
-                                   "gateway; retry shortly.", code="connection_concurrency_limit")
+                raise UpstreamBusy(
+                    f"This connection already has {per_conn} upstream calls in flight on this gateway; retry shortly.",
+                    code="connection_concurrency_limit",
+                )
             self.by_organization[organization_id] = self.by_organization.get(organization_id, 0) + 1
             self.by_connection[connection_id] = self.by_connection.get(connection_id, 0) + 1
 
@@ -241,9 +260,13 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         # Created on the first call, inside the event loop that uses it. No DNS cache: every
         # connect resolves and checks again. Environment proxies ignored (trust_env=False).
         connector = aiohttp.TCPConnector(
-            limit=self.limits.max_connections or 0, limit_per_host=0, use_dns_cache=False,
-            resolver=GuardedResolver(), ssl=self.ssl_context,
-            keepalive_timeout=self.limits.keepalive_expiry or 15.0)
+            limit=self.limits.max_connections or 0,
+            limit_per_host=0,
+            use_dns_cache=False,
+            resolver=GuardedResolver(),
+            ssl=self.ssl_context,
+            keepalive_timeout=self.limits.keepalive_expiry or 15.0,
+        )
         return aiohttp.ClientSession(connector=connector, trust_env=False, auto_decompress=False)
 
     async def aclose(self) -> None:
@@ -272,8 +295,9 @@ class GuardedTransport(httpx.AsyncBaseTransport):
                     raise _mapped(exc) from exc
         except TimeoutError:
             release()
-            timeout = httpx.ReadTimeout(f"no response within the first-byte timeout ({first_byte:g} s)",
-                                        request=request)
+            timeout = httpx.ReadTimeout(
+                f"no response within the first-byte timeout ({first_byte:g} s)", request=request
+            )
             self._observe(owner, sent, error=timeout)
             raise timeout from None
         except BaseException as exc:
@@ -286,13 +310,15 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         return response
 
     @staticmethod
-    def _observe(owner: tuple[int, int] | None, sent: float, *, status: int | None = None,
-                 error: BaseException | None = None) -> None:
+    def _observe(
+        owner: tuple[int, int] | None, sent: float, *, status: int | None = None, error: BaseException | None = None
+    ) -> None:
         if owner is not None:  # a tenant's upstream call (not, say, an alert webhook)
             from gateway import metrics
 
-            metrics.observe_upstream(connection_id=owner[1], seconds=time.monotonic() - sent, status=status,
-                                     error=error)
+            metrics.observe_upstream(
+                connection_id=owner[1], seconds=time.monotonic() - sent, status=status, error=error
+            )
 
 
 _ssl_context: ssl.SSLContext | None = None
@@ -307,12 +333,21 @@ def new_client() -> httpx.AsyncClient:
         _ssl_context = httpx.create_ssl_context()
     c = settings.CAPGATE
     total = c["UPSTREAM_MAX_CONNECTIONS"]
-    limits = httpx.Limits(max_connections=max(1, total // CLIENT_SHARDS),
-                          max_keepalive_connections=max(1, total // 10 // CLIENT_SHARDS))
-    timeout = httpx.Timeout(connect=c["UPSTREAM_CONNECT_TIMEOUT"], read=c["UPSTREAM_READ_TIMEOUT"], write=30.0,
-                            pool=c["UPSTREAM_POOL_TIMEOUT"])
-    return httpx.AsyncClient(transport=GuardedTransport(limits=limits, ssl_context=_ssl_context), timeout=timeout,
-                             follow_redirects=False, trust_env=False)
+    limits = httpx.Limits(
+        max_connections=max(1, total // CLIENT_SHARDS), max_keepalive_connections=max(1, total // 10 // CLIENT_SHARDS)
+    )
+    timeout = httpx.Timeout(
+        connect=c["UPSTREAM_CONNECT_TIMEOUT"],
+        read=c["UPSTREAM_READ_TIMEOUT"],
+        write=30.0,
+        pool=c["UPSTREAM_POOL_TIMEOUT"],
+    )
+    return httpx.AsyncClient(
+        transport=GuardedTransport(limits=limits, ssl_context=_ssl_context),
+        timeout=timeout,
+        follow_redirects=False,
+        trust_env=False,
+    )
 
 
 # The upstream client(s), per process: CLIENT_SHARDS pools spread round-robin (one aiohttp pool

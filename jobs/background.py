@@ -33,52 +33,103 @@ async def submit(call: ProxyCall, body: dict) -> None:
     assert p is not None
     if body.get("stream"):
         await call.record(Outcome(status=UsageRecord.Status.FAILED_UPSTREAM, error="background stream not sent"))
-        return await call.fail(GatewayError("A background response cannot stream through capgate; poll it with "
-                                            "GET /v1/responses/{id}.", code="invalid_request", status=400,
-                                            param="stream"))
+        return await call.fail(
+            GatewayError(
+                "A background response cannot stream through capgate; poll it with GET /v1/responses/{id}.",
+                code="invalid_request",
+                status=400,
+                param="stream",
+            )
+        )
     target = next((t for t in p.targets if runtime.health.ok(t.connection.id)), p.targets[0])
     if target.connection.kind not in ("openai", "echo"):
         await call.record(Outcome(status=UsageRecord.Status.FAILED_UPSTREAM, error="background not supported here"))
-        return await call.fail(GatewayError("Background responses need an OpenAI connection.",
-                                            code="background_unsupported_connection", status=400, param="model"))
+        return await call.fail(
+            GatewayError(
+                "Background responses need an OpenAI connection.",
+                code="background_unsupported_connection",
+                status=400,
+                param="model",
+            )
+        )
     up_body = call.upstream_body(body, target)
     try:
         resp = await send(client(), target.connection, "POST", "/v1/responses", body=up_body)
     except NOT_SENT as exc:
-        await call.record(Outcome(status=UsageRecord.Status.FAILED_UPSTREAM, connection_id=target.connection.id,
-                                  error=f"not sent: {type(exc).__name__}"))
-        return await call.fail(GatewayError(f"Upstream failed: {type(exc).__name__}", code="upstream_error", status=502))
+        await call.record(
+            Outcome(
+                status=UsageRecord.Status.FAILED_UPSTREAM,
+                connection_id=target.connection.id,
+                error=f"not sent: {type(exc).__name__}",
+            )
+        )
+        return await call.fail(
+            GatewayError(f"Upstream failed: {type(exc).__name__}", code="upstream_error", status=502)
+        )
     except httpx.HTTPError as exc:
-        await call.record(Outcome(status=UsageRecord.Status.ESTIMATED, cost_nano=p.worst_nano,
-                                  connection_id=target.connection.id, error=f"outcome unknown: {type(exc).__name__}"))
+        await call.record(
+            Outcome(
+                status=UsageRecord.Status.ESTIMATED,
+                cost_nano=p.worst_nano,
+                connection_id=target.connection.id,
+                error=f"outcome unknown: {type(exc).__name__}",
+            )
+        )
         return await call.fail(GatewayError("Upstream outcome unknown.", code="upstream_timeout", status=504))
     data = loads(resp.content)
     if resp.status_code != 200 or not isinstance(data, dict) or not isinstance(data.get("id"), str):
-        await call.record(Outcome(status=UsageRecord.Status.FAILED_UPSTREAM, connection_id=target.connection.id,
-                                  error=f"upstream rejected: {resp.status_code}"))
-        return await call.req.respond(resp.status_code if resp.status_code >= 400 else 502, resp.content,
-                                      call._headers())
+        await call.record(
+            Outcome(
+                status=UsageRecord.Status.FAILED_UPSTREAM,
+                connection_id=target.connection.id,
+                error=f"upstream rejected: {resp.status_code}",
+            )
+        )
+        return await call.req.respond(
+            resp.status_code if resp.status_code >= 400 else 502, resp.content, call._headers()
+        )
     response_id = data["id"]
     # Owned by this organization from now on, with a context bound a continuation can use before
     # it finishes: everything this response may read and write.
     output = p.inject_max_output or (call.shape.max_output if call.shape else None) or 0
     try:
-        await runtime.db(responses.remember, organization_id=p.reservation.organization_id,
-                         connection_id=target.connection.id, response_id=response_id, conversation_id=None,
-                         context=p.input_tokens + output, lane="settle")
+        await runtime.db(
+            responses.remember,
+            organization_id=p.reservation.organization_id,
+            connection_id=target.connection.id,
+            response_id=response_id,
+            conversation_id=None,
+            context=p.input_tokens + output,
+            lane="settle",
+        )
     except DatabaseError:
         log.warning("could not remember background response %s", response_id)
     if data.get("status") in FINAL:
         usage = usage_responses(data)
-        await call.record(call._served(target, usage, str(data.get("model") or "")) if usage is not None else
-                          Outcome(status=UsageRecord.Status.FAILED_UPSTREAM, connection_id=target.connection.id,
-                                  error=f"background response {data.get('status')} without usage"), target)
+        await call.record(
+            call._served(target, usage, str(data.get("model") or ""))
+            if usage is not None
+            else Outcome(
+                status=UsageRecord.Status.FAILED_UPSTREAM,
+                connection_id=target.connection.id,
+                error=f"background response {data.get('status')} without usage",
+            ),
+            target,
+        )
     else:
         try:
-            await runtime.db(service.start_job, reservation=p.reservation, kind=Job.Kind.RESPONSE,
-                             provider_job_id=response_id, connection_id=target.connection.id,
-                             model_id=target.model.id, route=call.model_name, api_key_id=p.reservation.api_key_id,
-                             provider_status=str(data.get("status") or ""), lane="settle")
+            await runtime.db(
+                service.start_job,
+                reservation=p.reservation,
+                kind=Job.Kind.RESPONSE,
+                provider_job_id=response_id,
+                connection_id=target.connection.id,
+                model_id=target.model.id,
+                route=call.model_name,
+                api_key_id=p.reservation.api_key_id,
+                provider_status=str(data.get("status") or ""),
+                lane="settle",
+            )
         except DatabaseError:
             log.exception("jobs: background response %s not recorded; its hold lapses to worst case", response_id)
     await call.req.respond(200, json.dumps(data).encode(), call._headers())

@@ -45,15 +45,28 @@ async def create(req: Request, key: ApiKey, match: re.Match[str]) -> None:
         raise service.not_found("batch input file", file_id, "input_file_id")
     if BATCH_ENDPOINTS[target] != row.kind:
         raise bad_request(f"The file's requests call {row.kind}, not '{target}'.", param="endpoint")
-    await submit(req, key, Submission(
-        kind=Job.Kind.BATCH, worst_nano=sum(row.line_bounds), route=row.route, refused_code=row.refused_code,
-        connection=row.connection, model_id=row.model_id, path="/v1/batches", body=body, input_file_id=file_id,
-        detail={"lines": row.line_count}))
+    await submit(
+        req,
+        key,
+        Submission(
+            kind=Job.Kind.BATCH,
+            worst_nano=sum(row.line_bounds),
+            route=row.route,
+            refused_code=row.refused_code,
+            connection=row.connection,
+            model_id=row.model_id,
+            path="/v1/batches",
+            body=body,
+            input_file_id=file_id,
+            detail={"lines": row.line_count},
+        ),
+    )
 
 
 async def _owned(key: ApiKey, batch_id: str) -> Job:
-    job = await runtime.db(service.owned_job, organization_id=key.organization_id, kind=Job.Kind.BATCH,
-                           provider_job_id=batch_id)
+    job = await runtime.db(
+        service.owned_job, organization_id=key.organization_id, kind=Job.Kind.BATCH, provider_job_id=batch_id
+    )
     if job is None or job.connection is None:
         raise service.not_found("batch", batch_id, "batch_id")
     return job
@@ -91,8 +104,13 @@ async def list_batches(req: Request, key: ApiKey, match: re.Match[str]) -> None:
         limit = max(1, min(int(query.get("limit", "20")), 100))
     except ValueError:
         raise bad_request("'limit' must be an integer.", param="limit") from None
-    jobs = await runtime.db(service.owned_jobs, organization_id=key.organization_id, kind=Job.Kind.BATCH,
-                            after=query.get("after"), limit=limit + 1)
+    jobs = await runtime.db(
+        service.owned_jobs,
+        organization_id=key.organization_id,
+        kind=Job.Kind.BATCH,
+        after=query.get("after"),
+        limit=limit + 1,
+    )
 
     async def one(job: Job) -> dict:
         try:
@@ -102,12 +120,27 @@ async def list_batches(req: Request, key: ApiKey, match: re.Match[str]) -> None:
                 return data
         except httpx.HTTPError:
             pass
-        return {"id": job.provider_job_id, "object": "batch", "status": job.provider_status or "unknown",
-                "endpoint": "", "input_file_id": job.input_file_id, "completion_window": "24h",
-                "created_at": int(job.created_at.timestamp())}
+        return {
+            "id": job.provider_job_id,
+            "object": "batch",
+            "status": job.provider_status or "unknown",
+            "endpoint": "",
+            "input_file_id": job.input_file_id,
+            "completion_window": "24h",
+            "created_at": int(job.created_at.timestamp()),
+        }
 
     page = [j for j in jobs[:limit] if j.connection is not None]
     data = await asyncio.gather(*(one(j) for j in page))
-    await req.respond(200, json.dumps({
-        "object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None, "has_more": len(jobs) > limit}).encode())
+    await req.respond(
+        200,
+        json.dumps(
+            {
+                "object": "list",
+                "data": data,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+                "has_more": len(jobs) > limit,
+            }
+        ).encode(),
+    )

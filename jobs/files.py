@@ -28,7 +28,8 @@ def parse_multipart(content_type: str, raw: bytes) -> dict[str, tuple[str | None
     if not content_type.lower().startswith("multipart/form-data"):
         raise bad_request("Upload the file as multipart/form-data (fields 'purpose' and 'file').")
     message = BytesParser(policy=policy.HTTP).parsebytes(
-        b"Content-Type: " + content_type.encode("latin-1") + b"\r\nMIME-Version: 1.0\r\n\r\n" + raw)
+        b"Content-Type: " + content_type.encode("latin-1") + b"\r\nMIME-Version: 1.0\r\n\r\n" + raw
+    )
     if not message.is_multipart():
         raise bad_request("The multipart body could not be parsed.")
     fields: dict[str, tuple[str | None, bytes]] = {}
@@ -48,26 +49,50 @@ async def upload(req: Request, key: ApiKey, match: re.Match[str]) -> None:
     if "file" not in fields:
         raise bad_request("'file' is required.", param="file")
     if purpose != "batch":
-        raise bad_request("capgate accepts files for purpose 'batch' only (the input of /v1/batches).",
-                          param="purpose", code="unsupported_purpose")
+        raise bad_request(
+            "capgate accepts files for purpose 'batch' only (the input of /v1/batches).",
+            param="purpose",
+            code="unsupported_purpose",
+        )
     filename, content = fields["file"]
     sized, rewritten = await runtime.db(sizing.size_openai_file, key=key, raw=content)
     connection = sized.target.connection
     if connection.kind not in ("openai", "echo"):
-        raise bad_request(f"The model '{sized.route}' is not served by an OpenAI connection; batches run on the "
-                          "provider's batch API.", param="model", code="batch_unsupported_connection")
+        raise bad_request(
+            f"The model '{sized.route}' is not served by an OpenAI connection; batches run on the "
+            "provider's batch API.",
+            param="model",
+            code="batch_unsupported_connection",
+        )
     try:
-        resp = await send(proxy.client(), connection, "POST", "/v1/files", data={"purpose": "batch"},
-                          files={"file": (filename or "batch.jsonl", rewritten, "application/jsonl")})
+        resp = await send(
+            proxy.client(),
+            connection,
+            "POST",
+            "/v1/files",
+            data={"purpose": "batch"},
+            files={"file": (filename or "batch.jsonl", rewritten, "application/jsonl")},
+        )
     except httpx.HTTPError as exc:
         raise upstream_failed(exc) from None
     data = loads(resp.content)
     if resp.status_code == 200 and isinstance(data, dict) and isinstance(data.get("id"), str):
-        await runtime.db(service.keep_file, organization_id=key.organization_id, file_id=data["id"],
-                         connection_id=connection.id, purpose="batch", filename=(filename or "")[:255],
-                         size_bytes=len(rewritten), kind=sized.kind, route=sized.route[:200],
-                         model_id=sized.target.model.id, line_count=len(sized.bounds), line_bounds=sized.bounds,
-                         refused_code=sized.refused_code, lane="settle")
+        await runtime.db(
+            service.keep_file,
+            organization_id=key.organization_id,
+            file_id=data["id"],
+            connection_id=connection.id,
+            purpose="batch",
+            filename=(filename or "")[:255],
+            size_bytes=len(rewritten),
+            kind=sized.kind,
+            route=sized.route[:200],
+            model_id=sized.target.model.id,
+            line_count=len(sized.bounds),
+            line_bounds=sized.bounds,
+            refused_code=sized.refused_code,
+            lane="settle",
+        )
     await req.respond(resp.status_code, resp.content)
 
 
@@ -95,8 +120,7 @@ async def delete(req: Request, key: ApiKey, match: re.Match[str]) -> None:
     row = await _owned(key, match.group(1))
     status = await _proxy(req, row.connection, "DELETE", f"/v1/files/{row.file_id}")
     if status == 200:
-        await runtime.db(service.forget_file, organization_id=key.organization_id, file_id=row.file_id,
-                         lane="settle")
+        await runtime.db(service.forget_file, organization_id=key.organization_id, file_id=row.file_id, lane="settle")
 
 
 async def _proxy(req: Request, connection, method: str, path: str, raw: bool = False) -> int:

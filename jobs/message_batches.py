@@ -31,17 +31,35 @@ async def create(req: Request, key: ApiKey, match: re.Match[str]) -> None:
     sized, requests = await runtime.db(sizing.size_message_batch, key=key, body=body)
     connection = sized.target.connection
     if connection.kind not in ("anthropic", "echo"):
-        raise bad_request(f"The model '{sized.route}' is not served by an Anthropic connection; message batches "
-                          "run on the provider's batch API.", param="model", code="batch_unsupported_connection")
-    await submit(req, key, Submission(
-        kind=Job.Kind.MESSAGE_BATCH, worst_nano=sized.worst_nano, route=sized.route, refused_code=sized.refused_code,
-        connection=connection, model_id=sized.target.model.id, path="/v1/messages/batches",
-        body={"requests": requests}, detail={"lines": len(requests)}, status_of=_status, flavor="anthropic"))
+        raise bad_request(
+            f"The model '{sized.route}' is not served by an Anthropic connection; message batches "
+            "run on the provider's batch API.",
+            param="model",
+            code="batch_unsupported_connection",
+        )
+    await submit(
+        req,
+        key,
+        Submission(
+            kind=Job.Kind.MESSAGE_BATCH,
+            worst_nano=sized.worst_nano,
+            route=sized.route,
+            refused_code=sized.refused_code,
+            connection=connection,
+            model_id=sized.target.model.id,
+            path="/v1/messages/batches",
+            body={"requests": requests},
+            detail={"lines": len(requests)},
+            status_of=_status,
+            flavor="anthropic",
+        ),
+    )
 
 
 async def _owned(key: ApiKey, batch_id: str) -> Job:
-    job = await runtime.db(service.owned_job, organization_id=key.organization_id, kind=Job.Kind.MESSAGE_BATCH,
-                           provider_job_id=batch_id)
+    job = await runtime.db(
+        service.owned_job, organization_id=key.organization_id, kind=Job.Kind.MESSAGE_BATCH, provider_job_id=batch_id
+    )
     if job is None or job.connection is None:
         raise service.not_found("message batch", batch_id, "message_batch_id")
     return job
@@ -88,8 +106,13 @@ async def list_batches(req: Request, key: ApiKey, match: re.Match[str]) -> None:
         limit = max(1, min(int(query.get("limit", "20")), 100))
     except ValueError:
         raise bad_request("'limit' must be an integer.", param="limit") from None
-    jobs = await runtime.db(service.owned_jobs, organization_id=key.organization_id, kind=Job.Kind.MESSAGE_BATCH,
-                            after=query.get("after_id"), limit=limit + 1)
+    jobs = await runtime.db(
+        service.owned_jobs,
+        organization_id=key.organization_id,
+        kind=Job.Kind.MESSAGE_BATCH,
+        after=query.get("after_id"),
+        limit=limit + 1,
+    )
 
     async def one(job: Job) -> dict:
         try:
@@ -103,9 +126,14 @@ async def list_batches(req: Request, key: ApiKey, match: re.Match[str]) -> None:
 
     page = [j for j in jobs[:limit] if j.connection is not None]
     data = await asyncio.gather(*(one(j) for j in page))
-    await req.respond(200, json.dumps({"data": data, "has_more": len(jobs) > limit,
-                                       "first_id": data[0]["id"] if data else None,
-                                       "last_id": data[-1]["id"] if data else None}).encode())
-
-
-
+    await req.respond(
+        200,
+        json.dumps(
+            {
+                "data": data,
+                "has_more": len(jobs) > limit,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+            }
+        ).encode(),
+    )

@@ -30,8 +30,12 @@ _ALIVE = {
     Job.Kind.RESPONSE: {"queued", "in_progress"},
     Job.Kind.VIDEO: {"queued", "in_progress"},
 }
-_PATHS = {Job.Kind.BATCH: "/v1/batches/", Job.Kind.MESSAGE_BATCH: "/v1/messages/batches/",
-          Job.Kind.RESPONSE: "/v1/responses/", Job.Kind.VIDEO: "/v1/videos/"}
+_PATHS = {
+    Job.Kind.BATCH: "/v1/batches/",
+    Job.Kind.MESSAGE_BATCH: "/v1/messages/batches/",
+    Job.Kind.RESPONSE: "/v1/responses/",
+    Job.Kind.VIDEO: "/v1/videos/",
+}
 
 
 def backoff(polls: int) -> timedelta:
@@ -48,12 +52,16 @@ CLAIM_EXCLUSIVE = True
 def claim(*, now: datetime | None = None, limit: int | None = None) -> list[Job]:
     now = now or timezone.now()
     limit = limit or settings.CAPGATE["JOB_POLL_PER_RUN"]
-    due = (Q(state__in=[Job.State.LIVE, Job.State.CANCELLING])
-           | Q(state=Job.State.ESTIMATED, deadline_at__gt=now - LATE_REPORT_GRACE))
+    due = Q(state__in=[Job.State.LIVE, Job.State.CANCELLING]) | Q(
+        state=Job.State.ESTIMATED, deadline_at__gt=now - LATE_REPORT_GRACE
+    )
     with transaction.atomic():
-        jobs = list(Job.objects.select_for_update(skip_locked=CLAIM_EXCLUSIVE, of=("self",))
-                    .select_related("connection").filter(due, next_poll_at__lte=now)
-                    .order_by("next_poll_at")[:limit])
+        jobs = list(
+            Job.objects.select_for_update(skip_locked=CLAIM_EXCLUSIVE, of=("self",))
+            .select_related("connection")
+            .filter(due, next_poll_at__lte=now)
+            .order_by("next_poll_at")[:limit]
+        )
         for job in jobs:
             job.polls += 1
             job.last_polled_at = now
@@ -76,7 +84,11 @@ async def _lines(client: httpx.AsyncClient, job: Job, path: str, read) -> list:
 
 def _batch_line(item: object):
     response = item.get("response") if isinstance(item, dict) else None
-    if not isinstance(response, dict) or response.get("status_code") != 200 or not isinstance(response.get("body"), dict):
+    if (
+        not isinstance(response, dict)
+        or response.get("status_code") != 200
+        or not isinstance(response.get("body"), dict)
+    ):
         return None
     body = response["body"]
     if body.get("object") == "response":
@@ -111,8 +123,9 @@ async def fetch(client: httpx.AsyncClient, job: Job) -> Report:
             if data.get("output_file_id"):
                 report.usages = await _lines(client, job, f"/v1/files/{data['output_file_id']}/content", _batch_line)
         elif job.kind == Job.Kind.MESSAGE_BATCH:
-            report.usages = await _lines(client, job, f"/v1/messages/batches/{job.provider_job_id}/results",
-                                         _message_line)
+            report.usages = await _lines(
+                client, job, f"/v1/messages/batches/{job.provider_job_id}/results", _message_line
+            )
         elif job.kind == Job.Kind.RESPONSE:
             usage = usage_responses(data)
             report.usages = [usage] if usage is not None else []

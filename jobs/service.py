@@ -35,9 +35,18 @@ def not_found(what: str, ident: str, param: str) -> GatewayError:
     return GatewayError(f"No {what} with id '{ident}'.", code="not_found", status=404, param=param)
 
 
-def admit_job(*, key: ApiKey, request_id: str, worst_nano: int, model: str, refused_code: str,
-              customer_id: str | None, run_id: str | None, run_budget_usd: str | None,
-              owner_id: int | None) -> Admitted:
+def admit_job(
+    *,
+    key: ApiKey,
+    request_id: str,
+    worst_nano: int,
+    model: str,
+    refused_code: str,
+    customer_id: str | None,
+    run_id: str | None,
+    run_budget_usd: str | None,
+    owner_id: int | None,
+) -> Admitted:
     """One admission for a job's whole worst case, through the same `admit` as a live request,
     for the same subjects (key, project, member, end customer, run). Under a blocking cap a job
     with something a live request would be refused for (refused_code) is refused with that code."""
@@ -47,11 +56,23 @@ def admit_job(*, key: ApiKey, request_id: str, worst_nano: int, model: str, refu
     def go() -> Admitted:
         budgets = matching_budgets(subject)
         if refused_code and any(b.mode == Budget.Mode.BLOCK for b in budgets):
-            raise GatewayError(f"This job has a request a blocking budget cannot admit ({refused_code}); "
-                               "the same request would be refused live.", code=refused_code, status=402)
+            raise GatewayError(
+                f"This job has a request a blocking budget cannot admit ({refused_code}); "
+                "the same request would be refused live.",
+                code=refused_code,
+                status=402,
+            )
         worst = worst_nano if ADMIT_AT_SUBMISSION else 0
-        return admit(request=AdmissionRequest(subject=subject, request_id=request_id, worst_nano=worst, model=model,
-                                              owner_id=owner_id, budgets=budgets))
+        return admit(
+            request=AdmissionRequest(
+                subject=subject,
+                request_id=request_id,
+                worst_nano=worst,
+                model=model,
+                owner_id=owner_id,
+                budgets=budgets,
+            )
+        )
 
     if who.new_run_nano is None:
         return go()
@@ -66,19 +87,38 @@ def deadline_for(kind: str) -> timedelta:
     return c["JOB_BATCH_DEADLINE"] if kind in (Job.Kind.BATCH, Job.Kind.MESSAGE_BATCH) else c["JOB_MAX_SECONDS"]
 
 
-def start_job(*, reservation: Reservation, kind: str, provider_job_id: str, connection_id: int, model_id: int | None,
-              route: str, api_key_id: int, input_file_id: str = "", provider_status: str = "",
-              detail: dict | None = None) -> Job:
+def start_job(
+    *,
+    reservation: Reservation,
+    kind: str,
+    provider_job_id: str,
+    connection_id: int,
+    model_id: int | None,
+    route: str,
+    api_key_id: int,
+    input_file_id: str = "",
+    provider_status: str = "",
+    detail: dict | None = None,
+) -> Job:
     """The provider accepted the job: record it and move the reservation to it, in one
     transaction. From here the hold is the job's, renewed by beat while the job lives."""
     now = timezone.now()
     deadline = reservation.created_at + deadline_for(kind)
     with transaction.atomic():
         job = Job.objects.create(
-            organization_id=reservation.organization_id, kind=kind, provider_job_id=provider_job_id[:200],
-            connection_id=connection_id, model_id=model_id, route=route[:200], api_key_id=api_key_id,
-            request_id=reservation.request_id, worst_nano=reservation.amount_nano, input_file_id=input_file_id,
-            provider_status=provider_status[:50], detail=detail or {}, deadline_at=deadline,
+            organization_id=reservation.organization_id,
+            kind=kind,
+            provider_job_id=provider_job_id[:200],
+            connection_id=connection_id,
+            model_id=model_id,
+            route=route[:200],
+            api_key_id=api_key_id,
+            request_id=reservation.request_id,
+            worst_nano=reservation.amount_nano,
+            input_file_id=input_file_id,
+            provider_status=provider_status[:50],
+            detail=detail or {},
+            deadline_at=deadline,
             next_poll_at=now + settings.CAPGATE["JOB_POLL_FIRST"],
         )
         if HAND_TO_JOB:
@@ -100,14 +140,17 @@ def settle_submission(*, reservation: Reservation, outcome: Outcome) -> None:
 
 # --- files ------------------------------------------------------------------------------------
 
+
 def owned_file(*, organization_id: int, file_id: str) -> JobFile | None:
-    return JobFile.objects.select_related("connection").filter(organization_id=organization_id,
-                                                               file_id=file_id).first()
+    return JobFile.objects.select_related("connection").filter(organization_id=organization_id, file_id=file_id).first()
 
 
 def keep_file(*, organization_id: int, file_id: str, connection_id: int | None, purpose: str, **fields) -> JobFile:
-    row, _ = JobFile.objects.get_or_create(organization_id=organization_id, file_id=file_id[:200], defaults={
-        "connection_id": connection_id, "purpose": purpose[:50], **fields})
+    row, _ = JobFile.objects.get_or_create(
+        organization_id=organization_id,
+        file_id=file_id[:200],
+        defaults={"connection_id": connection_id, "purpose": purpose[:50], **fields},
+    )
     return row
 
 
@@ -117,9 +160,13 @@ def forget_file(*, organization_id: int, file_id: str) -> None:
 
 # --- jobs -------------------------------------------------------------------------------------
 
+
 def owned_job(*, organization_id: int, kind: str, provider_job_id: str) -> Job | None:
-    return Job.objects.select_related("connection").filter(organization_id=organization_id, kind=kind,
-                                                           provider_job_id=provider_job_id).first()
+    return (
+        Job.objects.select_related("connection")
+        .filter(organization_id=organization_id, kind=kind, provider_job_id=provider_job_id)
+        .first()
+    )
 
 
 def owned_jobs(*, organization_id: int, kind: str, after: str | None, limit: int) -> list[Job]:
@@ -136,8 +183,9 @@ def request_cancel(*, job_id: int) -> None:
     reports the final state and what it billed (jobs/settle.py). It only makes the next poll come
     soon."""
     now = timezone.now()
-    Job.objects.filter(pk=job_id, state=Job.State.LIVE).update(state=Job.State.CANCELLING, cancel_requested_at=now,
-                                                               next_poll_at=now)
+    Job.objects.filter(pk=job_id, state=Job.State.LIVE).update(
+        state=Job.State.CANCELLING, cancel_requested_at=now, next_poll_at=now
+    )
     if not KEEP_HOLD_ON_CANCEL:  # what the guard prevents: settling on the cancel request alone
         from ledger.recording import release
 
@@ -153,5 +201,9 @@ def keep_result_files(*, job: Job, data: dict) -> None:
     for name in ("output_file_id", "error_file_id"):
         file_id = data.get(name)
         if isinstance(file_id, str) and file_id:
-            keep_file(organization_id=job.organization_id, file_id=file_id, connection_id=job.connection_id,
-                      purpose="batch_output")
+            keep_file(
+                organization_id=job.organization_id,
+                file_id=file_id,
+                connection_id=job.connection_id,
+                purpose="batch_output",
+            )

@@ -54,11 +54,14 @@ class Report:
 
 
 def _total(usages: list[Usage]) -> Usage:
-    return Usage(input_tokens=sum(u.input_tokens for u in usages), output_tokens=sum(u.output_tokens for u in usages),
-                 cache_read_tokens=sum(u.cache_read_tokens for u in usages),
-                 cache_write_tokens=sum(u.cache_write_tokens for u in usages),
-                 cache_write_1h_tokens=sum(u.cache_write_1h_tokens for u in usages),
-                 web_search_requests=sum(u.web_search_requests for u in usages))
+    return Usage(
+        input_tokens=sum(u.input_tokens for u in usages),
+        output_tokens=sum(u.output_tokens for u in usages),
+        cache_read_tokens=sum(u.cache_read_tokens for u in usages),
+        cache_write_tokens=sum(u.cache_write_tokens for u in usages),
+        cache_write_1h_tokens=sum(u.cache_write_1h_tokens for u in usages),
+        web_search_requests=sum(u.web_search_requests for u in usages),
+    )
 
 
 def price(job: Job, report: Report) -> tuple[int, str]:
@@ -72,8 +75,10 @@ def price(job: Job, report: Report) -> tuple[int, str]:
         if job.kind in (Job.Kind.BATCH, Job.Kind.MESSAGE_BATCH):
             rates = batch_rates(rates=rates_for(model=model, connection=connection), model=model)
             return sum(cost_nano(usage=u, rates=rates) for u in report.usages), ""
-        return sum(cost_nano(usage=u, rates=rates_for(model=model, connection=connection, tier=u.service_tier))
-                   for u in report.usages), ""
+        return sum(
+            cost_nano(usage=u, rates=rates_for(model=model, connection=connection, tier=u.service_tier))
+            for u in report.usages
+        ), ""
     except (UnpricedModel, UnpricedFeature) as exc:
         return job.worst_nano, f"unpriced ({exc}): charged at worst case"
 
@@ -117,9 +122,15 @@ def apply_report(*, job_id: int, report: Report, now: datetime | None = None) ->
         return job.state
     if report.kind == "gone":
         if job.state in (Job.State.LIVE, Job.State.CANCELLING):
-            _apply(job.request_id, Outcome(status=Status.ESTIMATED, cost_nano=job.worst_nano,
-                                           connection_id=job.connection_id,
-                                           error="job gone: the provider no longer reports it; charged at worst case"))
+            _apply(
+                job.request_id,
+                Outcome(
+                    status=Status.ESTIMATED,
+                    cost_nano=job.worst_nano,
+                    connection_id=job.connection_id,
+                    error="job gone: the provider no longer reports it; charged at worst case",
+                ),
+            )
             job.state = Job.State.ESTIMATED
             job.save(update_fields=["state"])
         return job.state
@@ -127,15 +138,20 @@ def apply_report(*, job_id: int, report: Report, now: datetime | None = None) ->
         return job.state
     cost, note = price(job, report)
     billed = bool(report.usages) or report.seconds > 0
-    outcome = Outcome(status=Status.SERVED if billed or note else Status.FAILED_UPSTREAM, cost_nano=cost,
-                      usage=_total(report.usages), connection_id=job.connection_id,
-                      provider_model=report.provider_model or (job.model.name if job.model else ""),
-                      error="; ".join(e for e in (f"job {report.provider_status}", note, report.error) if e))
+    outcome = Outcome(
+        status=Status.SERVED if billed or note else Status.FAILED_UPSTREAM,
+        cost_nano=cost,
+        usage=_total(report.usages),
+        connection_id=job.connection_id,
+        provider_model=report.provider_model or (job.model.name if job.model else ""),
+        error="; ".join(e for e in (f"job {report.provider_status}", note, report.error) if e),
+    )
     with transaction.atomic():
         locked = Job.objects.select_for_update().get(pk=job.pk)
         if locked.state == Job.State.SETTLED:
             return locked.state
         _apply(job.request_id, outcome)
-        Job.objects.filter(pk=job.pk).update(state=Job.State.SETTLED, cost_nano=cost, settled_at=now,
-                                             provider_status=report.provider_status[:50])
+        Job.objects.filter(pk=job.pk).update(
+            state=Job.State.SETTLED, cost_nano=cost, settled_at=now, provider_status=report.provider_status[:50]
+        )
     return Job.State.SETTLED

@@ -60,7 +60,9 @@ def _refusal(shape: Shape, target: Target) -> str:
     return ""
 
 
-def size_line(*, key: ApiKey, body: dict, kind: str, sized: SizedLines | None, where: str) -> tuple[Target, int, dict, str]:
+def size_line(
+    *, key: ApiKey, body: dict, kind: str, sized: SizedLines | None, where: str
+) -> tuple[Target, int, dict, str]:
     """One request of a job: (its target, its bound at the batch price, the body the provider
     gets, the refusal code under a blocking cap or "")."""
     try:
@@ -72,8 +74,12 @@ def size_line(*, key: ApiKey, body: dict, kind: str, sized: SizedLines | None, w
         raise _line_error(where, exc) from None
     target = targets[0]  # a job runs where it was submitted: no failover
     if sized is not None and target.connection.id != sized.target.connection.id:
-        raise bad_request(f"{where}: model '{shape.model}' routes to another connection than the first line's; "
-                          "a batch runs on one connection.", param="model", code="batch_mixed_connections")
+        raise bad_request(
+            f"{where}: model '{shape.model}' routes to another connection than the first line's; "
+            "a batch runs on one connection.",
+            param="model",
+            code="batch_mixed_connections",
+        )
     refused = _refusal(shape, target)
     if shape.context_ref is not None:
         earlier = responses.context_tokens(organization_id=key.organization_id, ref=shape.context_ref)
@@ -90,13 +96,18 @@ def size_line(*, key: ApiKey, body: dict, kind: str, sized: SizedLines | None, w
         param = OUTPUT_PARAMS.get(kind) or target.connection.options.get("max_tokens_param", "max_completion_tokens")
         out[param] = output
     try:
-        rates = batch_rates(rates=rates_for(model=target.model, connection=target.connection,
-                                            tier=target.tier(shape.service_tier)), model=target.model)
+        rates = batch_rates(
+            rates=rates_for(model=target.model, connection=target.connection, tier=target.tier(shape.service_tier)),
+            model=target.model,
+        )
         worst = worst_case_nano(bound=_bound(shape, target, rates, output or 0), rates=rates)
     except UnpricedModel:
         worst, refused = 0, refused or "unpriced_model_under_budget"
     except UnpricedFeature as exc:
-        worst, refused = 0, refused or f"{'service_tier' if exc.feature.startswith('service_tier') else 'feature'}_under_budget"
+        worst, refused = (
+            0,
+            refused or f"{'service_tier' if exc.feature.startswith('service_tier') else 'feature'}_under_budget",
+        )
     return target, worst, out, refused
 
 
@@ -117,8 +128,9 @@ def size_openai_file(*, key: ApiKey, raw: bytes) -> tuple[SizedLines, bytes]:
     if not lines:
         raise bad_request("The batch input file has no requests.", param="file", code="invalid_batch_file")
     if len(lines) > MAX_LINES:
-        raise bad_request(f"A batch input file holds at most {MAX_LINES} requests.", param="file",
-                          code="invalid_batch_file")
+        raise bad_request(
+            f"A batch input file holds at most {MAX_LINES} requests.", param="file", code="invalid_batch_file"
+        )
     sized: SizedLines | None = None
     seen: set[str] = set()
     out_lines: list[bytes] = []
@@ -130,18 +142,29 @@ def size_openai_file(*, key: ApiKey, raw: bytes) -> tuple[SizedLines, bytes]:
             raise _line_error(where, exc) from None
         custom_id, url, body = item.get("custom_id"), item.get("url"), item.get("body")
         if not isinstance(custom_id, str) or not custom_id or custom_id in seen:
-            raise bad_request(f"{where}: 'custom_id' must be a non-empty string, unique in the file.",
-                              param="custom_id", code="invalid_batch_file")
+            raise bad_request(
+                f"{where}: 'custom_id' must be a non-empty string, unique in the file.",
+                param="custom_id",
+                code="invalid_batch_file",
+            )
         seen.add(custom_id)
         if item.get("method", "POST") != "POST" or url not in BATCH_ENDPOINTS or not isinstance(body, dict):
-            raise bad_request(f"{where}: each line is {{custom_id, method: POST, url: one of "
-                              f"{sorted(BATCH_ENDPOINTS)}, body: {{...}}}}.", code="invalid_batch_file")
+            raise bad_request(
+                f"{where}: each line is {{custom_id, method: POST, url: one of "
+                f"{sorted(BATCH_ENDPOINTS)}, body: {{...}}}}.",
+                code="invalid_batch_file",
+            )
         kind = BATCH_ENDPOINTS[url]
         if sized is not None and kind != sized.kind:
-            raise bad_request(f"{where}: every line of a batch calls the same endpoint.", param="url",
-                              code="invalid_batch_file")
-        sized = _add(sized, kind=kind, route=str(body.get("model")),
-                     line=size_line(key=key, body=body, kind=kind, sized=sized, where=where))
+            raise bad_request(
+                f"{where}: every line of a batch calls the same endpoint.", param="url", code="invalid_batch_file"
+            )
+        sized = _add(
+            sized,
+            kind=kind,
+            route=str(body.get("model")),
+            line=size_line(key=key, body=body, kind=kind, sized=sized, where=where),
+        )
         out_lines.append(json.dumps({**item, "method": "POST", "body": sized.bodies[-1]}).encode())
     assert sized is not None
     return sized, b"\n".join(out_lines) + b"\n"
@@ -167,11 +190,16 @@ def size_message_batch(*, key: ApiKey, body: dict) -> tuple[SizedLines, list[dic
             raise bad_request(f"{where} must be {{custom_id, params}}.", param=where)
         custom_id = item.get("custom_id")
         if not isinstance(custom_id, str) or not custom_id or custom_id in seen:
-            raise bad_request(f"{where}: 'custom_id' must be a non-empty string, unique in the batch.",
-                              param=f"{where}.custom_id")
+            raise bad_request(
+                f"{where}: 'custom_id' must be a non-empty string, unique in the batch.", param=f"{where}.custom_id"
+            )
         seen.add(custom_id)
-        sized = _add(sized, kind="messages", route=str(item["params"].get("model")),
-                     line=size_line(key=key, body=item["params"], kind="messages", sized=sized, where=where))
+        sized = _add(
+            sized,
+            kind="messages",
+            route=str(item["params"].get("model")),
+            line=size_line(key=key, body=item["params"], kind="messages", sized=sized, where=where),
+        )
         out.append({"custom_id": custom_id, "params": sized.bodies[-1]})
     assert sized is not None
     return sized, out

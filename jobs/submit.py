@@ -80,15 +80,30 @@ async def submit(req: Request, key: ApiKey, sub: Submission) -> None:
     call = _Refused(req=req, kind=sub.kind[:20], request_id=request_id, model_name=sub.route)
     try:
         admitted = await runtime.db(
-            service.admit_job, key=key, request_id=request_id, worst_nano=sub.worst_nano, model=sub.route,
-            refused_code=sub.refused_code, customer_id=h.get("x-capgate-customer"), run_id=h.get("x-capgate-run"),
-            run_budget_usd=h.get("x-capgate-run-budget-usd"), owner_id=bg.instance_id if bg else None)
+            service.admit_job,
+            key=key,
+            request_id=request_id,
+            worst_nano=sub.worst_nano,
+            model=sub.route,
+            refused_code=sub.refused_code,
+            customer_id=h.get("x-capgate-customer"),
+            run_id=h.get("x-capgate-run"),
+            run_budget_usd=h.get("x-capgate-run-budget-usd"),
+            owner_id=bg.instance_id if bg else None,
+        )
     except CapgateError as exc:
         # Refused before the provider saw it: a refusal row in the request log, like a request's.
         if isinstance(exc, BudgetExceeded):
-            proxy._note_refusal(exc, tipped_by={"request_id": request_id, "key": (req.api_key() or "")[:12],
-                                                "customer": h.get("x-capgate-customer", ""),
-                                                "run": h.get("x-capgate-run", ""), "model": sub.route[:200]})
+            proxy._note_refusal(
+                exc,
+                tipped_by={
+                    "request_id": request_id,
+                    "key": (req.api_key() or "")[:12],
+                    "customer": h.get("x-capgate-customer", ""),
+                    "run": h.get("x-capgate-run", ""),
+                    "model": sub.route[:200],
+                },
+            )
         request_log.note(call, exc)
         status, headers, body = render(exc, flavor=sub.flavor)
         return await req.respond(status, body, headers + [(b"x-capgate-request-id", request_id.encode())])
@@ -101,27 +116,56 @@ async def submit(req: Request, key: ApiKey, sub: Submission) -> None:
         else:
             resp = await send(proxy.client(), sub.connection, "POST", sub.path, body=sub.body)
     except NOT_SENT as exc:
-        await _settle(reservation, Outcome(status=UsageRecord.Status.FAILED_UPSTREAM, connection_id=sub.connection.id,
-                                           error=f"job not submitted: {type(exc).__name__}"))
+        await _settle(
+            reservation,
+            Outcome(
+                status=UsageRecord.Status.FAILED_UPSTREAM,
+                connection_id=sub.connection.id,
+                error=f"job not submitted: {type(exc).__name__}",
+            ),
+        )
         raise GatewayError(f"Upstream failed: {type(exc).__name__}", code="upstream_error", status=502) from None
     except httpx.HTTPError as exc:
-        await _settle(reservation, Outcome(status=UsageRecord.Status.ESTIMATED, cost_nano=reservation.amount_nano,
-                                           connection_id=sub.connection.id,
-                                           error=f"job submission outcome unknown: {type(exc).__name__}"))
-        raise GatewayError(f"Upstream outcome unknown: {type(exc).__name__}", code="upstream_timeout",
-                           status=504) from None
+        await _settle(
+            reservation,
+            Outcome(
+                status=UsageRecord.Status.ESTIMATED,
+                cost_nano=reservation.amount_nano,
+                connection_id=sub.connection.id,
+                error=f"job submission outcome unknown: {type(exc).__name__}",
+            ),
+        )
+        raise GatewayError(
+            f"Upstream outcome unknown: {type(exc).__name__}", code="upstream_timeout", status=504
+        ) from None
     data = loads(resp.content)
     job_id = sub.job_id_of(data) if resp.status_code == 200 and isinstance(data, dict) else None
     if job_id is None:
-        await _settle(reservation, Outcome(status=UsageRecord.Status.FAILED_UPSTREAM, connection_id=sub.connection.id,
-                                           error=f"job refused by the provider: status {resp.status_code}"))
+        await _settle(
+            reservation,
+            Outcome(
+                status=UsageRecord.Status.FAILED_UPSTREAM,
+                connection_id=sub.connection.id,
+                error=f"job refused by the provider: status {resp.status_code}",
+            ),
+        )
         return await req.respond(resp.status_code if resp.status_code >= 400 else 502, resp.content, headers)
     assert isinstance(data, dict)
     try:
-        await runtime.db(service.start_job, reservation=reservation, kind=sub.kind, provider_job_id=job_id,
-                         connection_id=sub.connection.id, model_id=sub.model_id, route=sub.route,
-                         api_key_id=key.id, input_file_id=sub.input_file_id, provider_status=sub.status_of(data),
-                         detail=sub.detail, lane="settle")
+        await runtime.db(
+            service.start_job,
+            reservation=reservation,
+            kind=sub.kind,
+            provider_job_id=job_id,
+            connection_id=sub.connection.id,
+            model_id=sub.model_id,
+            route=sub.route,
+            api_key_id=key.id,
+            input_file_id=sub.input_file_id,
+            provider_status=sub.status_of(data),
+            detail=sub.detail,
+            lane="settle",
+        )
     except DatabaseError:
         # The job runs; its reservation stays the request's and lapses to a worst-case charge
         # (the safe direction) since no job row can renew it.

@@ -23,15 +23,24 @@ def headers(connection: Connection, *, multipart: bool = False) -> dict[str, str
     return out
 
 
-async def send(client: httpx.AsyncClient, connection: Connection | None, method: str, path: str, *,
-               body: Any = None, files: dict | None = None, data: dict | None = None) -> httpx.Response:
+async def send(
+    client: httpx.AsyncClient,
+    connection: Connection | None,
+    method: str,
+    path: str,
+    *,
+    body: Any = None,
+    files: dict | None = None,
+    data: dict | None = None,
+) -> httpx.Response:
     """One call to `path` (starting /v1/) on the connection. `body` is sent as JSON."""
     assert connection is not None, "callers check that the job's connection still exists"
     if connection.kind == "echo":  # the built-in provider answers without HTTP, as for chat
         return await echo_jobs.send(connection, method, path, body=body, files=files, data=data)
-    kwargs: dict[str, Any] = {"headers": headers(connection, multipart=files is not None),
-                              "extensions": upstream.tag(organization_id=connection.organization_id,
-                                                         connection_id=connection.id)}
+    kwargs: dict[str, Any] = {
+        "headers": headers(connection, multipart=files is not None),
+        "extensions": upstream.tag(organization_id=connection.organization_id, connection_id=connection.id),
+    }
     if files is not None:
         kwargs.update(files=files, data=data or {})
     elif body is not None:

@@ -62,15 +62,29 @@ async def create(req: Request, key: ApiKey, match: re.Match[str]) -> None:
         raise bad_request(f"'seconds' must be one of {sorted(SECONDS, key=int)}.", param="seconds")
     target, worst, refused = await runtime.db(size_video, key=key, model=model, seconds=SECONDS[seconds])
     form = {**{k: str(v) for k, v in fields.items()}, "model": target.model.name, "seconds": seconds}
-    await submit(req, key, Submission(
-        kind=Job.Kind.VIDEO, worst_nano=worst, route=model, refused_code=refused, connection=target.connection,
-        model_id=target.model.id, path="/v1/videos", body=None, form=form, files=files,
-        detail={"seconds": SECONDS[seconds]}))
+    await submit(
+        req,
+        key,
+        Submission(
+            kind=Job.Kind.VIDEO,
+            worst_nano=worst,
+            route=model,
+            refused_code=refused,
+            connection=target.connection,
+            model_id=target.model.id,
+            path="/v1/videos",
+            body=None,
+            form=form,
+            files=files,
+            detail={"seconds": SECONDS[seconds]},
+        ),
+    )
 
 
 async def _owned(key: ApiKey, video_id: str) -> Job:
-    job = await runtime.db(service.owned_job, organization_id=key.organization_id, kind=Job.Kind.VIDEO,
-                           provider_job_id=video_id)
+    job = await runtime.db(
+        service.owned_job, organization_id=key.organization_id, kind=Job.Kind.VIDEO, provider_job_id=video_id
+    )
     if job is None or job.connection is None:
         raise service.not_found("video", video_id, "video_id")
     return job

@@ -182,13 +182,22 @@ def _admit_statement(params: dict) -> tuple[bool, list[Ceiling]]:
             rows = cursor.fetchall()
     except IntegrityError as exc:
         if getattr(exc.__cause__, "sqlstate", None) == "23503":  # foreign key: the subject was just deleted
-            raise BudgetUnavailable("Who this request is charged to (its project, member, key or end customer) "
-                                    "was deleted while it was being admitted; nothing was reserved.") from exc
+            raise BudgetUnavailable(
+                "Who this request is charged to (its project, member, key or end customer) "
+                "was deleted while it was being admitted; nothing was reserved."
+            ) from exc
         raise  # the same request id admitted twice: the caller answers with the first
     fits = bool(rows[0][0])
     ceilings = [
-        Ceiling(window_id=wid, budget_id=bid, scope=scope, code=refusal_code(scope), limit_nano=amount,
-                spent_nano=spent, reserved_nano=reserved)
+        Ceiling(
+            window_id=wid,
+            budget_id=bid,
+            scope=scope,
+            code=refusal_code(scope),
+            limit_nano=amount,
+            spent_nano=spent,
+            reserved_nano=reserved,
+        )
         for _, wid, bid, scope, amount, spent, reserved, _current in rows
         if wid is not None
     ]
@@ -221,9 +230,15 @@ def admit(*, request: AdmissionRequest) -> Admitted:
         blocking_budgets = [b for b in budgets if b.mode == Budget.Mode.BLOCK]
         blocking = sorted(windows[b.id].id for b in blocking_budgets)
         seen = [
-            Ceiling(window_id=windows[b.id].id, budget_id=b.id, scope=b.scope, code=refusal_code(b.scope),
-                    limit_nano=b.amount_nano, spent_nano=windows[b.id].spent_nano,
-                    reserved_nano=windows[b.id].reserved_nano if COUNT_RESERVED else 0)
+            Ceiling(
+                window_id=windows[b.id].id,
+                budget_id=b.id,
+                scope=b.scope,
+                code=refusal_code(b.scope),
+                limit_nano=b.amount_nano,
+                spent_nano=windows[b.id].spent_nano,
+                reserved_nano=windows[b.id].reserved_nano if COUNT_RESERVED else 0,
+            )
             for b in blocking_budgets
         ]
         refusal = _refusal(seen, worst)
@@ -233,19 +248,35 @@ def admit(*, request: AdmissionRequest) -> Admitted:
         hold_windows = sorted(w.id for w in windows.values())
         charged = {c: getattr(subject, c) for c in CHARGED_COLUMNS}
         reservation = Reservation(
-            id=uuid.uuid4(), request_id=request.request_id, **charged, model=request.model,
-            amount_nano=worst, owner_id=request.owner_id, created_at=now, expires_at=now + lease,
+            id=uuid.uuid4(),
+            request_id=request.request_id,
+            **charged,
+            model=request.model,
+            amount_nano=worst,
+            owner_id=request.owner_id,
+            created_at=now,
+            expires_at=now + lease,
             deadline_at=now + settings.CAPGATE["MAX_REQUEST_LIFETIME"],
         )
-        fits, ceilings = _admit_statement({
-            "blocking": blocking, "worst": worst, "id": reservation.id, "request_id": reservation.request_id,
-            **charged, "model": reservation.model, "owner_id": reservation.owner_id, "now": now,
-            "expires_at": reservation.expires_at, "deadline_at": reservation.deadline_at,
-            "hold_windows": hold_windows,
-            "hold_amounts": [worst if wid in blocking_set else 0 for wid in hold_windows],
-            "origin": request.origin,
-            "known_ids": [b.id for b in blocking_budgets], "known_versions": [b.version for b in blocking_budgets],
-        })
+        fits, ceilings = _admit_statement(
+            {
+                "blocking": blocking,
+                "worst": worst,
+                "id": reservation.id,
+                "request_id": reservation.request_id,
+                **charged,
+                "model": reservation.model,
+                "owner_id": reservation.owner_id,
+                "now": now,
+                "expires_at": reservation.expires_at,
+                "deadline_at": reservation.deadline_at,
+                "hold_windows": hold_windows,
+                "hold_amounts": [worst if wid in blocking_set else 0 for wid in hold_windows],
+                "origin": request.origin,
+                "known_ids": [b.id for b in blocking_budgets],
+                "known_versions": [b.version for b in blocking_budgets],
+            }
+        )
         if fits:
             reservation._state.adding = False
             reservation._state.db = "default"
@@ -263,21 +294,24 @@ def renew(*, owner_ids: Sequence[int], now: datetime | None = None, lease: timed
     hard deadline. One statement; safe to run concurrently (last writer wins, same value)."""
     now = now or timezone.now()
     lease = lease or settings.CAPGATE["LEASE"]
-    return Reservation.objects.filter(owner_id__in=list(owner_ids), deadline_at__gt=now).update(
-        expires_at=now + lease
-    )
+    return Reservation.objects.filter(owner_id__in=list(owner_ids), deadline_at__gt=now).update(expires_at=now + lease)
 
 
-def hand_to_job(*, request_id: str, job_id: str, deadline_at: datetime, now: datetime | None = None,
-                lease: timedelta | None = None) -> bool:
+def hand_to_job(
+    *, request_id: str, job_id: str, deadline_at: datetime, now: datetime | None = None, lease: timedelta | None = None
+) -> bool:
     """Move a reservation from the request that made it to the provider job it became: no owning
     gateway process any more (beat renews it while the provider reports the job alive,
     `renew_jobs`), the job's id, and the job's hard deadline. The hold itself does not move: it
     stays on the same windows until the job's usage record is applied. False if it is gone."""
     now = now or timezone.now()
     lease = lease or settings.CAPGATE["JOB_LEASE"]
-    return Reservation.objects.filter(request_id=request_id).update(
-        owner=None, job_id=job_id, expires_at=min(now + lease, deadline_at), deadline_at=deadline_at) == 1
+    return (
+        Reservation.objects.filter(request_id=request_id).update(
+            owner=None, job_id=job_id, expires_at=min(now + lease, deadline_at), deadline_at=deadline_at
+        )
+        == 1
+    )
 
 
 def renew_jobs(*, request_ids: Sequence[str], now: datetime | None = None, lease: timedelta | None = None) -> int:
@@ -285,9 +319,9 @@ def renew_jobs(*, request_ids: Sequence[str], now: datetime | None = None, lease
     past the job's hard deadline. One statement; idempotent."""
     now = now or timezone.now()
     lease = lease or settings.CAPGATE["JOB_LEASE"]
-    return Reservation.objects.filter(request_id__in=list(request_ids), job_id__isnull=False,
-                                      deadline_at__gt=now).update(
-        expires_at=Least(Value(now + lease, output_field=DateTimeField()), F("deadline_at")))
+    return Reservation.objects.filter(
+        request_id__in=list(request_ids), job_id__isnull=False, deadline_at__gt=now
+    ).update(expires_at=Least(Value(now + lease, output_field=DateTimeField()), F("deadline_at")))
 
 
 def headroom(*, budgets: Sequence[Budget], now: datetime | None = None) -> Ceiling | None:
@@ -302,9 +336,15 @@ def headroom(*, budgets: Sequence[Budget], now: datetime | None = None) -> Ceili
         return None
     windows = current_windows(budgets=blocking, now=now)
     ceilings = [
-        Ceiling(window_id=windows[b.id].id, budget_id=b.id, scope=b.scope, code=refusal_code(b.scope),
-                limit_nano=b.amount_nano, spent_nano=windows[b.id].spent_nano,
-                reserved_nano=windows[b.id].reserved_nano)
+        Ceiling(
+            window_id=windows[b.id].id,
+            budget_id=b.id,
+            scope=b.scope,
+            code=refusal_code(b.scope),
+            limit_nano=b.amount_nano,
+            spent_nano=windows[b.id].spent_nano,
+            reserved_nano=windows[b.id].reserved_nano,
+        )
         for b in blocking
         if b.id in windows  # deleted or reconfigured meanwhile: admission reads them again
     ]

@@ -14,6 +14,4 @@ class LedgerConfig(AppConfig):
         from ledger.recording import freeze_subject_name
         from tenants.signals import subject_deleting
 
-        subject_deleting.connect(
-            freeze_subject_name, dispatch_uid="ledger.recording.freeze_subject_name"
-        )
+        subject_deleting.connect(freeze_subject_name, dispatch_uid="ledger.recording.freeze_subject_name")

@@ -112,9 +112,13 @@ def drain(*, limit: int = 500, request_ids: Sequence[str] | None = None) -> int:
     if charged:
         # With where each window's spend now stands, so a receiver can skip the windows that
         # cannot need it (usage's threshold check skips those below every threshold: most).
-        send_after_commit(window_ids=[row[0] for row in charged],  # at once outside a transaction
-                          windows={wid: {"spent_nano": spent, "amount_nano": amount, "thresholds": thresholds or []}
-                                   for wid, spent, amount, thresholds in charged})
+        send_after_commit(
+            window_ids=[row[0] for row in charged],  # at once outside a transaction
+            windows={
+                wid: {"spent_nano": spent, "amount_nano": amount, "thresholds": thresholds or []}
+                for wid, spent, amount, thresholds in charged
+            },
+        )
     return int(count)
 
 

@@ -43,11 +43,7 @@ ADMIT_WINDOW_LOCK = f"{WINDOW_LOCK_STRENGTH} OF w"
 
 def windows_for_update(ids: Sequence[int]) -> QuerySet[Window]:
     """The windows `ids`, locked FOR NO KEY UPDATE in ascending id order when evaluated."""
-    return (
-        Window.objects.select_for_update(no_key=True, of=("self",))
-        .filter(id__in=ids)
-        .order_by("id")
-    )
+    return Window.objects.select_for_update(no_key=True, of=("self",)).filter(id__in=ids).order_by("id")
 
 
 def lock_windows(ids: Sequence[int]) -> list[int]:
@@ -58,10 +54,7 @@ def lock_windows(ids: Sequence[int]) -> list[int]:
 def windows_for_delete(ids: Sequence[int]) -> list[int]:
     """Lock windows about to be deleted (FOR UPDATE: the key goes too), ascending id order."""
     return list(
-        Window.objects.select_for_update(of=("self",))
-        .filter(id__in=ids)
-        .order_by("id")
-        .values_list("id", flat=True)
+        Window.objects.select_for_update(of=("self",)).filter(id__in=ids).order_by("id").values_list("id", flat=True)
     )
 
 
@@ -87,9 +80,7 @@ def record_for_update(pk: int) -> UsageRecord:
 def claim_lapsed(condition: Q, *, limit: int) -> list[Reservation]:
     """Lock lapsed reservations for this expiry run, skipping those another run holds."""
     return list(
-        Reservation.objects.select_for_update(skip_locked=True)
-        .filter(condition)
-        .order_by("expires_at")[:limit]
+        Reservation.objects.select_for_update(skip_locked=True).filter(condition).order_by("expires_at")[:limit]
     )
 
 

@@ -35,8 +35,10 @@ REPORTED = (Status.SERVED, Status.FAILED_UPSTREAM)
 # The record's subject references (the Charged columns that reference a row), with the model
 # name the tenants audit log uses for each.
 _SUBJECT_FIELDS = [f for f in Charged._meta.local_fields if f.is_relation and f.name != "organization"]
-_SUBJECT_MODELS = {cast(type[Model], f.related_model)._meta.model_name or "": cast(type[Model], f.related_model)
-                   for f in _SUBJECT_FIELDS}
+_SUBJECT_MODELS = {
+    cast(type[Model], f.related_model)._meta.model_name or "": cast(type[Model], f.related_model)
+    for f in _SUBJECT_FIELDS
+}
 SUBJECT_REFS = tuple((f.name, cast(type[Model], f.related_model)._meta.model_name or "") for f in _SUBJECT_FIELDS)
 
 
@@ -79,8 +81,11 @@ def build_record(*, reservation: Reservation, outcome: Outcome) -> UsageRecord:
         cache_write_tokens=outcome.usage.cache_write_tokens,
         cost_nano=outcome.cost_nano,
         reported_cost_nano=outcome.cost_nano if outcome.status in REPORTED else None,
-        subject={name: {"id": getattr(reservation, f"{name}_id")} for name, _ in SUBJECT_REFS
-                 if getattr(reservation, f"{name}_id") is not None},
+        subject={
+            name: {"id": getattr(reservation, f"{name}_id")}
+            for name, _ in SUBJECT_REFS
+            if getattr(reservation, f"{name}_id") is not None
+        },
         reserved_nano=reservation.amount_nano,
         excess_nano=max(0, outcome.cost_nano - reservation.amount_nano),
         error=outcome.error,
@@ -205,8 +210,12 @@ def _second_report(existing: UsageRecord, outcome: Outcome) -> UsageRecord:
     if existing.status == Status.ESTIMATED:
         return correct_estimate(record_id=existing.pk, outcome=outcome)
     if outcome.status in REPORTED and outcome.cost_nano != existing.cost_nano:
-        log.warning("usage record %s is final at %s nano; a later report of %s nano is kept for the audit",
-                    existing.request_id, existing.cost_nano, outcome.cost_nano)
+        log.warning(
+            "usage record %s is final at %s nano; a later report of %s nano is kept for the audit",
+            existing.request_id,
+            existing.cost_nano,
+            outcome.cost_nano,
+        )
         UsageRecord.objects.filter(pk=existing.pk).update(reported_cost_nano=outcome.cost_nano)
         existing.reported_cost_nano = outcome.cost_nano
     return existing
@@ -259,11 +268,14 @@ def freeze_subject_name(sender: Any, *, organization_id: int, name: str, pk: int
 
 def deleted_name(organization_id: int, model_name: str, pk: int) -> str:
     """The name a deleted subject had, from the audit entry of its deletion."""
-    entry = (AuditLogEntry.objects
-             .filter(organization_id=organization_id, object_type=model_name, object_id=str(pk), action="delete")
-             .order_by("-id").first())
+    entry = (
+        AuditLogEntry.objects.filter(
+            organization_id=organization_id, object_type=model_name, object_id=str(pk), action="delete"
+        )
+        .order_by("-id")
+        .first()
+    )
     return entry.object_repr if entry is not None else ""
-
 
 
 def correct_estimate(*, record_id: int, outcome: Outcome) -> UsageRecord:
@@ -305,7 +317,6 @@ def release(*, reservation: Reservation, error: str = "") -> UsageRecord:
     drain(request_ids=[rec.request_id])
     rec.refresh_from_db()
     return rec
-
 
 
 def expire(*, now: datetime | None = None, limit: int = 1000, dead_owner_ids: Sequence[int] = ()) -> int:

@@ -24,6 +24,4 @@ def send_after_commit(*, window_ids: list[int], **state: Any) -> None:
 
     robust=True: a receiver that raises is logged by Django and the other on-commit callbacks
     still run, as when the drain called the alert check directly."""
-    transaction.on_commit(
-        partial(windows_changed.send, sender=None, window_ids=window_ids, **state), robust=True
-    )
+    transaction.on_commit(partial(windows_changed.send, sender=None, window_ids=window_ids, **state), robust=True)

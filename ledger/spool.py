@@ -41,19 +41,30 @@ def spool_dir() -> Path:
 
 def append(*, reservation: Reservation, outcome: Outcome) -> Path:
     """Write one record durably (fsync) to this process's spool file."""
-    line = json.dumps({
-        "reservation": {
-            "id": str(reservation.id), "request_id": reservation.request_id,
-            **{c: getattr(reservation, c) for c in CHARGED_COLUMNS},
-            "model": reservation.model, "amount_nano": reservation.amount_nano,
-            "created_at": reservation.created_at.isoformat(),
-        },
-        "outcome": {
-            "status": outcome.status, "cost_nano": outcome.cost_nano, "connection_id": outcome.connection_id,
-            "provider_model": outcome.provider_model, "error": outcome.error, "latency_ms": outcome.latency_ms,
-            "usage": vars(outcome.usage),
-        },
-    }) + "\n"
+    line = (
+        json.dumps(
+            {
+                "reservation": {
+                    "id": str(reservation.id),
+                    "request_id": reservation.request_id,
+                    **{c: getattr(reservation, c) for c in CHARGED_COLUMNS},
+                    "model": reservation.model,
+                    "amount_nano": reservation.amount_nano,
+                    "created_at": reservation.created_at.isoformat(),
+                },
+                "outcome": {
+                    "status": outcome.status,
+                    "cost_nano": outcome.cost_nano,
+                    "connection_id": outcome.connection_id,
+                    "provider_model": outcome.provider_model,
+                    "error": outcome.error,
+                    "latency_ms": outcome.latency_ms,
+                    "usage": vars(outcome.usage),
+                },
+            }
+        )
+        + "\n"
+    )
     path = spool_dir() / f"spool-{os.getpid()}.jsonl"
     with open(path, "a", encoding="utf-8") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -143,16 +154,23 @@ def _write_rest(path: Path, lines: list[str]) -> None:
 
 def _reservation(data: dict) -> Reservation:
     return Reservation(
-        id=uuid.UUID(data["id"]), request_id=data["request_id"],
+        id=uuid.UUID(data["id"]),
+        request_id=data["request_id"],
         # .get: a line spooled before a scope was added lacks its column (budgets/scopes.py).
-        **{c: data.get(c) for c in CHARGED_COLUMNS}, model=data["model"],
-        amount_nano=data["amount_nano"], created_at=datetime.fromisoformat(data["created_at"]),
+        **{c: data.get(c) for c in CHARGED_COLUMNS},
+        model=data["model"],
+        amount_nano=data["amount_nano"],
+        created_at=datetime.fromisoformat(data["created_at"]),
     )
 
 
 def _outcome(data: dict) -> Outcome:
     return Outcome(
-        status=data["status"], cost_nano=data["cost_nano"], usage=Usage(**data["usage"]),
-        connection_id=data["connection_id"], provider_model=data["provider_model"], error=data["error"],
+        status=data["status"],
+        cost_nano=data["cost_nano"],
+        usage=Usage(**data["usage"]),
+        connection_id=data["connection_id"],
+        provider_model=data["provider_model"],
+        error=data["error"],
         latency_ms=data["latency_ms"],
     )

@@ -13,8 +13,9 @@ and no admission may slip between that read and the window becoming visible. So 
 window is created under a SHARE ROW EXCLUSIVE lock on the reservation table: it waits for every
 admission statement and drain in progress to commit, and holds new ones off for the few
 milliseconds it takes. The mode conflicts with itself, so two such creations queue instead of
-deadlocking when each, inside a caller's transaction, goes on to insert a reservation. An admission that read the budgets before the edit re-checks them inside its own
-statement (ledger.admission._ADMIT_SQL, `stale`) and retries.
+deadlocking when each, inside a caller's transaction, goes on to insert a reservation. An
+admission that read the budgets before the edit re-checks them inside its own statement
+(ledger.admission._ADMIT_SQL, `stale`) and retries.
 
 Reading a window's counters (`current_windows`, which creates missing ones) and the window writes
 budgets' edits need (`retire` on a new version, `release_budget` before a deletion) are here too.
@@ -125,20 +126,31 @@ def create_windows(*, budgets: Sequence[Budget], bounds: Bounds) -> None:
 
 def _create(budget: Budget, bounds: tuple[datetime, datetime | None], *, carry: bool) -> None:
     start, end = bounds
-    params: dict[str, Any] = {"org": budget.organization_id, "subject": _subject(budget), "start": start, "end": end,
-              "budget": budget.id, "version": budget.version, "block": budget.mode == Budget.Mode.BLOCK}
+    params: dict[str, Any] = {
+        "org": budget.organization_id,
+        "subject": _subject(budget),
+        "start": start,
+        "end": end,
+        "budget": budget.id,
+        "version": budget.version,
+        "block": budget.mode == Budget.Mode.BLOCK,
+    }
     in_period = "{t}.{col} >= %(start)s AND (%(end)s::timestamptz IS NULL OR {t}.{col} < %(end)s)"
     live = (
-        f"SELECT r.id, r.amount_nano FROM budgets_reservation r WHERE r.organization_id = %(org)s"
-        f" AND {usage_sql(budget.scope, 'r', 'subject')} AND {in_period.format(t='r', col='created_at')}"
-    ) if carry else "SELECT NULL::uuid AS id, 0::bigint AS amount_nano WHERE false"
+        (
+            f"SELECT r.id, r.amount_nano FROM budgets_reservation r WHERE r.organization_id = %(org)s"
+            f" AND {usage_sql(budget.scope, 'r', 'subject')} AND {in_period.format(t='r', col='created_at')}"
+        )
+        if carry
+        else "SELECT NULL::uuid AS id, 0::bigint AS amount_nano WHERE false"
+    )
     sql = f"""
     WITH live AS ({live}),
     seed AS (
         SELECT coalesce(sum(u.cost_nano), 0) AS spent
           FROM usage_usagerecord u
-         WHERE u.organization_id = %(org)s AND {usage_sql(budget.scope, 'u', 'subject')}
-           AND {in_period.format(t='u', col='admitted_at')}
+         WHERE u.organization_id = %(org)s AND {usage_sql(budget.scope, "u", "subject")}
+           AND {in_period.format(t="u", col="admitted_at")}
            AND (u.reservation_id IS NULL OR u.reservation_id NOT IN (SELECT id FROM live))
     ), win AS (
         INSERT INTO budgets_window (budget_id, budget_version, period_start, period_end, spent_nano,
@@ -165,8 +177,11 @@ def retire(budget: Budget) -> None:
     """Retire the budget's current windows (a new version starts; budgets.services.update_budget
     holds the budget row): lock them in id order, so admissions on them finish first and later
     ones are refused by their own statement and read the budget again."""
-    ids = list(Window.objects.filter(budget=budget, budget_version=budget.version, retired_at__isnull=True)
-               .values_list("id", flat=True))
+    ids = list(
+        Window.objects.filter(budget=budget, budget_version=budget.version, retired_at__isnull=True).values_list(
+            "id", flat=True
+        )
+    )
     if ids:
         lock_windows(ids)
         Window.objects.filter(id__in=ids).update(retired_at=timezone.now())

@@ -17,30 +17,58 @@ PER_MINUTE = range_messages(f"A whole number from 1 to {services.MAX_PER_MINUTE:
 
 
 class RateLimitSerializer(serializers.ModelSerializer):
-    name = serializers.CharField(max_length=200, required=False, allow_blank=True,
-                                 help_text="What a refused caller reads (Retry-After comes with it).")
+    name = serializers.CharField(
+        max_length=200,
+        required=False,
+        allow_blank=True,
+        help_text="What a refused caller reads (Retry-After comes with it).",
+    )
     scope = choice_field("Scope", RateLimit.Scope.choices)
-    project = OrgRelatedField(org_path="organization", by="slug", queryset=Project.objects.all(), required=False,
-                              allow_null=True)
-    api_key = OrgRelatedField(org_path="organization", by="name", queryset=ApiKey.objects.all(), required=False,
-                              allow_null=True)
+    project = OrgRelatedField(
+        org_path="organization", by="slug", queryset=Project.objects.all(), required=False, allow_null=True
+    )
+    api_key = OrgRelatedField(
+        org_path="organization", by="name", queryset=ApiKey.objects.all(), required=False, allow_null=True
+    )
     end_customer = EndCustomerRefField(queryset=EndCustomer.objects.all(), required=False, allow_null=True)
-    requests_per_minute = WholeNumberField(min_value=1, max_value=services.MAX_PER_MINUTE, required=False,
-                                           allow_null=True, error_messages=PER_MINUTE)
+    requests_per_minute = WholeNumberField(
+        min_value=1, max_value=services.MAX_PER_MINUTE, required=False, allow_null=True, error_messages=PER_MINUTE
+    )
     tokens_per_minute = WholeNumberField(
-        min_value=1, max_value=services.MAX_PER_MINUTE, required=False, allow_null=True, error_messages=PER_MINUTE,
-        help_text="Tokens as admission bounds them: the input bound plus the output ceiling.")
+        min_value=1,
+        max_value=services.MAX_PER_MINUTE,
+        required=False,
+        allow_null=True,
+        error_messages=PER_MINUTE,
+        help_text="Tokens as admission bounds them: the input bound plus the output ceiling.",
+    )
 
     class Meta:
         model = RateLimit
-        fields = ["id", "name", "scope", "project", "api_key", "end_customer", "requests_per_minute",
-                  "tokens_per_minute", "created_at", "updated_at"]
+        fields = [
+            "id",
+            "name",
+            "scope",
+            "project",
+            "api_key",
+            "end_customer",
+            "requests_per_minute",
+            "tokens_per_minute",
+            "created_at",
+            "updated_at",
+        ]
         read_only_fields = ["id", "created_at", "updated_at"]
         validators: list = []
 
 
-class RateLimitViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
-                       mixins.UpdateModelMixin, mixins.DestroyModelMixin):
+class RateLimitViewSet(
+    OrgViewSet,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+):
     """Rate limits of every scope. Over one, a gateway call gets 429 with Retry-After and the
     limit's name, and nothing is reserved or charged. Scope and subject are fixed once created."""
 
@@ -53,8 +81,9 @@ class RateLimitViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMi
 
     def perform_create(self, serializer):
         data = dict(serializer.validated_data)
-        serializer.instance = services.create_rate_limit(organization=self.organization, actor=self.access.actor,
-                                                         scope=data.pop("scope"), **data)
+        serializer.instance = services.create_rate_limit(
+            organization=self.organization, actor=self.access.actor, scope=data.pop("scope"), **data
+        )
 
     def perform_update(self, serializer):
         services.update_rate_limit(limit=serializer.instance, actor=self.access.actor, **serializer.validated_data)

@@ -70,8 +70,13 @@ def _check_subject(organization: Organization, scope: str, subject: dict[str, An
         if field != wanted and value is not None:
             raise InvalidChange(f"A {scope} rate limit does not name a {field.replace('_', ' ')}.", param=field)
     value = subject.get(wanted) if wanted else None
-    owner = (value.project.organization_id if isinstance(value, EndCustomer)
-             else value.organization_id if isinstance(value, Project | ApiKey) else organization.id)
+    owner = (
+        value.project.organization_id
+        if isinstance(value, EndCustomer)
+        else value.organization_id
+        if isinstance(value, Project | ApiKey)
+        else organization.id
+    )
     if owner != organization.id:
         assert wanted is not None
         raise InvalidChange(f"No such {wanted.replace('_', ' ')}.", param=wanted)
@@ -81,8 +86,9 @@ def _check_fields(fields: dict[str, Any], current: RateLimit | None = None) -> N
     for name in ("requests_per_minute", "tokens_per_minute"):
         if name in fields:
             value = fields[name]
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                      or not 1 <= value <= MAX_PER_MINUTE):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_PER_MINUTE
+            ):
                 raise InvalidChange(f"A whole number from 1 to {MAX_PER_MINUTE:,}, or empty.", param=name)
     rpm = fields.get("requests_per_minute", current.requests_per_minute if current else None)
     tpm = fields.get("tokens_per_minute", current.tokens_per_minute if current else None)
@@ -99,10 +105,16 @@ def create_rate_limit(*, organization: Organization, actor: Actor, scope: str, *
         raise TypeError(f"unexpected fields: {', '.join(sorted(unknown))}")
     _check_subject(organization, scope, subject)
     _check_fields(fields)
-    limit = RateLimit.objects.create(organization=organization, scope=scope,
-                                     **{k: v for k, v in subject.items() if v is not None}, **fields)
-    audit(organization=organization, actor=actor, action="create", obj=limit,
-          changes={k: [None, v] for k, v in snapshot(limit, ("scope", *EDITABLE_FIELDS)).items() if v not in (None, "")})
+    limit = RateLimit.objects.create(
+        organization=organization, scope=scope, **{k: v for k, v in subject.items() if v is not None}, **fields
+    )
+    audit(
+        organization=organization,
+        actor=actor,
+        action="create",
+        obj=limit,
+        changes={k: [None, v] for k, v in snapshot(limit, ("scope", *EDITABLE_FIELDS)).items() if v not in (None, "")},
+    )
     return limit
 
 
@@ -111,8 +123,9 @@ def update_rate_limit(*, limit: RateLimit, actor: Actor, **fields: Any) -> dict[
     for name in set(fields) & {"scope", *SUBJECT_FIELDS}:
         current = limit.scope if name == "scope" else getattr(limit, name)
         if fields.pop(name) != current:
-            raise InvalidChange("Scope and subject are fixed once created; create a new rate limit instead.",
-                                param=name)
+            raise InvalidChange(
+                "Scope and subject are fixed once created; create a new rate limit instead.", param=name
+            )
     unknown = set(fields) - set(EDITABLE_FIELDS)
     if unknown:
         raise TypeError(f"unexpected fields: {', '.join(sorted(unknown))}")
@@ -152,16 +165,20 @@ def limiters() -> _Limiters:
     with _limiters_lock:
         if _limiters is None or _limiters.url != url:
             # Short socket timeouts: a Redis that hangs must not hold admission threads.
-            shared = storage_from_string(url, wrap_exceptions=True, socket_connect_timeout=0.25,
-                                         socket_timeout=0.25)
+            shared = storage_from_string(url, wrap_exceptions=True, socket_connect_timeout=0.25, socket_timeout=0.25)
             shared.dependencies["redis"]  # noqa: B018 — load it now, once
-            _limiters = _Limiters(url=url, shared=SlidingWindowCounterRateLimiter(shared),
-                                  local=SlidingWindowCounterRateLimiter(MemoryStorage()))
+            _limiters = _Limiters(
+                url=url,
+                shared=SlidingWindowCounterRateLimiter(shared),
+                local=SlidingWindowCounterRateLimiter(MemoryStorage()),
+            )
         return _limiters
 
 
 def matching_limits(*, key: ApiKey, customer: EndCustomer | None) -> list[RateLimit]:
-    subject = Q(scope="organization") | Q(scope="project", project_id=key.project_id) | Q(scope="key", api_key_id=key.id)
+    subject = (
+        Q(scope="organization") | Q(scope="project", project_id=key.project_id) | Q(scope="key", api_key_id=key.id)
+    )
     if customer is not None:
         subject |= Q(scope="end_customer", end_customer_id=customer.id)
     return list(RateLimit.objects.filter(subject, organization_id=key.organization_id).order_by("id"))
@@ -174,11 +191,25 @@ def _checks(limits_: list[RateLimit], tokens: int) -> list[tuple[RateLimit, Rate
         # A limit's counters are its own even where several databases share one Redis (tests).
         ident = f"{database}:{limit.pk}:{limit.created_at.timestamp():.6f}"
         if limit.requests_per_minute is not None:
-            out.append((limit, RateLimitItemPerMinute(limit.requests_per_minute, namespace="capgate-rpm"),
-                        "requests", 1, ident))
+            out.append(
+                (
+                    limit,
+                    RateLimitItemPerMinute(limit.requests_per_minute, namespace="capgate-rpm"),
+                    "requests",
+                    1,
+                    ident,
+                )
+            )
         if limit.tokens_per_minute is not None:
-            out.append((limit, RateLimitItemPerMinute(limit.tokens_per_minute, namespace="capgate-tpm"),
-                        "tokens", max(tokens, 0), ident))
+            out.append(
+                (
+                    limit,
+                    RateLimitItemPerMinute(limit.tokens_per_minute, namespace="capgate-tpm"),
+                    "tokens",
+                    max(tokens, 0),
+                    ident,
+                )
+            )
     return out
 
 
@@ -196,12 +227,14 @@ def _enforce(limiter: RateLimiter, checks: list[tuple[RateLimit, RateLimitItem, 
 
 def _refusal(limiter: RateLimiter, limit: RateLimit, item: RateLimitItem, what: str, ident: str) -> RateLimited:
     reset_at = limiter.get_window_stats(item, ident).reset_time
-    return RateLimited(limit=limit, what=what, per_minute=item.amount,
-                       retry_after=max(1, min(60, math.ceil(reset_at - time.time()))))
+    return RateLimited(
+        limit=limit, what=what, per_minute=item.amount, retry_after=max(1, min(60, math.ceil(reset_at - time.time())))
+    )
 
 
-def enforce_rate_limits(*, key: ApiKey, customer: EndCustomer | None, tokens: int,
-                        found: list[RateLimit] | None = None) -> None:
+def enforce_rate_limits(
+    *, key: ApiKey, customer: EndCustomer | None, tokens: int, found: list[RateLimit] | None = None
+) -> None:
     """Count this request against every rate limit over its key, project, organization and
     end customer, or raise RateLimited (429) counting it against none. `tokens` is the request's
     bound: its input bound plus its output ceiling, as admission reserves it.
@@ -221,6 +254,7 @@ def enforce_rate_limits(*, key: ApiKey, customer: EndCustomer | None, tokens: in
             return _enforce(lim.shared, checks)
         except StorageError as exc:
             lim.redis_failed_at = time.monotonic()
-            log.warning("rate limits: Redis unavailable (%s); counting in this process until it is back",
-                        exc.storage_error)
+            log.warning(
+                "rate limits: Redis unavailable (%s); counting in this process until it is back", exc.storage_error
+            )
     _enforce(lim.local, checks)

@@ -15,15 +15,41 @@ from tenants.api.views import OrgViewSet
 class RequestLogEntrySerializer(serializers.ModelSerializer):
     customer = serializers.CharField(source="end_customer.external_id", default=None, read_only=True)
     cost_usd = UsdField(source="cost_nano", read_only=True)
-    reserved_usd = UsdField(source="reserved_nano", read_only=True,
-                            help_text="the worst case reserved (admitted) or refused (a ceiling's 402)")
+    reserved_usd = UsdField(
+        source="reserved_nano",
+        read_only=True,
+        help_text="the worst case reserved (admitted) or refused (a ceiling's 402)",
+    )
     excess_usd = UsdField(source="excess_nano", read_only=True)
 
     class Meta:
         model = RequestLogEntry
-        fields = ["request_id", "at", "status", "code", "http_status", "project", "member", "api_key", "end_customer",
-                  "customer", "run_id", "model", "provider_model", "connection", "budget", "input_tokens",
-                  "output_tokens", "reserved_usd", "input_bound", "cost_usd", "excess_usd", "latency_ms", "message", "job_id"]
+        fields = [
+            "request_id",
+            "at",
+            "status",
+            "code",
+            "http_status",
+            "project",
+            "member",
+            "api_key",
+            "end_customer",
+            "customer",
+            "run_id",
+            "model",
+            "provider_model",
+            "connection",
+            "budget",
+            "input_tokens",
+            "output_tokens",
+            "reserved_usd",
+            "input_bound",
+            "cost_usd",
+            "excess_usd",
+            "latency_ms",
+            "message",
+            "job_id",
+        ]
         read_only_fields = fields
 
 

@@ -34,8 +34,11 @@ from tenants.models import hash_key
 
 log = logging.getLogger("capgate.requestlog")
 
-DROPPED = Counter("capgate_request_log_dropped", "Refusals not written to the request log (buffer full or "
-                  "no organization to file them under).", ["reason"])
+DROPPED = Counter(
+    "capgate_request_log_dropped",
+    "Refusals not written to the request log (buffer full or no organization to file them under).",
+    ["reason"],
+)
 
 # Guard: an admitted request already has its row (its usage record). Noting it too would log
 # the request twice. Tests switch it off to show that (tests/requestlog/test_gateway_log.py).
@@ -144,14 +147,23 @@ def note(call: _Call, exc: CapgateError) -> None:
             return  # 401 without a key: no organization to file it under
         h = call.req.headers
         refused_by = exc if isinstance(exc, BudgetExceeded) else None
-        refusals.add(Pending(
-            request_id=call.request_id, key_hash=hash_key(raw_key), customer=h.get("x-capgate-customer", "")[:200],
-            run_id=h.get("x-capgate-run", "")[:200], model=call.model_name[:200], endpoint=call.kind,
-            status=status_of(exc), code=exc.code[:100], http_status=exc.status,
-            budget_id=refused_by.budget_id if refused_by else None,
-            reserved_nano=max(refused_by.worst_nano, 0) if refused_by else 0,
-            latency_ms=int((time.monotonic() - call.started) * 1000), message=exc.message[:2000],
-        ))
+        refusals.add(
+            Pending(
+                request_id=call.request_id,
+                key_hash=hash_key(raw_key),
+                customer=h.get("x-capgate-customer", "")[:200],
+                run_id=h.get("x-capgate-run", "")[:200],
+                model=call.model_name[:200],
+                endpoint=call.kind,
+                status=status_of(exc),
+                code=exc.code[:100],
+                http_status=exc.status,
+                budget_id=refused_by.budget_id if refused_by else None,
+                reserved_nano=max(refused_by.worst_nano, 0) if refused_by else 0,
+                latency_ms=int((time.monotonic() - call.started) * 1000),
+                message=exc.message[:2000],
+            )
+        )
     except Exception:  # the log must never break an answer
         log.exception("could not note a refusal for the request log")
 

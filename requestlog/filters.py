@@ -15,25 +15,40 @@ from tenants.models import ApiKey, Organization, Project
 
 class RequestLogFilter(django_filters.FilterSet):
     request_id = django_filters.CharFilter(max_length=100, help_text="exactly this request id (x-capgate-request-id)")
-    customer = django_filters.CharFilter(field_name="end_customer__external_id", max_length=200, label="Customer",
-                                         help_text="the end customer's id (X-Capgate-Customer)")
-    run = django_filters.CharFilter(field_name="run_id", max_length=200, label="Run", help_text="the run id (X-Capgate-Run)")
+    customer = django_filters.CharFilter(
+        field_name="end_customer__external_id",
+        max_length=200,
+        label="Customer",
+        help_text="the end customer's id (X-Capgate-Customer)",
+    )
+    run = django_filters.CharFilter(
+        field_name="run_id", max_length=200, label="Run", help_text="the run id (X-Capgate-Run)"
+    )
     status = django_filters.ChoiceFilter(choices=RequestLogEntry.Status.choices)
     code = django_filters.CharFilter(max_length=100, help_text="the refusal's error code, e.g. organization_budget")
     model = django_filters.CharFilter(max_length=200, help_text="the model the caller asked for")
     project = django_filters.ModelChoiceFilter(queryset=Project.objects.none())
     api_key = django_filters.ModelChoiceFilter(queryset=ApiKey.objects.none(), label="Key")
-    since = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="gte", label="Since",
-                                          help_text="at or after (ISO 8601)")
-    until = django_filters.IsoDateTimeFilter(field_name="at", lookup_expr="lt", label="Until",
-                                          help_text="before (ISO 8601)")
+    since = django_filters.IsoDateTimeFilter(
+        field_name="at", lookup_expr="gte", label="Since", help_text="at or after (ISO 8601)"
+    )
+    until = django_filters.IsoDateTimeFilter(
+        field_name="at", lookup_expr="lt", label="Until", help_text="before (ISO 8601)"
+    )
 
     class Meta:
         model = RequestLogEntry
         fields = ["request_id", "customer", "run", "status", "code", "model", "project", "api_key", "since", "until"]
 
-    def __init__(self, data: Any = None, queryset: QuerySet | None = None, *, request: Any = None,
-                 prefix: str | None = None, organization: Organization | None = None):
+    def __init__(
+        self,
+        data: Any = None,
+        queryset: QuerySet | None = None,
+        *,
+        request: Any = None,
+        prefix: str | None = None,
+        organization: Organization | None = None,
+    ):
         super().__init__(data, queryset, request=request, prefix=prefix)
         if organization is not None:
             self.filters["project"].queryset = Project.objects.filter(organization=organization).order_by("slug")

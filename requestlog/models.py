@@ -73,10 +73,12 @@ class RequestLogEntry(models.Model):
     project = models.ForeignKey(Project, on_delete=models.DO_NOTHING, null=True, related_name="+", db_constraint=False)
     member = models.ForeignKey(Member, on_delete=models.DO_NOTHING, null=True, related_name="+", db_constraint=False)
     api_key = models.ForeignKey(ApiKey, on_delete=models.DO_NOTHING, null=True, related_name="+", db_constraint=False)
-    end_customer = models.ForeignKey(EndCustomer, on_delete=models.DO_NOTHING, null=True, related_name="+",
-                                     db_constraint=False)
-    connection = models.ForeignKey(Connection, on_delete=models.DO_NOTHING, null=True, related_name="+",
-                                   db_constraint=False)
+    end_customer = models.ForeignKey(
+        EndCustomer, on_delete=models.DO_NOTHING, null=True, related_name="+", db_constraint=False
+    )
+    connection = models.ForeignKey(
+        Connection, on_delete=models.DO_NOTHING, null=True, related_name="+", db_constraint=False
+    )
     budget = models.ForeignKey(Budget, on_delete=models.DO_NOTHING, null=True, related_name="+", db_constraint=False)
     run_id = models.CharField(max_length=200, null=True)
     model = models.CharField(max_length=200)

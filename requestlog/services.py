@@ -36,8 +36,12 @@ def write_refusals(*, items: Sequence[Pending]) -> int:
     """
     from requestlog.buffer import DROPPED
 
-    keys = {k.key_hash: k for k in ApiKey.objects.filter(key_hash__in={i.key_hash for i in items}).only(
-        "id", "key_hash", "organization_id", "project_id", "member_id")}
+    keys = {
+        k.key_hash: k
+        for k in ApiKey.objects.filter(key_hash__in={i.key_hash for i in items}).only(
+            "id", "key_hash", "organization_id", "project_id", "member_id"
+        )
+    }
     unknown = sum(1 for i in items if i.key_hash not in keys)
     if unknown:
         DROPPED.labels("no_organization").inc(unknown)
@@ -45,20 +49,37 @@ def write_refusals(*, items: Sequence[Pending]) -> int:
     wanted = {(keys[i.key_hash].project_id, i.customer) for i in known if i.customer}
     customers = {
         (c.project_id, c.external_id): c.id
-        for c in EndCustomer.objects.filter(project_id__in={p for p, _ in wanted},
-                                            external_id__in={e for _, e in wanted}).only("id", "project_id", "external_id")
+        for c in EndCustomer.objects.filter(
+            project_id__in={p for p, _ in wanted}, external_id__in={e for _, e in wanted}
+        ).only("id", "project_id", "external_id")
     }
-    budgets = set(Budget.objects.filter(id__in={i.budget_id for i in known if i.budget_id}).values_list("id", flat=True))
+    budgets = set(
+        Budget.objects.filter(id__in={i.budget_id for i in known if i.budget_id}).values_list("id", flat=True)
+    )
     rows = []
     for i in known:
         key = keys[i.key_hash]
-        rows.append(Refusal(
-            request_id=i.request_id, organization_id=key.organization_id, project_id=key.project_id,
-            member_id=key.member_id, api_key_id=key.id, end_customer_id=customers.get((key.project_id, i.customer)),
-            run_id=i.run_id, model=i.model, endpoint=i.endpoint, status=i.status, code=i.code,
-            http_status=i.http_status, budget_id=i.budget_id if i.budget_id in budgets else None,
-            reserved_nano=i.reserved_nano, latency_ms=i.latency_ms, message=i.message, created_at=i.at,
-        ))
+        rows.append(
+            Refusal(
+                request_id=i.request_id,
+                organization_id=key.organization_id,
+                project_id=key.project_id,
+                member_id=key.member_id,
+                api_key_id=key.id,
+                end_customer_id=customers.get((key.project_id, i.customer)),
+                run_id=i.run_id,
+                model=i.model,
+                endpoint=i.endpoint,
+                status=i.status,
+                code=i.code,
+                http_status=i.http_status,
+                budget_id=i.budget_id if i.budget_id in budgets else None,
+                reserved_nano=i.reserved_nano,
+                latency_ms=i.latency_ms,
+                message=i.message,
+                created_at=i.at,
+            )
+        )
     if not rows:
         return 0
     try:

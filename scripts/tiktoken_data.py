@@ -39,7 +39,7 @@ def cache_name(name: str) -> str:
 
 def expand(js_source: str) -> bytes:
     """js-tiktoken's rank module -> the .tiktoken file's bytes."""
-    obj = json.loads(js_source[js_source.index("{"): js_source.rindex("}") + 1])
+    obj = json.loads(js_source[js_source.index("{") : js_source.rindex("}") + 1])
     ranked: list[tuple[int, str]] = []
     for line in obj["bpe_ranks"].split("\n"):
         if not line:
@@ -63,8 +63,9 @@ def build(dest: Path) -> None:
     if present(dest):
         return
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(["npm", "pack", JS_TIKTOKEN, "--silent", "--pack-destination", tmp], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["npm", "pack", JS_TIKTOKEN, "--silent", "--pack-destination", tmp], check=True, stdout=subprocess.DEVNULL
+        )
         [tarball] = Path(tmp).glob("js-tiktoken-*.tgz")
         with tarfile.open(tarball) as tar:
             sources = {}

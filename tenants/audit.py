@@ -65,7 +65,11 @@ def snapshot(obj: models.Model, fields: Iterable[str]) -> dict[str, Any]:
 
 
 def audit(
-    *, organization: Organization, actor: Actor, action: str, obj: models.Model,
+    *,
+    organization: Organization,
+    actor: Actor,
+    action: str,
+    obj: models.Model,
     changes: Mapping[str, Any] | None = None,
 ) -> AuditLogEntry:
     return AuditLogEntry.objects.create(
@@ -81,7 +85,11 @@ def audit(
 
 
 def save_changes(
-    *, obj: models.Model, organization: Organization, actor: Actor, fields: Mapping[str, Any],
+    *,
+    obj: models.Model,
+    organization: Organization,
+    actor: Actor,
+    fields: Mapping[str, Any],
     secret_fields: Iterable[str] = (),
 ) -> dict[str, list[Any]]:
     """Set `fields` on obj, save and audit what actually changed (nothing changed: no write).
@@ -97,7 +105,8 @@ def save_changes(
         return {}
     obj.save(update_fields=changed)
     changes = {
-        name: [SECRET_CHANGED, SECRET_CHANGED] if name in secret_fields
+        name: [SECRET_CHANGED, SECRET_CHANGED]
+        if name in secret_fields
         else [_jsonable(before[name]), _jsonable(getattr(obj, name))]
         for name in changed
     }

@@ -34,12 +34,18 @@ def deleting(fn: Callable[..., Any]) -> Callable[..., Any]:
                 if attempt == DELETE_ATTEMPTS - 1:
                     raise
         return None
+
     return run
 
 
 def lock_for_delete(model: type[models.Model], pks: Iterable[int]) -> None:
     if LOCK_SUBJECTS_FOR_DELETE:
-        list(model._default_manager.select_for_update().filter(pk__in=list(pks)).order_by("pk").values_list("pk", flat=True))
+        list(
+            model._default_manager.select_for_update()
+            .filter(pk__in=list(pks))
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
 
 
 def freeze_subject_name(*, organization_id: int, name: str, pk: int, label: str) -> None:

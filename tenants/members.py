@@ -102,9 +102,12 @@ def _lock_roles(organization_id: int) -> None:
 def _require_owner(actor: Actor, organization_id: int) -> None:
     if actor.operator:
         return
-    if actor.member_id is None or not Member.objects.filter(
-        pk=actor.member_id, organization_id=organization_id, role=Member.Role.OWNER
-    ).exists():
+    if (
+        actor.member_id is None
+        or not Member.objects.filter(
+            pk=actor.member_id, organization_id=organization_id, role=Member.Role.OWNER
+        ).exists()
+    ):
         raise NotAllowed("Only an owner can grant or revoke the owner role.", param="role")
 
 
@@ -117,9 +120,12 @@ def _lock_owner_change(*, member: Member, new_role: str | None, actor: Actor) ->
     was_owner, is_owner = member.role == Member.Role.OWNER, new_role == Member.Role.OWNER
     if was_owner == is_owner:
         return
-    if was_owner and not Member.objects.filter(
-        organization_id=member.organization_id, role=Member.Role.OWNER
-    ).exclude(pk=member.pk).exists():
+    if (
+        was_owner
+        and not Member.objects.filter(organization_id=member.organization_id, role=Member.Role.OWNER)
+        .exclude(pk=member.pk)
+        .exists()
+    ):
         raise InvalidChange("An organization keeps at least one owner.", param="role")
     _require_owner(actor, member.organization_id)
     if RACE_DELAY_SECONDS:

@@ -51,8 +51,7 @@ class Project(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["organization", "slug"], name="project_slug_unique_per_org"),
             models.CheckConstraint(
-                condition=Q(default_customer_budget_nano__isnull=True)
-                | Q(default_customer_budget_nano__gte=0),
+                condition=Q(default_customer_budget_nano__isnull=True) | Q(default_customer_budget_nano__gte=0),
                 name="project_default_customer_budget_nonnegative",
             ),
         ]
@@ -87,9 +86,7 @@ class ApiKey(models.Model):
 
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="api_keys")
     project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="api_keys")
-    member = models.ForeignKey(
-        Member, on_delete=models.SET_NULL, null=True, blank=True, related_name="api_keys"
-    )
+    member = models.ForeignKey(Member, on_delete=models.SET_NULL, null=True, blank=True, related_name="api_keys")
     name = models.CharField(max_length=200)
     prefix = models.CharField(max_length=16)
     key_hash = models.CharField(max_length=64, unique=True)

@@ -36,7 +36,10 @@ from tenants.models import (
 
 ORGANIZATION_FIELDS = ("name", "allow_unpriced", "default_run_budget_nano")
 PROJECT_FIELDS = (
-    "name", "slug", "default_customer_budget_nano", "default_customer_budget_period",
+    "name",
+    "slug",
+    "default_customer_budget_nano",
+    "default_customer_budget_period",
     "default_customer_budget_mode",
 )
 _PERIODS = ("day", "week", "month", "lifetime")
@@ -86,8 +89,9 @@ def create_project(*, organization: Organization, slug: str, name: str, actor: A
     if organization.projects.filter(slug=slug).exists():
         raise InvalidChange(f"A project with slug {slug!r} exists.", param="slug")
     project = Project.objects.create(organization=organization, slug=slug, name=name, **fields)
-    audit(organization=organization, actor=actor, action="create", obj=project,
-          changes=snapshot(project, PROJECT_FIELDS))
+    audit(
+        organization=organization, actor=actor, action="create", obj=project, changes=snapshot(project, PROJECT_FIELDS)
+    )
     return project
 
 
@@ -137,21 +141,34 @@ def _check_key_fields(organization: Organization, fields: Mapping[str, Any]) -> 
 
 def check_output_ceiling(value: Any, *, param: str = "default_max_output_tokens") -> None:
     """A default output ceiling: empty, or a whole number of tokens from 1 to 1,000,000."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                              or not 1 <= value <= MAX_OUTPUT_CEILING):
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_OUTPUT_CEILING
+    ):
         raise InvalidChange(f"A whole number of tokens from 1 to {MAX_OUTPUT_CEILING:,}, or empty.", param=param)
 
 
 def create_key(
-    *, organization: Organization, project: Project, name: str, actor: Actor, member: Member | None = None,
-    allowed_models: list[str] | None = None, expires_at: datetime | None = None, raw: str | None = None,
+    *,
+    organization: Organization,
+    project: Project,
+    name: str,
+    actor: Actor,
+    member: Member | None = None,
+    allowed_models: list[str] | None = None,
+    expires_at: datetime | None = None,
+    raw: str | None = None,
     default_max_output_tokens: int | None = None,
 ) -> tuple[ApiKey, str]:
     """Create a gateway key; returns (key, raw secret). The raw secret is not stored anywhere.
 
     `raw` may be given (the demo prints a fixed one); otherwise it is generated."""
-    fields = {"name": name, "project": project, "member": member, "allowed_models": allowed_models or [],
-              "default_max_output_tokens": default_max_output_tokens}
+    fields = {
+        "name": name,
+        "project": project,
+        "member": member,
+        "allowed_models": allowed_models or [],
+        "default_max_output_tokens": default_max_output_tokens,
+    }
     _check_key_fields(organization, fields)
     if raw is None:
         raw, prefix, digest = ApiKey.generate()
@@ -160,15 +177,19 @@ def create_key(
     key = ApiKey.objects.create(
         organization=organization, prefix=prefix, key_hash=digest, expires_at=expires_at, **fields
     )
-    audit(organization=organization, actor=actor, action="create", obj=key,
-          changes={**snapshot(key, KEY_FIELDS), "secret": [None, SECRET_CHANGED]})
+    audit(
+        organization=organization,
+        actor=actor,
+        action="create",
+        obj=key,
+        changes={**snapshot(key, KEY_FIELDS), "secret": [None, SECRET_CHANGED]},
+    )
     return key, raw
 
 
 def _check_raw_key(raw: str) -> tuple[str, str]:
     if not raw.startswith(KEY_PREFIX) or len(raw) < 24:
-        raise InvalidChange(f"A key secret starts with {KEY_PREFIX!r} and has at least 24 characters.",
-                            param="secret")
+        raise InvalidChange(f"A key secret starts with {KEY_PREFIX!r} and has at least 24 characters.", param="secret")
     digest = hash_key(raw)
     if ApiKey.objects.filter(key_hash=digest).exists():
         raise InvalidChange("That secret is already in use.", param="secret")
@@ -183,8 +204,9 @@ def update_key(*, key: ApiKey, actor: Actor, raw: str | None = None, **fields: A
     if raw is not None and hash_key(raw) != key.key_hash:
         changes["prefix"], changes["key_hash"] = _check_raw_key(raw)
         secret_fields = ["prefix", "key_hash"]
-    return save_changes(obj=key, organization=key.organization, actor=actor, fields=changes,
-                         secret_fields=secret_fields)
+    return save_changes(
+        obj=key, organization=key.organization, actor=actor, fields=changes, secret_fields=secret_fields
+    )
 
 
 def revoke_key(*, key: ApiKey, actor: Actor) -> None:
@@ -202,8 +224,13 @@ def create_end_customer(*, project: Project, external_id: str, actor: Actor) -> 
     if project.end_customers.filter(external_id=external_id).exists():
         raise InvalidChange(f"End customer {external_id!r} exists in this project.", param="external_id")
     customer = EndCustomer.objects.create(project=project, external_id=external_id)
-    audit(organization=project.organization, actor=actor, action="create", obj=customer,
-          changes={"project": [None, project.slug], "external_id": [None, external_id]})
+    audit(
+        organization=project.organization,
+        actor=actor,
+        action="create",
+        obj=customer,
+        changes={"project": [None, project.slug], "external_id": [None, external_id]},
+    )
     return customer
 
 
@@ -227,7 +254,11 @@ def create_token(*, organization: Organization, name: str, scope: str, actor: Ac
         raise InvalidChange("A token needs a name.", param="name")
     raw, prefix, digest = ApiToken.generate()
     token = ApiToken.objects.create(
-        organization=organization, name=name, scope=scope, prefix=prefix, token_hash=digest,
+        organization=organization,
+        name=name,
+        scope=scope,
+        prefix=prefix,
+        token_hash=digest,
         created_by_id=actor.user_id,
     )
     audit(organization=organization, actor=actor, action="create", obj=token, changes={"scope": [None, scope]})
@@ -240,9 +271,11 @@ def revoke_token(*, token: ApiToken, actor: Actor) -> None:
 
 
 def authenticate_token(raw: str) -> ApiToken | None:
-    token = ApiToken.objects.select_related("organization").filter(
-        token_hash=hash_key(raw), revoked_at__isnull=True
-    ).first()
+    token = (
+        ApiToken.objects.select_related("organization")
+        .filter(token_hash=hash_key(raw), revoked_at__isnull=True)
+        .first()
+    )
     if token is not None:
         # One cheap update per request; coarse (a minute) so a busy token does not write each call.
         now = timezone.now()

@@ -32,7 +32,9 @@ class Tenant:
         key = key or self.key
         return Subject(organization_id=self.org.id, project_id=key.project_id, api_key_id=key.id, **extra)
 
-    def request(self, request_id: str | None = None, *, worst_nano: int, key: ApiKey | None = None, **kw) -> AdmissionRequest:
+    def request(
+        self, request_id: str | None = None, *, worst_nano: int, key: ApiKey | None = None, **kw
+    ) -> AdmissionRequest:
         return AdmissionRequest(
             subject=kw.pop("subject", None) or self.subject(key),
             request_id=request_id or f"req-{next(_ids)}",
@@ -43,7 +45,9 @@ class Tenant:
     def admit(self, **kw):
         return admit(request=self.request(**kw))
 
-    def budget(self, *, amount: str, scope: str = "organization", mode: str = "block", period: str = "month", **kw) -> Budget:
+    def budget(
+        self, *, amount: str, scope: str = "organization", mode: str = "block", period: str = "month", **kw
+    ) -> Budget:
         return Budget.objects.create(
             organization=self.org, scope=scope, mode=mode, period=period, amount_nano=usd(amount), **kw
         )

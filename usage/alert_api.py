@@ -17,11 +17,13 @@ from usage.alert_models import AlertChannel, AlertDelivery
 class AlertChannelSerializer(serializers.ModelSerializer):
     kind = choice_field("Kind", AlertChannel.Kind.choices)
     payload_format = choice_field("Payload format", AlertChannel.Format.choices, required=False)
-    emails = serializers.ListField(child=serializers.CharField(max_length=254), required=False,
-                                   max_length=channels.MAX_EMAILS)
+    emails = serializers.ListField(
+        child=serializers.CharField(max_length=254), required=False, max_length=channels.MAX_EMAILS
+    )
     url = serializers.CharField(required=False, allow_blank=True, max_length=500)
     secret = serializers.SerializerMethodField(
-        help_text="The webhook's signing secret: only in the response that created or rotated it.")
+        help_text="The webhook's signing secret: only in the response that created or rotated it."
+    )
 
     class Meta:
         model = AlertChannel
@@ -40,8 +42,14 @@ class AlertChannelUpdateSerializer(AlertChannelSerializer):
         read_only_fields = ["id", "created_at", "secret", "kind"]
 
 
-class AlertChannelViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
-                          mixins.UpdateModelMixin, mixins.DestroyModelMixin):
+class AlertChannelViewSet(
+    OrgViewSet,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+):
     """Where alerts go besides each budget's recipients: email addresses, or signed webhooks
     (HMAC-SHA256 of `<X-Capgate-Timestamp>.<body>` in `X-Capgate-Signature`)."""
 
@@ -56,8 +64,9 @@ class AlertChannelViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveMode
     def create(self, request, *args, **kwargs):
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        channel, secret = channels.create_channel(organization=self.organization, actor=self.access.actor,
-                                                  **serializer.validated_data)
+        channel, secret = channels.create_channel(
+            organization=self.organization, actor=self.access.actor, **serializer.validated_data
+        )
         data = AlertChannelSerializer(channel, context={"new_secret": secret or None}).data
         return Response(data, status=status.HTTP_201_CREATED)
 
@@ -66,8 +75,9 @@ class AlertChannelViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveMode
         serializer = self.get_serializer(channel, data=request.data, partial=kwargs.get("partial", False))
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
-        _changes, secret = channels.update_channel(channel=channel, actor=self.access.actor,
-                                                   rotate_secret=data.pop("rotate_secret", False), **data)
+        _changes, secret = channels.update_channel(
+            channel=channel, actor=self.access.actor, rotate_secret=data.pop("rotate_secret", False), **data
+        )
         channel.refresh_from_db()
         return Response(AlertChannelSerializer(channel, context={"new_secret": secret or None}).data)
 
@@ -80,8 +90,19 @@ class AlertDeliverySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = AlertDelivery
-        fields = ["id", "event", "channel", "channel_name", "status", "attempts", "response_status", "last_error",
-                  "created_at", "next_attempt_at", "sent_at"]
+        fields = [
+            "id",
+            "event",
+            "channel",
+            "channel_name",
+            "status",
+            "attempts",
+            "response_status",
+            "last_error",
+            "created_at",
+            "next_attempt_at",
+            "sent_at",
+        ]
         read_only_fields = fields
 
 
@@ -96,13 +117,17 @@ class AlertDeliveryViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveMod
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return AlertDelivery.objects.none()
-        return (AlertDelivery.objects.filter(organization=self.organization).select_related("channel")
-                .order_by("-created_at", "-id"))
+        return (
+            AlertDelivery.objects.filter(organization=self.organization)
+            .select_related("channel")
+            .order_by("-created_at", "-id")
+        )
 
 
 class AlertSettingsSerializer(serializers.Serializer):
     alert_run_budgets = serializers.BooleanField(
-        help_text="Send alerts for per-run budgets (X-Capgate-Run). Off by default: they are enforced, not emailed.")
+        help_text="Send alerts for per-run budgets (X-Capgate-Run). Off by default: they are enforced, not emailed."
+    )
 
 
 class AlertSettingsViewSet(OrgViewSet):
@@ -120,6 +145,9 @@ class AlertSettingsViewSet(OrgViewSet):
     def put(self, request, *args, **kwargs):
         data = AlertSettingsSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        saved = channels.set_alert_settings(organization=self.organization, actor=self.access.actor,
-                                            alert_run_budgets=data.validated_data["alert_run_budgets"])
+        saved = channels.set_alert_settings(
+            organization=self.organization,
+            actor=self.access.actor,
+            alert_run_budgets=data.validated_data["alert_run_budgets"],
+        )
         return Response(AlertSettingsSerializer(saved).data)

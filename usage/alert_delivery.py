@@ -47,9 +47,7 @@ def deliver(*, event_id: int, now: datetime | None = None) -> str:
        out (not raised: retrying would not help).
     """
     now = now or timezone.now()
-    claimable = Q(status=Delivery.PENDING) | Q(
-        status=Delivery.SENDING, claimed_at__lt=now - CLAIM_TTL
-    )
+    claimable = Q(status=Delivery.PENDING) | Q(status=Delivery.SENDING, claimed_at__lt=now - CLAIM_TTL)
     claimed = AlertEvent.objects.filter(claimable, pk=event_id).update(
         status=Delivery.SENDING, claimed_at=now, attempts=F("attempts") + 1
     )
@@ -86,9 +84,7 @@ def deliver(*, event_id: int, now: datetime | None = None) -> str:
                 error,
             )
             return Delivery.FAILED
-        mine.update(
-            status=Delivery.PENDING, last_error=error, next_attempt_at=now + backoff(event.attempts)
-        )
+        mine.update(status=Delivery.PENDING, last_error=error, next_attempt_at=now + backoff(event.attempts))
         log.warning(
             "alerts: sending event %s failed (attempt %s), will retry: %s",
             event_id,

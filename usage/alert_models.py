@@ -87,7 +87,10 @@ class AlertDelivery(models.Model):
             models.UniqueConstraint(fields=["event", "channel"], name="alert_delivery_once_per_channel"),
         ]
         indexes = [
-            models.Index(fields=["next_attempt_at"], condition=Q(status__in=["pending", "sending"]),
-                         name="alert_delivery_outbox_idx"),
+            models.Index(
+                fields=["next_attempt_at"],
+                condition=Q(status__in=["pending", "sending"]),
+                name="alert_delivery_outbox_idx",
+            ),
             models.Index(fields=["organization", "-created_at"], name="alert_delivery_org_recent_idx"),
         ]

@@ -55,9 +55,7 @@ def on_windows_changed(*, window_ids: list[int]) -> None:
         for event_id in created:
             transaction.on_commit(partial(_queue_email, event_id), robust=True)
     except Exception:
-        log.exception(
-            "alerts: checking thresholds of windows %s failed; the drain is unaffected", window_ids
-        )
+        log.exception("alerts: checking thresholds of windows %s failed; the drain is unaffected", window_ids)
 
 
 def note_refusal(*, window_id: int, tipped_by: dict | None = None, now: datetime | None = None) -> None:
@@ -160,8 +158,15 @@ def _create_threshold_events(window_ids: list[int]) -> list[int]:
         if t == highest[wid]:
             rows.append(_row(w, Kind.THRESHOLD, t, tipped_by=_last_charge(w)))
         else:
-            rows.append(_row(w, Kind.THRESHOLD, t, status=Delivery.SKIPPED,
-                             detail=f"superseded by {highest[wid]}%, crossed at the same time"))
+            rows.append(
+                _row(
+                    w,
+                    Kind.THRESHOLD,
+                    t,
+                    status=Delivery.SKIPPED,
+                    detail=f"superseded by {highest[wid]}%, crossed at the same time",
+                )
+            )
     return _insert_events(rows)
 
 
@@ -173,18 +178,25 @@ def _last_charge(window: Window) -> dict:
     """The request that tipped a threshold: the latest applied usage record charged to the
     window (in a drain batch, the last of the batch)."""
     record = (
-        UsageRecord.objects.filter(organization_id=window.budget.organization_id,
-                                   admitted_at__gte=window.period_start, applied=True,
-                                   window_ids__contains=[window.id])
+        UsageRecord.objects.filter(
+            organization_id=window.budget.organization_id,
+            admitted_at__gte=window.period_start,
+            applied=True,
+            window_ids__contains=[window.id],
+        )
         .select_related("api_key", "end_customer")
         .order_by("-applied_at", "-id")
         .first()
     )
     if record is None:
         return {}
-    return {"request_id": record.request_id, "key": str(record.api_key) if record.api_key else "",
-            "customer": record.end_customer.external_id if record.end_customer else "",
-            "run": record.run_id or "", "model": record.model}
+    return {
+        "request_id": record.request_id,
+        "key": str(record.api_key) if record.api_key else "",
+        "customer": record.end_customer.external_id if record.end_customer else "",
+        "run": record.run_id or "",
+        "model": record.model,
+    }
 
 
 def _alerted(window_ids: set[int]) -> set[tuple[int, int]]:
@@ -192,14 +204,19 @@ def _alerted(window_ids: set[int]) -> set[tuple[int, int]]:
     here and skip the insert; this read is only that shortcut — the unique constraint, not
     this read, decides races (tests stub it out to prove that)."""
     return set(
-        AlertEvent.objects.filter(window_id__in=window_ids, kind=Kind.THRESHOLD).values_list(
-            "window_id", "threshold"
-        )
+        AlertEvent.objects.filter(window_id__in=window_ids, kind=Kind.THRESHOLD).values_list("window_id", "threshold")
     )
 
 
-def _row(window: Window, kind: str, threshold: int, *, detail: str = "", status: str = Delivery.PENDING,
-         tipped_by: dict | None = None) -> dict:
+def _row(
+    window: Window,
+    kind: str,
+    threshold: int,
+    *,
+    detail: str = "",
+    status: str = Delivery.PENDING,
+    tipped_by: dict | None = None,
+) -> dict:
     budget: Budget = window.budget
     return {
         "status": status,
@@ -244,8 +261,7 @@ def _insert_events(rows: list[dict]) -> list[int]:
     )
     params: list = []
     for row in rows:
-        params += [row[c] for c in _COLUMNS] + [now, row.get("status", Delivery.PENDING), 0, "",
-                                                now + CATCHUP_AFTER]
+        params += [row[c] for c in _COLUMNS] + [now, row.get("status", Delivery.PENDING), 0, "", now + CATCHUP_AFTER]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         created = [r[0] for r in cursor.fetchall()]
@@ -274,8 +290,18 @@ def _insert_refusal(window_id: int, *, bucket: int, count: int, tipped_by: dict)
         RETURNING id, (xmax = 0)
     """
     with connection.cursor() as cursor:
-        params: list = [Jsonb(tipped_by), Kind.REFUSAL, now, Delivery.PENDING, now + CATCHUP_AFTER, bucket, count, window_id,
-                        Budget.Mode.BLOCK, Budget.Scope.RUN]
+        params: list = [
+            Jsonb(tipped_by),
+            Kind.REFUSAL,
+            now,
+            Delivery.PENDING,
+            now + CATCHUP_AFTER,
+            bucket,
+            count,
+            window_id,
+            Budget.Mode.BLOCK,
+            Budget.Scope.RUN,
+        ]
         cursor.execute(sql, params)
         created = [r[0] for r in cursor.fetchall() if r[1]]
     webhooks.create_deliveries(event_ids=created)
@@ -291,9 +317,7 @@ def _queue_email(event_id: int) -> None:
         # Fail fast rather than hold the drain while Redis is unreachable: by default kombu
         # retries the connection for seconds (retry=False only stops the publish retries).
         # A fresh connection per email is cheap: events are a few per window per period.
-        with send_alert_email.app.connection_for_write(
-            transport_options={"max_retries": 0}
-        ) as conn:
+        with send_alert_email.app.connection_for_write(transport_options={"max_retries": 0}) as conn:
             send_alert_email.apply_async((event_id,), retry=False, connection=conn)
     except Exception:
         log.warning(

@@ -25,9 +25,15 @@ class UsageFilterSerializer(serializers.Serializer):
 
     def filters(self) -> UsageFilters:
         v = self.validated_data
-        return UsageFilters(since=v.get("since"), until=v.get("until"), project_id=v.get("project"),
-                            api_key_id=v.get("api_key"), end_customer_id=v.get("end_customer"),
-                            model=v.get("model"), status=v.get("status"))
+        return UsageFilters(
+            since=v.get("since"),
+            until=v.get("until"),
+            project_id=v.get("project"),
+            api_key_id=v.get("api_key"),
+            end_customer_id=v.get("end_customer"),
+            model=v.get("model"),
+            status=v.get("status"),
+        )
 
 
 class SummarySerializer(UsageFilterSerializer):
@@ -41,10 +47,30 @@ class UsageRecordSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = UsageRecord
-        fields = ["id", "request_id", "admitted_at", "project", "member", "api_key", "end_customer", "run_id",
-                  "connection", "model", "provider_model", "status", "input_tokens", "output_tokens",
-                  "cache_read_tokens", "cache_write_tokens", "cost_usd", "reserved_usd", "excess_usd", "error",
-                  "latency_ms", "applied"]
+        fields = [
+            "id",
+            "request_id",
+            "admitted_at",
+            "project",
+            "member",
+            "api_key",
+            "end_customer",
+            "run_id",
+            "connection",
+            "model",
+            "provider_model",
+            "status",
+            "input_tokens",
+            "output_tokens",
+            "cache_read_tokens",
+            "cache_write_tokens",
+            "cost_usd",
+            "reserved_usd",
+            "excess_usd",
+            "error",
+            "latency_ms",
+            "applied",
+        ]
         read_only_fields = fields
 
 
@@ -64,9 +90,12 @@ class SummaryResponseSerializer(serializers.Serializer):
 
 
 _FILTER_PARAMS = [
-    OpenApiParameter("since", OpenApiTypes.DATETIME), OpenApiParameter("until", OpenApiTypes.DATETIME),
-    OpenApiParameter("project", OpenApiTypes.INT), OpenApiParameter("api_key", OpenApiTypes.INT),
-    OpenApiParameter("end_customer", OpenApiTypes.INT), OpenApiParameter("model", OpenApiTypes.STR),
+    OpenApiParameter("since", OpenApiTypes.DATETIME),
+    OpenApiParameter("until", OpenApiTypes.DATETIME),
+    OpenApiParameter("project", OpenApiTypes.INT),
+    OpenApiParameter("api_key", OpenApiTypes.INT),
+    OpenApiParameter("end_customer", OpenApiTypes.INT),
+    OpenApiParameter("model", OpenApiTypes.STR),
     OpenApiParameter("status", OpenApiTypes.STR, enum=UsageRecord.Status.values),
 ]
 
@@ -100,8 +129,9 @@ class UsageViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin)
         for row in rows:
             row["group"] = row["group"].date().isoformat() if group_by == "day" and row["group"] else row["group"]
         total = {k: v or 0 for k, v in totals(organization=self.organization, filters=filters).items()}
-        return Response(SummaryResponseSerializer(
-            {"group_by": group_by, "total": {"group": None, **total}, "groups": rows}).data)
+        return Response(
+            SummaryResponseSerializer({"group_by": group_by, "total": {"group": None, **total}, "groups": rows}).data
+        )
 
 
 class AlertEventSerializer(serializers.ModelSerializer):
@@ -112,8 +142,24 @@ class AlertEventSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = AlertEvent
-        fields = ["id", "budget", "budget_name", "window", "kind", "threshold", "spent_usd", "reserved_usd",
-                  "amount_usd", "detail", "created_at", "status", "attempts", "last_error", "recipients", "sent_at"]
+        fields = [
+            "id",
+            "budget",
+            "budget_name",
+            "window",
+            "kind",
+            "threshold",
+            "spent_usd",
+            "reserved_usd",
+            "amount_usd",
+            "detail",
+            "created_at",
+            "status",
+            "attempts",
+            "last_error",
+            "recipients",
+            "sent_at",
+        ]
         read_only_fields = fields
 
 

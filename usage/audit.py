@@ -58,10 +58,7 @@ class WindowCheck:
 
     @property
     def ok(self) -> bool:
-        return (
-            self.spent_nano == self.expected_spent_nano
-            and self.reserved_nano == self.expected_reserved_nano
-        )
+        return self.spent_nano == self.expected_spent_nano and self.reserved_nano == self.expected_reserved_nano
 
 
 @dataclass(frozen=True)
@@ -99,8 +96,14 @@ class RequestDrift:
     recorded_nano: int
 
     def as_dict(self) -> dict:
-        return {"record_id": self.record_id, "request_id": self.request_id, "organization_id": self.organization_id,
-                "counter": "request_cost", "expected_nano": self.reported_nano, "actual_nano": self.recorded_nano}
+        return {
+            "record_id": self.record_id,
+            "request_id": self.request_id,
+            "organization_id": self.organization_id,
+            "counter": "request_cost",
+            "expected_nano": self.reported_nano,
+            "actual_nano": self.recorded_nano,
+        }
 
 
 @dataclass
@@ -206,9 +209,12 @@ def _read_checks(now: datetime) -> list[WindowCheck]:
 
 def request_drifts(*, limit: int = 1000) -> list[RequestDrift]:
     """Applied records whose cost differs from what was reported for them (partial index)."""
-    rows = (UsageRecord.objects.filter(applied=True, reported_cost_nano__isnull=False)
-            .exclude(reported_cost_nano=F("cost_nano")).order_by("id")
-            .values_list("id", "request_id", "organization_id", "reported_cost_nano", "cost_nano")[:limit])
+    rows = (
+        UsageRecord.objects.filter(applied=True, reported_cost_nano__isnull=False)
+        .exclude(reported_cost_nano=F("cost_nano"))
+        .order_by("id")
+        .values_list("id", "request_id", "organization_id", "reported_cost_nano", "cost_nano")[:limit]
+    )
     return [RequestDrift(rid, request_id, org, reported or 0, cost) for rid, request_id, org, reported, cost in rows]
 
 
@@ -246,8 +252,13 @@ def _record(report: AuditReport) -> None:
         drifts=[d.as_dict() for d in report.drifts] + [d.as_dict() for d in report.request_drifts],
     )
     for rd in report.request_drifts:
-        log.error("audit: request %s (organization %s) recorded at %s nano, reported at %s nano",
-                  rd.request_id, rd.organization_id, rd.recorded_nano, rd.reported_nano)
+        log.error(
+            "audit: request %s (organization %s) recorded at %s nano, reported at %s nano",
+            rd.request_id,
+            rd.organization_id,
+            rd.recorded_nano,
+            rd.reported_nano,
+        )
     report.run_id = run.id
     by_window: dict[int, list[Drift]] = {}
     for d in report.drifts:

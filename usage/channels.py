@@ -28,8 +28,9 @@ def _check(fields: dict[str, Any], *, kind: str) -> None:
     if kind not in AlertChannel.Kind.values:
         raise InvalidChange(f"Kind must be one of {', '.join(AlertChannel.Kind.values)}.", param="kind")
     if "payload_format" in fields and fields["payload_format"] not in AlertChannel.Format.values:
-        raise InvalidChange(f"Payload format must be one of {', '.join(AlertChannel.Format.values)}.",
-                            param="payload_format")
+        raise InvalidChange(
+            f"Payload format must be one of {', '.join(AlertChannel.Format.values)}.", param="payload_format"
+        )
     if kind == AlertChannel.Kind.EMAIL:
         emails = fields.get("emails", [])
         if not isinstance(emails, list) or not emails or len(emails) > MAX_EMAILS:
@@ -59,28 +60,37 @@ def create_channel(*, organization: Organization, actor: Actor, **fields: Any) -
     else:
         fields = {**fields, "emails": []}
     channel = AlertChannel.objects.create(organization=organization, secret=secret, **fields)
-    audit(organization=organization, actor=actor, action="create", obj=channel,
-          changes={k: [None, v] for k, v in snapshot(channel, FIELDS).items()})
+    audit(
+        organization=organization,
+        actor=actor,
+        action="create",
+        obj=channel,
+        changes={k: [None, v] for k, v in snapshot(channel, FIELDS).items()},
+    )
     return channel, secret
 
 
 @transaction.atomic
-def update_channel(*, channel: AlertChannel, actor: Actor, rotate_secret: bool = False,
-                   **fields: Any) -> tuple[dict[str, list[Any]], str]:
+def update_channel(
+    *, channel: AlertChannel, actor: Actor, rotate_secret: bool = False, **fields: Any
+) -> tuple[dict[str, list[Any]], str]:
     """The kind cannot change. Returns the changes and the new secret if rotated."""
     fields.pop("kind", None)
     merged = {**snapshot(channel, FIELDS), **fields}
     _check(merged, kind=channel.kind)
-    if "name" in fields and channel.organization.alert_channels.filter(name=fields["name"]).exclude(
-            pk=channel.pk).exists():
+    if (
+        "name" in fields
+        and channel.organization.alert_channels.filter(name=fields["name"]).exclude(pk=channel.pk).exists()
+    ):
         raise InvalidChange(f"A channel named {fields['name']!r} exists.", param="name")
     secret = ""
     secret_fields: list[str] = []
     if rotate_secret and channel.kind == AlertChannel.Kind.WEBHOOK:
         secret = fields["secret"] = new_webhook_secret()
         secret_fields = ["secret"]
-    changes = save_changes(obj=channel, organization=channel.organization, actor=actor, fields=fields,
-                           secret_fields=secret_fields)
+    changes = save_changes(
+        obj=channel, organization=channel.organization, actor=actor, fields=fields, secret_fields=secret_fields
+    )
     return changes, secret
 
 
@@ -96,6 +106,11 @@ def alert_settings(*, organization: Organization) -> AlertSettings:
 @transaction.atomic
 def set_alert_settings(*, organization: Organization, actor: Actor, alert_run_budgets: bool) -> AlertSettings:
     current, _ = AlertSettings.objects.get_or_create(organization=organization)
-    save_changes(obj=current, organization=organization, actor=actor,
-                 fields={"alert_run_budgets": bool(alert_run_budgets)}, secret_fields=[])
+    save_changes(
+        obj=current,
+        organization=organization,
+        actor=actor,
+        fields={"alert_run_budgets": bool(alert_run_budgets)},
+        secret_fields=[],
+    )
     return current

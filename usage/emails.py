@@ -42,8 +42,9 @@ def recipients_for(budget: Budget) -> list[str]:
             .exclude(user__email="")
             .values_list("user__email", flat=True)
         )
-    for emails in AlertChannel.objects.filter(organization_id=budget.organization_id, enabled=True,
-                                              kind=AlertChannel.Kind.EMAIL).values_list("emails", flat=True):
+    for emails in AlertChannel.objects.filter(
+        organization_id=budget.organization_id, enabled=True, kind=AlertChannel.Kind.EMAIL
+    ).values_list("emails", flat=True):
         chosen += [e.strip() for e in emails or [] if isinstance(e, str) and "@" in e]
     return sorted(set(chosen))
 
@@ -60,9 +61,7 @@ def subject_label(budget: Budget) -> str:
         case scope.KEY:
             return f"key {budget.api_key}" if budget.api_key else "a key"
         case scope.END_CUSTOMER:
-            return (
-                f"end customer {budget.end_customer}" if budget.end_customer else "an end customer"
-            )
+            return f"end customer {budget.end_customer}" if budget.end_customer else "an end customer"
         case scope.RUN:
             return f"run {budget.run_id}"
         case _:
@@ -101,8 +100,11 @@ def earlier_refusals(event: AlertEvent) -> tuple[int, object] | None:
     when that hour saw more than the one its own alert reported."""
     if event.kind != AlertEvent.Kind.REFUSAL:
         return None
-    prev = (AlertEvent.objects.filter(window_id=event.window_id, kind=AlertEvent.Kind.REFUSAL,
-                                      bucket__lt=event.bucket).order_by("-bucket").first())
+    prev = (
+        AlertEvent.objects.filter(window_id=event.window_id, kind=AlertEvent.Kind.REFUSAL, bucket__lt=event.bucket)
+        .order_by("-bucket")
+        .first()
+    )
     if prev is None or prev.refusals <= 1:
         return None
     return prev.refusals, prev.created_at

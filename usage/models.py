@@ -69,8 +69,11 @@ class UsageRecord(Charged):
             models.Index(fields=["end_customer", "admitted_at"]),
             models.Index(fields=["api_key", "admitted_at"]),
             # The per-request audit: records whose cost differs from what was reported for them.
-            models.Index(fields=["id"], condition=Q(reported_cost_nano__isnull=False) & ~Q(reported_cost_nano=F("cost_nano")),
-                         name="usage_report_mismatch_idx"),
+            models.Index(
+                fields=["id"],
+                condition=Q(reported_cost_nano__isnull=False) & ~Q(reported_cost_nano=F("cost_nano")),
+                name="usage_report_mismatch_idx",
+            ),
         ]
 
 
@@ -128,8 +131,9 @@ class AlertEvent(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["window", "kind", "threshold", "bucket"],
-                                    name="alert_event_unique_per_window_bucket"),
+            models.UniqueConstraint(
+                fields=["window", "kind", "threshold", "bucket"], name="alert_event_unique_per_window_bucket"
+            ),
             models.CheckConstraint(
                 condition=Q(kind="threshold", threshold__gt=0) | (~Q(kind="threshold") & Q(threshold=0)),
                 name="alert_event_threshold_matches_kind",

@@ -51,8 +51,11 @@ def usage_summary(*, organization: Organization, filters: UsageFilters, group_by
     """[{"group", "requests", "cost_nano", "excess_nano", "input_tokens", "output_tokens"}], by cost."""
     qs = usage_records(organization=organization, filters=filters).annotate(group=GROUPS[group_by])
     rows = qs.values("group").annotate(
-        requests=Count("id"), cost_nano=Sum("cost_nano"), excess_nano=Sum("excess_nano"),
-        input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"),
+        requests=Count("id"),
+        cost_nano=Sum("cost_nano"),
+        excess_nano=Sum("excess_nano"),
+        input_tokens=Sum("input_tokens"),
+        output_tokens=Sum("output_tokens"),
     )
     order = ["group"] if group_by == "day" else ["-cost_nano", "group"]
     # cast: .values() rows are plain dicts at runtime; the stubs type them as a TypedDict.
@@ -61,8 +64,11 @@ def usage_summary(*, organization: Organization, filters: UsageFilters, group_by
 
 def totals(*, organization: Organization, filters: UsageFilters) -> dict:
     return usage_records(organization=organization, filters=filters).aggregate(
-        requests=Count("id"), cost_nano=Sum("cost_nano"), excess_nano=Sum("excess_nano"),
-        input_tokens=Sum("input_tokens"), output_tokens=Sum("output_tokens"),
+        requests=Count("id"),
+        cost_nano=Sum("cost_nano"),
+        excess_nano=Sum("excess_nano"),
+        input_tokens=Sum("input_tokens"),
+        output_tokens=Sum("output_tokens"),
     )
 
 
@@ -72,8 +78,9 @@ def keys_with_activity(*, organization: Organization, since: datetime) -> QueryS
     its own slice of the (api_key, admitted_at) index instead of the organization's whole log."""
     mine = UsageRecord.objects.filter(api_key=OuterRef("pk"))
     return organization.api_keys.annotate(
-        spent_nano=Subquery(mine.filter(admitted_at__gte=since).values("api_key").annotate(s=Sum("cost_nano"))
-                            .values("s")),
+        spent_nano=Subquery(
+            mine.filter(admitted_at__gte=since).values("api_key").annotate(s=Sum("cost_nano")).values("s")
+        ),
         last_used_at=Subquery(mine.order_by("-admitted_at").values("admitted_at")[:1]),
     )
 
@@ -94,12 +101,12 @@ def daily_spend(*, organization: Organization, since: datetime, group_by: str) -
     return [(r["day"].date(), None if r["group"] is None else str(r["group"]), r["cost"] or 0) for r in rows]
 
 
-
 SERIES_BUCKETS = {"hour": TruncHour, "day": TruncDay}
 
 
-def usage_series(*, organization: Organization, since: datetime, until: datetime, bucket: str,
-                 group_field: str) -> list[tuple[datetime, str | None, int, int]]:
+def usage_series(
+    *, organization: Organization, since: datetime, until: datetime, bucket: str, group_field: str
+) -> list[tuple[datetime, str | None, int, int]]:
     """[(bucket start, group, cost_nano, tokens)] of usage admitted in [since, until), in UTC
     hours or days, grouped by `group_field` (e.g. "project__slug"): one grouped query."""
     rows = (
@@ -109,5 +116,6 @@ def usage_series(*, organization: Organization, since: datetime, until: datetime
         .annotate(cost=Sum("cost_nano"), tokens=Sum(F("input_tokens") + F("output_tokens")))
         .order_by("bucket")
     )
-    return [(r["bucket"], None if r["group"] is None else str(r["group"]), r["cost"] or 0, r["tokens"] or 0)
-            for r in rows]
+    return [
+        (r["bucket"], None if r["group"] is None else str(r["group"]), r["cost"] or 0, r["tokens"] or 0) for r in rows
+    ]

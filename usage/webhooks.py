@@ -65,15 +65,25 @@ def create_deliveries(*, event_ids: list[int]) -> None:
     rows = []
     now = timezone.now()
     for event_id, org_id in AlertEvent.objects.filter(id__in=event_ids).values_list("id", "organization_id"):
-        for channel_id in AlertChannel.objects.filter(organization_id=org_id, enabled=True,
-                                                      kind=AlertChannel.Kind.WEBHOOK).values_list("id", flat=True):
-            rows.append(AlertDelivery(event_id=event_id, channel_id=channel_id, organization_id=org_id,
-                                      next_attempt_at=now + timedelta(seconds=60)))
+        for channel_id in AlertChannel.objects.filter(
+            organization_id=org_id, enabled=True, kind=AlertChannel.Kind.WEBHOOK
+        ).values_list("id", flat=True):
+            rows.append(
+                AlertDelivery(
+                    event_id=event_id,
+                    channel_id=channel_id,
+                    organization_id=org_id,
+                    next_attempt_at=now + timedelta(seconds=60),
+                )
+            )
     if not rows:
         return
     AlertDelivery.objects.bulk_create(rows, ignore_conflicts=True)
-    ids = list(AlertDelivery.objects.filter(event_id__in=event_ids, status=Status.PENDING, attempts=0)
-               .values_list("id", flat=True))
+    ids = list(
+        AlertDelivery.objects.filter(event_id__in=event_ids, status=Status.PENDING, attempts=0).values_list(
+            "id", flat=True
+        )
+    )
     for delivery_id in ids:
         transaction.on_commit(partial(_queue, delivery_id), robust=True)
 
@@ -102,8 +112,14 @@ def payload(delivery: AlertDelivery) -> dict:
         "delivery_id": delivery.id,
         "event_id": event.id,
         "organization": budget.organization.slug,
-        "budget": {"id": budget.id, "name": budget.name, "scope": budget.scope, "mode": budget.mode,
-                   "period": budget.period, "subject": emails.subject_label(budget)},
+        "budget": {
+            "id": budget.id,
+            "name": budget.name,
+            "scope": budget.scope,
+            "mode": budget.mode,
+            "period": budget.period,
+            "subject": emails.subject_label(budget),
+        },
         "threshold_percent": event.threshold if event.kind == "threshold" else None,
         "spent_nano": event.spent_nano,
         "reserved_nano": event.reserved_nano,
@@ -122,8 +138,9 @@ async def _post(url: str, body: bytes, headers: dict[str, str]) -> httpx.Respons
 
     timeout = settings.CAPGATE.get("WEBHOOK_TIMEOUT", 10.0)
     transport = GuardedTransport(limits=httpx.Limits(max_connections=1), ssl_context=httpx.create_ssl_context())
-    async with httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=False,
-                                 trust_env=False) as client:
+    async with httpx.AsyncClient(
+        transport=transport, timeout=timeout, follow_redirects=False, trust_env=False
+    ) as client:
         async with asyncio.timeout(timeout):
             return await client.post(url, content=body, headers=headers)
 
@@ -142,18 +159,29 @@ def deliver(*, delivery_id: int, now: datetime | None = None) -> str:
     now = now or timezone.now()
     claimable = Q(status=Status.PENDING) | Q(status=Status.SENDING, claimed_at__lt=now - CLAIM_TTL)
     if not AlertDelivery.objects.filter(claimable, pk=delivery_id).update(
-            status=Status.SENDING, claimed_at=now, attempts=F("attempts") + 1):
+        status=Status.SENDING, claimed_at=now, attempts=F("attempts") + 1
+    ):
         return "skipped"
     delivery = AlertDelivery.objects.select_related(
-        "channel", "event__budget__organization", "event__window", "event__budget__project",
-        "event__budget__member__user", "event__budget__api_key", "event__budget__end_customer").get(pk=delivery_id)
+        "channel",
+        "event__budget__organization",
+        "event__window",
+        "event__budget__project",
+        "event__budget__member__user",
+        "event__budget__api_key",
+        "event__budget__end_customer",
+    ).get(pk=delivery_id)
     mine = AlertDelivery.objects.filter(pk=delivery_id, status=Status.SENDING, claimed_at=now)
     channel = delivery.channel
     body = json.dumps(payload(delivery), separators=(",", ":")).encode()
     timestamp = int(time.time())
-    headers = {"content-type": "application/json", "user-agent": "capgate-webhooks/1",
-               "x-capgate-timestamp": str(timestamp), "x-capgate-delivery": str(delivery.id),
-               "x-capgate-signature": sign(secret=channel.secret, timestamp=timestamp, body=body)}
+    headers = {
+        "content-type": "application/json",
+        "user-agent": "capgate-webhooks/1",
+        "x-capgate-timestamp": str(timestamp),
+        "x-capgate-delivery": str(delivery.id),
+        "x-capgate-signature": sign(secret=channel.secret, timestamp=timestamp, body=body),
+    }
     status_code = None
     try:
         response = asyncio.run(_post(channel.url, body, headers))
@@ -174,8 +202,12 @@ def deliver(*, delivery_id: int, now: datetime | None = None) -> str:
         mine.update(status=Status.FAILED, last_error=error[:2000], response_status=status_code)
         log.error("webhooks: giving up on delivery %s after %s attempts: %s", delivery_id, delivery.attempts, error)
         return Status.FAILED
-    mine.update(status=Status.PENDING, last_error=error[:2000], response_status=status_code,
-                next_attempt_at=now + backoff(delivery.attempts))
+    mine.update(
+        status=Status.PENDING,
+        last_error=error[:2000],
+        response_status=status_code,
+        next_attempt_at=now + backoff(delivery.attempts),
+    )
     raise WebhookFailed(error)
 
 
@@ -194,9 +226,14 @@ def send_pending(*, now: datetime | None = None, limit: int = 100) -> int:
     """The catch-up: deliveries whose task was lost or whose retry is due. Returns how many
     were sent."""
     now = now or timezone.now()
-    due = (AlertDelivery.objects.filter(Q(status=Status.PENDING, next_attempt_at__lte=now)
-                                        | Q(status=Status.SENDING, claimed_at__lt=now - CLAIM_TTL))
-           .order_by("id").values_list("id", flat=True)[:limit])
+    due = (
+        AlertDelivery.objects.filter(
+            Q(status=Status.PENDING, next_attempt_at__lte=now)
+            | Q(status=Status.SENDING, claimed_at__lt=now - CLAIM_TTL)
+        )
+        .order_by("id")
+        .values_list("id", flat=True)[:limit]
+    )
     sent = 0
     for delivery_id in list(due):
         try:

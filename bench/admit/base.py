@@ -41,9 +41,7 @@ def parse_db_url(url: str) -> Db:
 
 def create_database(db: Db) -> None:
     if db.name == "capgate" or db.name.startswith("test_") or not db.name:
-        sys.exit(
-            f"refusing to benchmark in database {db.name!r}: use a dedicated one (e.g. capgate_bench)"
-        )
+        sys.exit(f"refusing to benchmark in database {db.name!r}: use a dedicated one (e.g. capgate_bench)")
     with psycopg.connect(
         host=db.host,
         port=db.port,
@@ -52,23 +50,16 @@ def create_database(db: Db) -> None:
         dbname="postgres",
         autocommit=True,
     ) as conn:
-        if (
-            conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db.name]).fetchone()
-            is None
-        ):
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db.name]).fetchone() is None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db.name)))
 
 
 def setup_django(args: argparse.Namespace) -> None:
-    max_clients = max(
-        [*args.clients, *args.cycle_clients, *(args.whatif_clients if args.whatif else []), 1]
-    )
+    max_clients = max([*args.clients, *args.cycle_clients, *(args.whatif_clients if args.whatif else []), 1])
     os.environ["DATABASE_URL"] = args.db_url
     os.environ["DJANGO_SETTINGS_MODULE"] = args.settings
     # Production settings refuse to start without real secrets; the bench is loopback-only.
-    os.environ.setdefault(
-        "DJANGO_SECRET_KEY", "capgate-bench-only-django-secret-key-never-deployed-0"
-    )
+    os.environ.setdefault("DJANGO_SECRET_KEY", "capgate-bench-only-django-secret-key-never-deployed-0")
     os.environ.setdefault("CAPGATE_SECRET_KEY", "capgate-bench-only-connection-secret-key")
     # Every thread holds its own pooled connection for a whole cell (plus the drainer and main).
     os.environ["CAPGATE_DB_POOL_MAX"] = str(max_clients + 4)

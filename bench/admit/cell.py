@@ -78,9 +78,7 @@ def check_reserved(tenant: Tenant, admitted: int, worst: int) -> str:
     for w in Window.objects.filter(id__in=tenant.window_ids).order_by("id"):
         held = Hold.objects.filter(window_id=w.id).aggregate(s=Sum("amount_nano"))["s"] or 0
         if not (w.reserved_nano == held == admitted * worst):
-            problems.append(
-                f"window {w.id}: reserved {w.reserved_nano}, holds {held}, expected {admitted * worst}"
-            )
+            problems.append(f"window {w.id}: reserved {w.reserved_nano}, holds {held}, expected {admitted * worst}")
     n = Reservation.objects.filter(organization_id=tenant.org_id).count()
     if n != admitted:
         problems.append(f"{n} reservations for {admitted} admissions")

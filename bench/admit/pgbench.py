@@ -45,9 +45,7 @@ def pgbench_defines(tenant: Tenant, worst: int) -> list[str]:
     return [x for k, v in d.items() for x in ("-D", f"{k}={v}")]
 
 
-def run_pgbench_cell(
-    runner: str, tenant: Tenant, clients: int, args: argparse.Namespace, db: Db
-) -> Cell:
+def run_pgbench_cell(runner: str, tenant: Tenant, clients: int, args: argparse.Namespace, db: Db) -> Cell:
     cell = Cell(runner=runner, ceilings=tenant.ceilings, clients=clients)
     script: Path | None
     if runner == "pgbench-1stmt":
@@ -55,9 +53,7 @@ def run_pgbench_cell(
     elif runner == "pgbench-admit":
         script = tenant.admit_script
         if script is None:
-            cell.errors.append(
-                "no script in bench/pgbench has admit()'s statements (see the profile)"
-            )
+            cell.errors.append("no script in bench/pgbench has admit()'s statements (see the profile)")
             return cell
     else:
         script = pgbench_script(tenant.ceilings)
@@ -92,9 +88,7 @@ def run_pgbench_cell(
         env = {**os.environ, "PGPASSWORD": db.password}
         busy0, total0 = cpu_ticks()
         try:
-            proc = subprocess.run(
-                cmd, env=env, capture_output=True, text=True, timeout=args.duration + 120
-            )
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.duration + 120)
         except (OSError, subprocess.TimeoutExpired) as exc:
             cell.errors.append(f"pgbench: {exc}")
             return cell
@@ -118,9 +112,7 @@ def run_pgbench_cell(
         cell.count = int(processed.group(1))
         cell.elapsed = cell.count / float(tps.group(1)) if float(tps.group(1)) else 0.0
         # -r: mean latency per statement; the locking one, and what follows it (lock still held).
-        stmts = re.findall(
-            r"^\s+([\d.]+)\s+\d+\s+(\S.*)$", out.split("statement latencies", 1)[-1], re.MULTILINE
-        )
+        stmts = re.findall(r"^\s+([\d.]+)\s+\d+\s+(\S.*)$", out.split("statement latencies", 1)[-1], re.MULTILINE)
         # (pgbench cuts the text at ~120 characters: recognise the locking statement by its start)
         locking = [
             k
@@ -151,7 +143,5 @@ def signature(sql: str) -> tuple[str, str]:
 
 
 def script_signatures(path: Path) -> list[tuple[str, str]]:
-    text = "\n".join(
-        line for line in path.read_text().splitlines() if not line.startswith(("--", "\\"))
-    )
+    text = "\n".join(line for line in path.read_text().splitlines() if not line.startswith(("--", "\\")))
     return [signature(stmt) for stmt in text.split(";") if stmt.strip()]

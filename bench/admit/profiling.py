@@ -82,9 +82,7 @@ def profile(tenant: Tenant, args: argparse.Namespace) -> list[str]:
         finally:
             marks.append(("COMMIT", w0, time.perf_counter(), c0, time.thread_time()))
 
-    per_call: list[
-        list[tuple[float, float, float, float]]
-    ] = []  # per segment: (py wall, py cpu, db wall, db cpu)
+    per_call: list[list[tuple[float, float, float, float]]] = []  # per segment: (py wall, py cpu, db wall, db cpu)
     totals: list[tuple[float, float]] = []
     sqls: list[str] = []
     # COMMIT is not a statement Django's execute_wrapper sees: time it by wrapping the method.
@@ -142,7 +140,8 @@ def profile(tenant: Tenant, args: argparse.Namespace) -> list[str]:
         out.append(f"{k}. `{text[:150]}{' …' if len(text) > 150 else ''}`")
     out.append("")
     out.append(
-        "| step | Python before it, wall ms | Python before it, CPU ms | statement round trip, wall ms | driver CPU in it, ms |"
+        "| step | Python before it, wall ms | Python before it, CPU ms | statement round trip, wall ms | "
+        "driver CPU in it, ms |"
     )
     out.append("|---|---:|---:|---:|---:|")
     for k in range(nseg):
@@ -167,9 +166,7 @@ def profile(tenant: Tenant, args: argparse.Namespace) -> list[str]:
     # The pgbench scripts must issue what admit() issues.
     got = [signature(q) for q in sent]
     matching = [
-        path
-        for kind in ("stmt", "full")
-        if script_signatures(path := pgbench_script(tenant.ceilings, kind)) == got
+        path for kind in ("stmt", "full") if script_signatures(path := pgbench_script(tenant.ceilings, kind)) == got
     ]
     out.append("")
     if matching:

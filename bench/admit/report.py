@@ -44,9 +44,7 @@ def _fmt_lat(cells: list[Cell]) -> str:
     return f"{statistics.median(c.p50_ms for c in cells):.1f} / {statistics.median(c.p99_ms for c in cells):.1f}"
 
 
-def report(
-    results: dict, args: argparse.Namespace, header: list[str], cycles: list[Cell]
-) -> list[str]:
+def report(results: dict, args: argparse.Namespace, header: list[str], cycles: list[Cell]) -> list[str]:
     out = list(header)
     runners = [r for r in RUNNERS if r in args.runners]
     head = ["ceilings", "clients"]
@@ -69,9 +67,7 @@ def report(
                 for r in py_runners:
                     cells = results.get((ceilings, clients, r), [])
                     row.append(
-                        f"{statistics.median(c.rate for c in cells) / base_rate:.0%}"
-                        if cells and base_rate
-                        else "–"
+                        f"{statistics.median(c.rate for c in cells) / base_rate:.0%}" if cells and base_rate else "–"
                     )
             out.append("| " + " | ".join(row) + " |")
     if cycles:
@@ -99,12 +95,14 @@ def report(
         "contention) and the mean time the lock stays held after it returns, split into Python until the "
         "UPDATE is sent + the UPDATE's round trip + from its return until COMMIT returned, as Python "
         "sees them (a round trip includes getting the GIL / a CPU back); for pgbench the UPDATE + COMMIT "
-        "statement latencies from -r. One hot row admits at most ~1000 / (that hold) per second; host CPU busy (both cores, /proc/stat) during the cell and in "
+        "statement latencies from -r. One hot row admits at most ~1000 / (that hold) per second; host CPU "
+        "busy (both cores, /proc/stat) during the cell and in "
         "the 0.4 s before it while the benchmark was idle (other people's load: noise); the counter check."
     )
     out.append("")
     out.append(
-        "| ceilings | clients | runner | adm/s | py CPU ms/adm | locking stmt ms | lock held after it ms (py + UPDATE + COMMIT) | host CPU % | background CPU % before | check | errors / refusals |"
+        "| ceilings | clients | runner | adm/s | py CPU ms/adm | locking stmt ms | lock held after it ms (py "
+        "+ UPDATE + COMMIT) | host CPU % | background CPU % before | check | errors / refusals |"
     )
     out.append("|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---|")
     for (ceilings, clients, runner), cells in sorted(
@@ -127,7 +125,8 @@ def report(
         lock = statistics.median(c.lock_stmt_ms for c in cells)
         held = statistics.median(c.held_ms for c in cells)
         out.append(
-            f"| {ceilings} | {clients} | {runner} | {_fmt_rate(cells)} | {cpu} | {lock:.1f} | {held:.1f}{_fmt_split(med)} | {host:.0f} | {bg:.0f} | {checks} | {extra.strip() or '–'} |"
+            f"| {ceilings} | {clients} | {runner} | {_fmt_rate(cells)} | {cpu} | {lock:.1f} | "
+            f"{held:.1f}{_fmt_split(med)} | {host:.0f} | {bg:.0f} | {checks} | {extra.strip() or '–'} |"
         )
     # The target.
     out.append("")
@@ -140,7 +139,8 @@ def report(
                 rate = statistics.median(c.rate for c in cells)
                 verdict = "MET" if rate >= base_rate / 2 else "NOT met"
                 out.append(
-                    f"Target (3 ceilings, 32 clients, >= half of pgbench's {base_rate:,.0f}/s = {base_rate / 2:,.0f}/s): "
+                    f"Target (3 ceilings, 32 clients, >= half of pgbench's {base_rate:,.0f}/s = "
+                    f"{base_rate / 2:,.0f}/s): "
                     f"{r} {rate:,.0f}/s = {rate / base_rate:.0%} of pgbench -> **{verdict}**."
                 )
     return out
@@ -161,7 +161,8 @@ def report_whatif(whatif: dict, args: argparse.Namespace) -> list[str]:
         "What-if engines (3 ceilings, written in bench/admit/whatif.py, not in the engine; the same counter "
         "checks pass after every cell) — to size the engine suggestions:",
         "",
-        "| engine | runner | clients | adm/s | p50 / p99 ms | py CPU ms/adm | locking stmt ms | lock held after it ms (py + UPDATE + COMMIT) | host CPU % | check |",
+        "| engine | runner | clients | adm/s | p50 / p99 ms | py CPU ms/adm | locking stmt ms | lock held "
+        "after it ms (py + UPDATE + COMMIT) | host CPU % | check |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for clients in args.whatif_clients:
@@ -174,10 +175,12 @@ def report_whatif(whatif: dict, args: argparse.Namespace) -> list[str]:
                 else "–"
             )
             out.append(
-                f"| {ENGINE_SHAPE.get(engine, engine)} | {runner} | {clients} | {_fmt_rate(cells)} | {_fmt_lat(cells)} | "
+                f"| {ENGINE_SHAPE.get(engine, engine)} | {runner} | {clients} | {_fmt_rate(cells)} | "
+                f"{_fmt_lat(cells)} | "
                 f"{cpu} | {statistics.median(x.lock_stmt_ms for x in cells):.1f} | "
                 f"{statistics.median(x.held_ms for x in cells):.1f}{_fmt_split(_median_cell(cells))} | "
-                f"{statistics.median(x.host_cpu_pct for x in cells):.0f} | {', '.join(sorted({x.check for x in cells}))} |"
+                f"{statistics.median(x.host_cpu_pct for x in cells):.0f} | "
+                f"{', '.join(sorted({x.check for x in cells}))} |"
             )
     return out
 
@@ -185,7 +188,8 @@ def report_whatif(whatif: dict, args: argparse.Namespace) -> list[str]:
 def machine_header(args: argparse.Namespace, db: Db) -> list[str]:
     with connection.cursor() as cur:
         cur.execute(
-            "SELECT version(), current_setting('synchronous_commit'), current_setting('shared_buffers'), current_setting('max_connections')"
+            "SELECT version(), current_setting('synchronous_commit'), current_setting('shared_buffers'), "
+            "current_setting('max_connections')"
         )
         version, sync, shared, maxconn = cur.fetchone()
     try:
@@ -204,9 +208,12 @@ def machine_header(args: argparse.Namespace, db: Db) -> list[str]:
     )
     return [
         f"Run {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC on {platform.node()}: {os.cpu_count()} CPUs ({cpu_model}), "
-        f"Python {platform.python_version()}, Django {django.get_version()}, psycopg {psycopg.__version__} ({psycopg.pq.__impl__}), "
-        f"{version.split(' on ')[0]} (synchronous_commit={sync}, shared_buffers={shared}, max_connections={maxconn}), {pgb}.",
-        f"Settings {args.settings} (DEBUG={settings.DEBUG}, pool={'pool' in settings.DATABASES['default'].get('OPTIONS', {})}), "
+        f"Python {platform.python_version()}, Django {django.get_version()}, psycopg {psycopg.__version__} "
+        f"({psycopg.pq.__impl__}), "
+        f"{version.split(' on ')[0]} (synchronous_commit={sync}, shared_buffers={shared}, "
+        f"max_connections={maxconn}), {pgb}.",
+        f"Settings {args.settings} (DEBUG={settings.DEBUG}, "
+        f"pool={'pool' in settings.DATABASES['default'].get('OPTIONS', {})}), "
         f"database {db.name} on {db.host}:{db.port}; GIL switch interval {sys.getswitchinterval() * 1e3:g} ms; "
         f"{args.duration} s per cell, repeat {args.repeat}, "
         f"worst case {args.worst_nano:,} nano-USD; load average at start {', '.join(f'{x:.2f}' for x in load)}"

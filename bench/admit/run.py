@@ -41,19 +41,14 @@ def run_cell(
             cell = run_python_cell(runner, tenant, clients, mode, args)
         if cell.count or not cell.errors or attempt:
             break
-        print(
-            f"  {label} {runner} {clients} clients failed ({cell.errors[0]}); once more", flush=True
-        )
+        print(f"  {label} {runner} {clients} clients failed ({cell.errors[0]}); once more", flush=True)
         reset(list(tenants.values()))
     cell.bg_cpu_pct = bg
     print(
         f"  {label} {ceilings} ceiling(s) {clients:>3} clients {runner:<12} {mode:<10} {cell.rate:>7,.0f}/s  "
-        f"p50 {cell.p50_ms:6.1f} ms  p99 {cell.p99_ms:6.1f} ms  lock stmt {cell.lock_stmt_ms:5.1f} held {cell.held_ms:5.1f} ms"
-        + (
-            " (py {:.1f} + UPDATE {:.1f} + COMMIT {:.1f})".format(*cell.held_split)
-            if cell.held_split
-            else ""
-        )
+        f"p50 {cell.p50_ms:6.1f} ms  p99 {cell.p99_ms:6.1f} ms  lock stmt {cell.lock_stmt_ms:5.1f} held "
+        f"{cell.held_ms:5.1f} ms"
+        + (" (py {:.1f} + UPDATE {:.1f} + COMMIT {:.1f})".format(*cell.held_split) if cell.held_split else "")
         + "  "
         f"host CPU {cell.host_cpu_pct:3.0f}% (bg {bg:3.0f}%)  "
         f"{cell.note}  {cell.check}" + (f"  errors: {cell.errors[:2]}" if cell.errors else ""),
@@ -77,7 +72,8 @@ def run(args: argparse.Namespace, db: Db, argv: list[str] | None) -> int:
         header.insert(
             -1,
             (
-                f"An admission (matching_budgets + admit()) with {c} ceiling(s) makes {len(tenant.admit_sql)} round trips; pgbench-admit runs "
+                f"An admission (matching_budgets + admit()) with {c} ceiling(s) makes {len(tenant.admit_sql)} "
+                "round trips; pgbench-admit runs "
                 + (
                     f"`{tenant.admit_script.relative_to(ROOT)}` (same statements)."
                     if tenant.admit_script

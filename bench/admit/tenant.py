@@ -39,15 +39,11 @@ def ensure_tenant(ceilings: int) -> Tenant:
     org, _ = Organization.objects.get_or_create(
         slug=f"bench-{ceilings}-ceiling", defaults={"name": f"Bench {ceilings} ceiling"}
     )
-    project, _ = Project.objects.get_or_create(
-        organization=org, slug="main", defaults={"name": "Main"}
-    )
+    project, _ = Project.objects.get_or_create(organization=org, slug="main", defaults={"name": "Main"})
     key = ApiKey.objects.filter(organization=org, name="bench").first()
     if key is None:
         _raw, prefix, digest = ApiKey.generate()
-        key = ApiKey.objects.create(
-            organization=org, project=project, name="bench", prefix=prefix, key_hash=digest
-        )
+        key = ApiKey.objects.create(organization=org, project=project, name="bench", prefix=prefix, key_hash=digest)
     wanted: list[tuple[str, dict[str, Any]]] = [("organization", {})]
     if ceilings == 3:
         wanted += [("project", {"project": project}), ("key", {"api_key": key})]
@@ -87,9 +83,7 @@ def reset(tenants: list[Tenant]) -> None:
     tables = ", ".join(f'"{m._meta.db_table}"' for m in (UsageRecord, Hold, Reservation))
     with connection.cursor() as cur:
         cur.execute(f"TRUNCATE {tables} CASCADE")  # bench database only
-        Window.objects.filter(id__in=[w for t in tenants for w in t.window_ids]).update(
-            reserved_nano=0, spent_nano=0
-        )
+        Window.objects.filter(id__in=[w for t in tenants for w in t.window_ids]).update(reserved_nano=0, spent_nano=0)
         cur.execute(f'VACUUM (ANALYZE) "{Window._meta.db_table}", {tables}')
 
 

@@ -20,9 +20,7 @@ from django.utils import timezone
 from budgets.periods import period_bounds
 from ledger.admission import Subject
 
-_CACHE: dict[
-    Subject, tuple[float, dt.datetime | None, list[int]]
-] = {}  # expires (monotonic), period end, window ids
+_CACHE: dict[Subject, tuple[float, dt.datetime | None, list[int]]] = {}  # expires (monotonic), period end, window ids
 CACHE_TTL = 5.0
 
 
@@ -39,23 +37,15 @@ def _raw_windows(cur, subject, now) -> tuple[list[int], dt.datetime | None, list
         "AND organization_id = %s AND mode = 'block' ORDER BY id",
         [*params, subject.organization_id],
     )
-    budgets = {
-        bid: (scope, period, tz, amount) for bid, scope, period, tz, amount in cur.fetchall()
-    }
-    bounds = {
-        bid: period_bounds(period=period, tz=tz, now=now)
-        for bid, (_s, period, tz, _a) in budgets.items()
-    }
+    budgets = {bid: (scope, period, tz, amount) for bid, scope, period, tz, amount in cur.fetchall()}
+    bounds = {bid: period_bounds(period=period, tz=tz, now=now) for bid, (_s, period, tz, _a) in budgets.items()}
     cur.execute(
         "SELECT w.id, w.budget_id, w.spent_nano, w.reserved_nano FROM budgets_window w "
         "JOIN unnest(%s::bigint[], %s::timestamptz[]) AS k(b, s) ON w.budget_id = k.b AND w.period_start = k.s "
         "ORDER BY w.id",
         [list(bounds), [start for start, _end in bounds.values()]],
     )
-    rows = [
-        (w, b, budgets[b][0], budgets[b][3], spent, reserved)
-        for w, b, spent, reserved in cur.fetchall()
-    ]
+    rows = [(w, b, budgets[b][0], budgets[b][3], spent, reserved) for w, b, spent, reserved in cur.fetchall()]
     assert len(rows) == len(budgets), "what-if engines expect existing windows"
     ends = [end for _start, end in bounds.values() if end is not None]
     return [r[0] for r in rows], (min(ends) if ends else None), rows

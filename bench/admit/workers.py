@@ -26,11 +26,7 @@ def production_admit(subject: Subject, request_id: str, worst: int) -> Admitted:
     """Admit the way the gateway does (gateway/service.py): look up the subject's budgets, then
     admit(request=AdmissionRequest(..., budgets=budgets))."""
     budgets = matching_budgets(subject)
-    return admit(
-        request=AdmissionRequest(
-            subject=subject, request_id=request_id, worst_nano=worst, budgets=budgets
-        )
-    )
+    return admit(request=AdmissionRequest(subject=subject, request_id=request_id, worst_nano=worst, budgets=budgets))
 
 
 def _admit_once(subject: Subject, worst: int, cost: int, mode: str, request_id: str) -> float:
@@ -60,9 +56,7 @@ class LockTimer:
     def __call__(self, execute, sql, params, many, context):
         locking = "FOR NO KEY UPDATE" in sql and "budgets_usagerecord" not in sql
         updating = (
-            self.lock_returned is not None
-            and self.update_sent is None
-            and sql.lstrip().upper().startswith("UPDATE")
+            self.lock_returned is not None and self.update_sent is None and sql.lstrip().upper().startswith("UPDATE")
         )
         if not (locking or updating):
             return execute(sql, params, many, context)
@@ -80,9 +74,7 @@ class LockTimer:
         self.lock_returned = self.update_sent = self.update_returned = None
 
 
-def _worker(
-    index: int, barrier, subject, worst: int, cost: int, mode: str, duration: float, tag: str
-) -> dict:
+def _worker(index: int, barrier, subject, worst: int, cost: int, mode: str, duration: float, tag: str) -> dict:
     """Connect, warm up (one admission, not timed), wait at the barrier, admit until the deadline."""
     try:
         connection.ensure_connection()
@@ -126,9 +118,7 @@ def _worker(
                 held.append(committed - timer.lock_returned)
                 sent, returned = timer.update_sent, timer.update_returned
                 if sent is not None and returned is not None:
-                    split.append(
-                        (sent - timer.lock_returned, returned - sent, committed - returned)
-                    )
+                    split.append((sent - timer.lock_returned, returned - sent, committed - returned))
     end = time.monotonic()
     return {
         "lat": lat,
@@ -182,9 +172,7 @@ def _process_target(queue, i: int, *args) -> None:
     # A worker process holds one connection for the whole cell: open it directly, without a
     # pool (no pool threads started in a forked child).
     settings_dict = connections["default"].settings_dict
-    settings_dict["OPTIONS"] = {
-        k: v for k, v in settings_dict.get("OPTIONS", {}).items() if k != "pool"
-    }
+    settings_dict["OPTIONS"] = {k: v for k, v in settings_dict.get("OPTIONS", {}).items() if k != "pool"}
     try:
         queue.put(_worker(i, *args))
     except BaseException as exc:
@@ -193,9 +181,7 @@ def _process_target(queue, i: int, *args) -> None:
         close_db()
 
 
-def run_python_cell(
-    runner: str, tenant: Tenant, clients: int, mode: str, args: argparse.Namespace
-) -> Cell:
+def run_python_cell(runner: str, tenant: Tenant, clients: int, mode: str, args: argparse.Namespace) -> Cell:
     cost = args.worst_nano // 4  # cycle: the provider billed a quarter of the worst case
     tag = uuid.uuid4().hex[:12]
     cell = Cell(runner=runner, ceilings=tenant.ceilings, clients=clients, mode=mode)
@@ -204,10 +190,7 @@ def run_python_cell(
     if runner == "threads":
         barrier = threading.Barrier(clients + 1)
         results: list = [None] * clients
-        threads = [
-            threading.Thread(target=_thread_target, args=(results, i, barrier, *common))
-            for i in range(clients)
-        ]
+        threads = [threading.Thread(target=_thread_target, args=(results, i, barrier, *common)) for i in range(clients)]
         for t in threads:
             t.start()
         if drainer:
@@ -220,10 +203,7 @@ def run_python_cell(
         close_db()  # children must not share the parent's sockets or pool
         barrier = ctx.Barrier(clients + 1)
         queue = ctx.Queue()
-        processes = [
-            ctx.Process(target=_process_target, args=(queue, i, barrier, *common))
-            for i in range(clients)
-        ]
+        processes = [ctx.Process(target=_process_target, args=(queue, i, barrier, *common)) for i in range(clients)]
         for p in processes:
             p.start()
         if drainer:
@@ -243,9 +223,7 @@ def run_python_cell(
     if drainer:
         drainer.stop.set()
         drainer.join()
-    fatal = [
-        "worker lost" if r is None else r["fatal"] for r in results if r is None or "fatal" in r
-    ]
+    fatal = ["worker lost" if r is None else r["fatal"] for r in results if r is None or "fatal" in r]
     fatal.sort(key=lambda e: "BrokenBarrierError" in e)  # the cause first
     ok = [r for r in results if r and "fatal" not in r]
     cell.errors = fatal + [e for r in ok for e in r["errors"]]

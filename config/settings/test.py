@@ -18,10 +18,20 @@ CELERY_BROKER_URL = "memory://"
 
 # API throttle counters stay in this process (tests of the throttle lower the rates again);
 # the suite's own API traffic must not be throttled.
-CACHES = {**CACHES, "throttle": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache",  # noqa: F405
-                                 "LOCATION": "throttle"}}
-REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"api": "100000/minute",  # noqa: F405
-                                                               "api_anon": "100000/minute"}}
+CACHES = {
+    **CACHES,  # noqa: F405
+    "throttle": {
+        "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+        "LOCATION": "throttle",
+    },
+}
+REST_FRAMEWORK = {
+    **REST_FRAMEWORK,  # noqa: F405
+    "DEFAULT_THROTTLE_RATES": {
+        "api": "100000/minute",
+        "api_anon": "100000/minute",
+    },
+}
 
 # Tests change keys and routes and expect the next request to see it.
 CAPGATE = {**CAPGATE, "LOOKUP_CACHE_SECONDS": 0.0}  # noqa: F405

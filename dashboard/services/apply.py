@@ -126,9 +126,15 @@ class _Item:
         return value
 
 
-def validated(item: _Item, serializer_class: type[serializers.Serializer], data: dict[str, Any], *,
-              organization: Organization | None = None, names: dict[str, str] | None = None,
-              problems: Iterable[Problem] = ()) -> dict[str, Any]:
+def validated(
+    item: _Item,
+    serializer_class: type[serializers.Serializer],
+    data: dict[str, Any],
+    *,
+    organization: Organization | None = None,
+    names: dict[str, str] | None = None,
+    problems: Iterable[Problem] = (),
+) -> dict[str, Any]:
     """`data` (an item's fields, in the API's names) checked by the API's serializer: its
     validated values, or an ApplyError with every problem of the item (its own `problems`, those
     given, the serializer's, each at its path in the file; `names` maps API names back)."""
@@ -137,8 +143,10 @@ def validated(item: _Item, serializer_class: type[serializers.Serializer], data:
     # field left out is not also called missing.
     serializer = serializer_class(data=data, partial=bool(found), context={"organization": organization})
     if not serializer.is_valid():
-        found += [(f"{item.path}.{path}" if path else item.path, message)
-                  for path, message in flat_errors(serializer.errors, names=names)]
+        found += [
+            (f"{item.path}.{path}" if path else item.path, message)
+            for path, message in flat_errors(serializer.errors, names=names)
+        ]
     if found:
         raise ApplyError.of(found)
     return dict(serializer.validated_data)
@@ -198,11 +206,11 @@ def find_subjects(org: Organization, item: _Item) -> dict[str, Any]:
         subject["api_key"] = key
     if item.has("end_customer"):
         project_slug, _, external_id = (item.str("end_customer") or "").partition("/")
-        customer = EndCustomer.objects.filter(project__organization=org, project__slug=project_slug,
-                                              external_id=external_id).first()
+        customer = EndCustomer.objects.filter(
+            project__organization=org, project__slug=project_slug, external_id=external_id
+        ).first()
         if customer is None:
-            raise ApplyError(f"{item.path}.end_customer",
-                             "write project/external_id of a declared end customer")
+            raise ApplyError(f"{item.path}.end_customer", "write project/external_id of a declared end customer")
         subject["end_customer"] = customer
     return subject
 

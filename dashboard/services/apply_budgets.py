@@ -27,8 +27,21 @@ from dashboard.services.apply import (
 )
 from tenants.models import Organization
 
-BUDGET_FIELDS = {"name", "scope", "project", "member", "key", "end_customer", "run", "period", "timezone", "mode",
-                 "amount_usd", "thresholds", "recipients"}
+BUDGET_FIELDS = {
+    "name",
+    "scope",
+    "project",
+    "member",
+    "key",
+    "end_customer",
+    "run",
+    "period",
+    "timezone",
+    "mode",
+    "amount_usd",
+    "thresholds",
+    "recipients",
+}
 # The file's names for the API's fields, where they differ.
 _NAMES = {"api_key": "key", "run_id": "run"}
 # Subject fields the file leaves out are "not named", so moving a budget shows up as an error.

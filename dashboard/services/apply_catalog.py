@@ -78,15 +78,20 @@ def apply_connection(org: Organization, item: _Item, result: ApplyResult) -> Non
         if env_name not in os.environ:
             raise ApplyError(f"{item.path}.secret_env", f"environment variable {env_name} is not set")
         secret = os.environ[env_name]
-    data: dict[str, Any] = {"name": name, "kind": item.data.get("kind"),
-                            "base_url": item.data.get("base_url") or "", "options": item.data.get("options") or {},
-                            "enabled": item.data.get("enabled", True)}
+    data: dict[str, Any] = {
+        "name": name,
+        "kind": item.data.get("kind"),
+        "base_url": item.data.get("base_url") or "",
+        "options": item.data.get("options") or {},
+        "enabled": item.data.get("enabled", True),
+    }
     if secret is not None:
         data["secret"] = secret
     problems: list[Problem] = []
     if item.has("rates"):  # named: all four are set (absent: null, the list price)
-        rates = _Item(item.data["rates"] or {}, f"{item.path}.rates",
-                      {r.removesuffix("_usd_per_mtok") for r in RATE_FIELDS})
+        rates = _Item(
+            item.data["rates"] or {}, f"{item.path}.rates", {r.removesuffix("_usd_per_mtok") for r in RATE_FIELDS}
+        )
         problems += rates.problems
         for rate in RATE_FIELDS:
             data[rate] = rates.data.get(rate.removesuffix("_usd_per_mtok"))
@@ -98,8 +103,7 @@ def apply_connection(org: Organization, item: _Item, result: ApplyResult) -> Non
             result.changes.append(Change("create", "connection", label))
         else:
             del fields["name"]
-            changes = update_connection(connection=connection, actor=APPLY, secret=fields.pop("secret", None),
-                                        **fields)
+            changes = update_connection(connection=connection, actor=APPLY, secret=fields.pop("secret", None), **fields)
             _record(result, "connection", label, changes)
 
 
@@ -111,15 +115,24 @@ def apply_route(org: Organization, item: _Item, result: ApplyResult) -> None:
         for j, target in enumerate(targets):
             if isinstance(target, dict):  # the serializer reports a target that is not a mapping
                 problems += _Item(target, f"{item.path}.targets[{j}]", {"connection", "model"}).problems
-    data = {"name": name, "targets": targets,
-            "default_max_output_tokens": item.data.get("default_max_output_tokens")}
+    data = {"name": name, "targets": targets, "default_max_output_tokens": item.data.get("default_max_output_tokens")}
     fields = validated(item, RouteSerializer, data, organization=org, problems=problems)
     pairs = [(t["connection"], t["model"]) for t in fields["targets"]]
     existed = org.routes.filter(name=name).exists()
     with _guard(item.path):
-        _, changed = set_route(organization=org, name=name, targets=pairs, actor=APPLY,
-                               default_max_output_tokens=fields.get("default_max_output_tokens"))
+        _, changed = set_route(
+            organization=org,
+            name=name,
+            targets=pairs,
+            actor=APPLY,
+            default_max_output_tokens=fields.get("default_max_output_tokens"),
+        )
     if changed:
-        result.changes.append(Change("update" if existed else "create", "route", f"{org.slug}/{name}",
-                                     {"targets": ["(previous)", " → ".join(f"{c.name}:{m}" for c, m in pairs)]}
-                                     if existed else {}))
+        result.changes.append(
+            Change(
+                "update" if existed else "create",
+                "route",
+                f"{org.slug}/{name}",
+                {"targets": ["(previous)", " → ".join(f"{c.name}:{m}" for c, m in pairs)]} if existed else {},
+            )
+        )

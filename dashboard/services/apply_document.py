@@ -98,8 +98,19 @@ def _attempt(result: ApplyResult, path: str, fn: Callable[..., T], *args: Any) -
     return None
 
 
-ORG_FIELDS = {"slug", "name", "allow_unpriced", "default_run_budget_usd", "projects", "members", "keys",
-              "connections", "routes", "budgets", "rate_limits"}
+ORG_FIELDS = {
+    "slug",
+    "name",
+    "allow_unpriced",
+    "default_run_budget_usd",
+    "projects",
+    "members",
+    "keys",
+    "connections",
+    "routes",
+    "budgets",
+    "rate_limits",
+}
 
 
 def _apply_organization(data: Any, path: str, result: ApplyResult) -> None:
@@ -117,8 +128,15 @@ def _apply_price(data: Any, path: str, result: ApplyResult) -> None:
     apply_price(_Item(data, path, PRICE_FIELDS, {"model"}), result)
 
 
-def _apply_item(apply_one: Callable[[Organization, _Item, ApplyResult], None], org: Organization, data: Any,
-                path: str, allowed: set[str], required: set[str], result: ApplyResult) -> None:
+def _apply_item(
+    apply_one: Callable[[Organization, _Item, ApplyResult], None],
+    org: Organization,
+    data: Any,
+    path: str,
+    allowed: set[str],
+    required: set[str],
+    result: ApplyResult,
+) -> None:
     apply_one(org, _Item(data, path, allowed, required), result)
 
 
@@ -139,9 +157,11 @@ def _organization(item: _Item, result: ApplyResult) -> Organization:
 
 
 # The project's default end-customer cap is a mapping in the file, three fields in the API.
-_CAP_NAMES = {"default_customer_budget_usd": "default_customer_budget.amount_usd",
-              "default_customer_budget_period": "default_customer_budget.period",
-              "default_customer_budget_mode": "default_customer_budget.mode"}
+_CAP_NAMES = {
+    "default_customer_budget_usd": "default_customer_budget.amount_usd",
+    "default_customer_budget_period": "default_customer_budget.period",
+    "default_customer_budget_mode": "default_customer_budget.mode",
+}
 
 
 def _apply_project(org: Organization, item: _Item, result: ApplyResult) -> None:
@@ -154,8 +174,9 @@ def _apply_project(org: Organization, item: _Item, result: ApplyResult) -> None:
         if cap is None:
             data["default_customer_budget_usd"] = None
         else:
-            cap_item = _Item(cap, f"{item.path}.default_customer_budget", {"amount_usd", "period", "mode"},
-                             {"amount_usd"})
+            cap_item = _Item(
+                cap, f"{item.path}.default_customer_budget", {"amount_usd", "period", "mode"}, {"amount_usd"}
+            )
             problems += cap_item.problems
             data["default_customer_budget_usd"] = cap.get("amount_usd")
             data["default_customer_budget_period"] = cap.get("period", "month")
@@ -171,8 +192,13 @@ def _apply_project(org: Organization, item: _Item, result: ApplyResult) -> None:
             _record(result, "project", label, update_project(project=project, actor=APPLY, **fields))
     for j, external_id in enumerate(item.list("end_customers")):
         where = _Item({}, f"{item.path}.end_customers[{j}]", set())
-        customer = validated(where, EndCustomerSerializer, {"project": project.pk, "external_id": external_id},
-                             organization=org, names={"external_id": ""})
+        customer = validated(
+            where,
+            EndCustomerSerializer,
+            {"project": project.pk, "external_id": external_id},
+            organization=org,
+            names={"external_id": ""},
+        )
         if not project.end_customers.filter(external_id=customer["external_id"]).exists():
             with _guard(where.path):
                 create_end_customer(project=project, external_id=customer["external_id"], actor=APPLY)
@@ -182,8 +208,9 @@ def _apply_project(org: Organization, item: _Item, result: ApplyResult) -> None:
 def _apply_member(org: Organization, item: _Item, result: ApplyResult) -> None:
     email = (item.str("email") or "").strip().lower()
     password = item.str("password")
-    fields = validated(item, MemberSerializer, {"email": email, "role": item.data.get("role", "member")},
-                       organization=org)
+    fields = validated(
+        item, MemberSerializer, {"email": email, "role": item.data.get("role", "member")}, organization=org
+    )
     role = fields["role"]
     label = f"{org.slug}/{email}"
     user = get_user_model().objects.filter(email__iexact=email).order_by("id").first()
@@ -206,9 +233,12 @@ def _apply_member(org: Organization, item: _Item, result: ApplyResult) -> None:
 def _apply_key(org: Organization, item: _Item, result: ApplyResult) -> None:
     name = item.str("name") or ""
     label = f"{org.slug}/{name}"
-    data: dict[str, Any] = {"name": name, "allowed_models": item.data.get("allowed_models") or [],
-                            "expires_at": item.data.get("expires_at"),
-                            "default_max_output_tokens": item.data.get("default_max_output_tokens")}
+    data: dict[str, Any] = {
+        "name": name,
+        "allowed_models": item.data.get("allowed_models") or [],
+        "expires_at": item.data.get("expires_at"),
+        "default_max_output_tokens": item.data.get("default_max_output_tokens"),
+    }
     problems: list[Problem] = []
     for field, find in (("project", _find_project), ("member", _find_member)):
         try:
@@ -235,8 +265,12 @@ def _apply_key(org: Organization, item: _Item, result: ApplyResult) -> None:
 _LISTS: list[tuple[str, set[str], set[str], Callable[[Organization, _Item, ApplyResult], None]]] = [
     ("projects", {"slug", "name", "default_customer_budget", "end_customers"}, {"slug"}, _apply_project),
     ("members", {"email", "role", "password"}, {"email"}, _apply_member),
-    ("keys", {"name", "project", "member", "allowed_models", "expires_at", "secret", "default_max_output_tokens"},
-     {"name", "project"}, _apply_key),
+    (
+        "keys",
+        {"name", "project", "member", "allowed_models", "expires_at", "secret", "default_max_output_tokens"},
+        {"name", "project"},
+        _apply_key,
+    ),
     ("connections", CONNECTION_FIELDS, {"name", "kind"}, apply_connection),
     ("routes", ROUTE_FIELDS, {"name", "targets"}, apply_route),
     ("budgets", BUDGET_FIELDS, {"name", "scope", "amount_usd"}, apply_budget),

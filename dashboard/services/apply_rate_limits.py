@@ -43,18 +43,27 @@ def apply_rate_limit(org: Organization, item: _Item, result: ApplyResult) -> Non
         "tokens_per_minute": item.data.get("tokens_per_minute"),
         **{field: pk(obj) for field, obj in subject.items()},
     }
-    fields = validated(item, RateLimitSerializer, data, organization=org, names={"api_key": "key"},
-                       problems=problems)
+    fields = validated(item, RateLimitSerializer, data, organization=org, names={"api_key": "key"}, problems=problems)
     scope = fields.pop("scope")
     named = {field: fields.pop(field, None) for field in _SUBJECTS}
     limit = _unique(RateLimit.objects.filter(organization=org, name=name).order_by("id"), item.path, "rate_limits")
     with _guard(item.path):
         if limit is None:
-            create_rate_limit(organization=org, actor=APPLY, name=name, scope=scope,
-                              **{k: v for k, v in named.items() if v is not None},
-                              **{k: v for k, v in fields.items() if k != "name"})
+            create_rate_limit(
+                organization=org,
+                actor=APPLY,
+                name=name,
+                scope=scope,
+                **{k: v for k, v in named.items() if v is not None},
+                **{k: v for k, v in fields.items() if k != "name"},
+            )
             result.changes.append(Change("create", "rate limit", label))
         else:
-            _record(result, "rate limit", label,
-                    update_rate_limit(limit=limit, actor=APPLY, scope=scope, **named,
-                                      **{k: v for k, v in fields.items() if k != "name"}))
+            _record(
+                result,
+                "rate limit",
+                label,
+                update_rate_limit(
+                    limit=limit, actor=APPLY, scope=scope, **named, **{k: v for k, v in fields.items() if k != "name"}
+                ),
+            )

@@ -36,9 +36,13 @@ class RouteForm(OrgForm):
 
     name = forms.CharField(max_length=200, help_text="the model name your app sends")
     default_max_output_tokens = api_field(
-        RouteSerializer, "default_max_output_tokens", required=False, label="Default output ceiling",
+        RouteSerializer,
+        "default_max_output_tokens",
+        required=False,
+        label="Default output ceiling",
         help_text="tokens sent upstream when a request names none (the tighter of this and the key's); "
-                  "empty: the model's maximum")
+        "empty: the model's maximum",
+    )
 
     def __init__(self, *args: Any, editing: bool = False, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -46,10 +50,14 @@ class RouteForm(OrgForm):
         models = Model.objects.select_related("provider").order_by("provider__slug", "name")
         for i in range(MAX_TARGETS):
             self.fields[f"connection_{i}"] = forms.ModelChoiceField(
-                queryset=connections, required=False, label=f"Target {i + 1}: connection")
+                queryset=connections, required=False, label=f"Target {i + 1}: connection"
+            )
             self.fields[f"model_{i}"] = forms.ModelChoiceField(
-                queryset=models, required=False, label=f"Target {i + 1}: model",
-                help_text="tried first" if i == 0 else "tried if the one above fails")
+                queryset=models,
+                required=False,
+                label=f"Target {i + 1}: model",
+                help_text="tried first" if i == 0 else "tried if the one above fails",
+            )
         if editing:  # the name is the route's identity (set_route keys on it)
             self.fields["name"].disabled = True
 
@@ -59,8 +67,10 @@ class RouteForm(OrgForm):
         for i in range(MAX_TARGETS):
             connection, model = data.get(f"connection_{i}"), data.get(f"model_{i}")
             if (connection is None) != (model is None):
-                self.add_error(f"model_{i}" if model is None else f"connection_{i}",
-                               "Choose both a connection and a model, or neither.")
+                self.add_error(
+                    f"model_{i}" if model is None else f"connection_{i}",
+                    "Choose both a connection and a model, or neither.",
+                )
             elif connection is not None:
                 targets.append((connection, model))
         if not targets and not self.errors:
@@ -81,25 +91,43 @@ def route_edit(request: HttpRequest, access: Access, pk: int | None = None) -> H
     require_manage(access)
     org = access.organization
     route = get_object_or_404(Route, pk=pk, organization=org) if pk else None
-    form = RouteForm(request.POST or None, organization=org, editing=route is not None,
-                     initial=RouteForm.initial_for(route) if route else None)
+    form = RouteForm(
+        request.POST or None,
+        organization=org,
+        editing=route is not None,
+        initial=RouteForm.initial_for(route) if route else None,
+    )
     if request.method == "POST" and form.is_valid():
         d = form.cleaned_data
         name = route.name if route else d["name"]
         try:
             if route is None and org.routes.filter(name=name).exists():
                 raise InvalidChange(f"A route named {name!r} exists.", param="name")
-            services.set_route(organization=org, name=name, targets=d["targets"], actor=access.actor,
-                               default_max_output_tokens=d["default_max_output_tokens"])
+            services.set_route(
+                organization=org,
+                name=name,
+                targets=d["targets"],
+                actor=access.actor,
+                default_max_output_tokens=d["default_max_output_tokens"],
+            )
         except InvalidChange as exc:
             add_service_error(form, exc)
         else:
             messages.success(request, f"Route “{name}” saved.")
             return redirect("dashboard:connections", org.slug)
     title = f"Edit route “{route.name}”" if route else "New route"
-    return render_org(request, access, "dashboard/form.html", "connections", form=form, title=title, submit="Save",
-                      delete_url="dashboard:route_delete" if route else None, obj=route,
-                      note="Targets are tried in order: the next one only when the one before fails.")
+    return render_org(
+        request,
+        access,
+        "dashboard/form.html",
+        "connections",
+        form=form,
+        title=title,
+        submit="Save",
+        delete_url="dashboard:route_delete" if route else None,
+        obj=route,
+        note="Targets are tried in order: the next one only when the one before fails.",
+    )
 
 
 @require_POST
@@ -126,8 +154,9 @@ class PriceForm(forms.Form):
         shown = fields_for_model(Model, fields=services.MODEL_PRICE_FIELDS)
         for name in services.MODEL_PRICE_FIELDS:
             required = name == "per_request_usd"  # not null: 0 is free
-            self.fields[name] = api_field(PriceSerializer, name, required=required, label=shown[name].label,
-                                          help_text=shown[name].help_text)
+            self.fields[name] = api_field(
+                PriceSerializer, name, required=required, label=shown[name].label, help_text=shown[name].help_text
+            )
         self.order_fields(["model", *services.MODEL_PRICE_FIELDS])
 
 
@@ -146,18 +175,30 @@ def price_edit(request: HttpRequest, access: Access, pk: int | None = None) -> H
         d = dict(form.cleaned_data)
         ref = str(model) if model else d.pop("model")
         try:
-            if model is None and Model.objects.filter(provider__slug=ref.partition("/")[0],
-                                                               name=ref.partition("/")[2]).exists():
+            if (
+                model is None
+                and Model.objects.filter(provider__slug=ref.partition("/")[0], name=ref.partition("/")[2]).exists()
+            ):
                 raise InvalidChange(f"Model {ref!r} is already in the catalog.", param="model")
             _saved, changes = services.set_model_price(ref=ref, create=model is None, **d)
         except InvalidChange as exc:
             add_service_error(form, exc)
         else:
-            messages.success(request, f"Price of {ref} saved ({len(changes)} field{'s' if len(changes) != 1 else ''} "
-                                      "changed)." if model else f"{ref} added to the catalog.")
+            messages.success(
+                request,
+                f"Price of {ref} saved ({len(changes)} field{'s' if len(changes) != 1 else ''} changed)."
+                if model
+                else f"{ref} added to the catalog.",
+            )
             return redirect("dashboard:connections", access.organization.slug)
-    return render_org(request, access, "dashboard/form.html", "connections", form=form, submit="Save",
-                      title=f"List price of {model}" if model else "New catalog model",
-                      note="List prices apply to every organization without a negotiated rate. "
-                           "Rates are USD per 1M tokens; empty means unpriced (refused under a blocking cap).")
-
+    return render_org(
+        request,
+        access,
+        "dashboard/form.html",
+        "connections",
+        form=form,
+        submit="Save",
+        title=f"List price of {model}" if model else "New catalog model",
+        note="List prices apply to every organization without a negotiated rate. "
+        "Rates are USD per 1M tokens; empty means unpriced (refused under a blocking cap).",
+    )

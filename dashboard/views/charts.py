@@ -19,8 +19,12 @@ from tenants.selectors import Access
 from usage.selectors import usage_series
 
 # The same paths on UsageRecord and RequestLogEntry. Keys group by name, as the overview does.
-GROUP_FIELDS = {"project": "project__slug", "key": "api_key__name", "model": "model",
-                "customer": "end_customer__external_id"}
+GROUP_FIELDS = {
+    "project": "project__slug",
+    "key": "api_key__name",
+    "model": "model",
+    "customer": "end_customer__external_id",
+}
 
 
 def _count(n: int) -> str:
@@ -54,7 +58,17 @@ def charts(request: HttpRequest, access: Access) -> HttpResponse:
         ("Requests", [(at, g, n) for at, g, n, _ in requests], _count),
         ("Refusals", [(at, g, refused) for at, g, _, refused in requests], _count),
     ]
-    drawn = [(label, fmt, stacked_series(rows=rows, buckets=buckets, top=top, label=label, fmt=fmt, hourly=hourly))
-             for label, rows, fmt in series]
-    return render_org(request, access, "dashboard/charts.html", "charts", form=form, since=since, until=until,
-                      charts=[(label, fmt(chart.total_nano), chart) for label, fmt, chart in drawn])
+    drawn = [
+        (label, fmt, stacked_series(rows=rows, buckets=buckets, top=top, label=label, fmt=fmt, hourly=hourly))
+        for label, rows, fmt in series
+    ]
+    return render_org(
+        request,
+        access,
+        "dashboard/charts.html",
+        "charts",
+        form=form,
+        since=since,
+        until=until,
+        charts=[(label, fmt(chart.total_nano), chart) for label, fmt, chart in drawn],
+    )

@@ -47,8 +47,17 @@ def reservations(request: HttpRequest, access: Access) -> HttpResponse:
     held = rows.aggregate(n=Count("id"), total=Sum("amount_nano"))
     page = Paginator(rows, 100).get_page(request.GET.get("page"))
     template = "dashboard/_reservations_live.html" if request.htmx else "dashboard/reservations.html"  # type: ignore[attr-defined]
-    return render_org(request, access, template, "overview", page=page, held_count=held["n"] or 0,
-                      held_nano=held["total"] or 0, now=timezone.now(), refresh=RESERVATIONS_REFRESH)
+    return render_org(
+        request,
+        access,
+        template,
+        "overview",
+        page=page,
+        held_count=held["n"] or 0,
+        held_nano=held["total"] or 0,
+        now=timezone.now(),
+        refresh=RESERVATIONS_REFRESH,
+    )
 
 
 @org_view()
@@ -60,5 +69,13 @@ def jobs(request: HttpRequest, access: Access) -> HttpResponse:
     rows = jobs_of(organization_id=access.organization.id, live=not show_all)
     page = Paginator(rows, 100).get_page(request.GET.get("page"))
     template = "dashboard/_jobs_live.html" if request.htmx else "dashboard/jobs.html"  # type: ignore[attr-defined]
-    return render_org(request, access, template, "overview", page=page, show_all=show_all, now=timezone.now(),
-                      refresh=RESERVATIONS_REFRESH)
+    return render_org(
+        request,
+        access,
+        template,
+        "overview",
+        page=page,
+        show_all=show_all,
+        now=timezone.now(),
+        refresh=RESERVATIONS_REFRESH,
+    )

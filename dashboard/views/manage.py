@@ -30,10 +30,14 @@ from usage.selectors import keys_with_activity
 
 @org_view()
 def budgets(request: HttpRequest, access: Access) -> HttpResponse:
-    rows = list(access.organization.budgets.select_related("project", "member__user", "api_key", "end_customer")
-                .order_by("scope", "id"))
-    return render_org(request, access, "dashboard/budgets.html", "budgets",
-                      statuses=statuses(budgets=rows, now=timezone.now()))
+    rows = list(
+        access.organization.budgets.select_related("project", "member__user", "api_key", "end_customer").order_by(
+            "scope", "id"
+        )
+    )
+    return render_org(
+        request, access, "dashboard/budgets.html", "budgets", statuses=statuses(budgets=rows, now=timezone.now())
+    )
 
 
 @org_view(manage=True)
@@ -44,23 +48,40 @@ def budget_new(request: HttpRequest, access: Access) -> HttpResponse:
     form = BudgetForm(request.POST or None, organization=access.organization, initial=initial)
     if request.method == "POST" and form.is_valid():
         try:
-            budget = budget_services.create_budget(organization=access.organization, actor=access.actor,
-                                                   **form.service_kwargs())
+            budget = budget_services.create_budget(
+                organization=access.organization, actor=access.actor, **form.service_kwargs()
+            )
         except InvalidChange as exc:
             add_service_error(form, exc)
         else:
             messages.success(request, f"Budget “{budget}” created.")
             return redirect("dashboard:budgets", access.organization.slug)
-    return render_org(request, access, "dashboard/form.html", "budgets", form=form, title="New budget",
-                      submit="Create budget")
+    return render_org(
+        request, access, "dashboard/form.html", "budgets", form=form, title="New budget", submit="Create budget"
+    )
 
 
 @org_view(manage=True)
 def budget_edit(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
     require_manage(access)
     budget = get_object_or_404(Budget, pk=pk, organization=access.organization)
-    initial = {f: getattr(budget, f) for f in ("name", "scope", "project", "member", "api_key", "end_customer",
-                                               "run_id", "period", "timezone", "mode", "thresholds", "recipients")}
+    initial = {
+        f: getattr(budget, f)
+        for f in (
+            "name",
+            "scope",
+            "project",
+            "member",
+            "api_key",
+            "end_customer",
+            "run_id",
+            "period",
+            "timezone",
+            "mode",
+            "thresholds",
+            "recipients",
+        )
+    }
     initial["amount_usd"] = usd_input(budget.amount_nano)
     form = BudgetForm(request.POST or None, organization=access.organization, initial=initial, editing=True)
     if request.method == "POST" and form.is_valid():
@@ -74,8 +95,17 @@ def budget_edit(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
         else:
             messages.success(request, f"Budget “{budget}” saved.")
             return redirect("dashboard:budgets", access.organization.slug)
-    return render_org(request, access, "dashboard/form.html", "budgets", form=form, title=f"Edit budget “{budget}”",
-                      submit="Save", delete_url="dashboard:budget_delete", obj=budget)
+    return render_org(
+        request,
+        access,
+        "dashboard/form.html",
+        "budgets",
+        form=form,
+        title=f"Edit budget “{budget}”",
+        submit="Save",
+        delete_url="dashboard:budget_delete",
+        obj=budget,
+    )
 
 
 @require_POST
@@ -102,10 +132,16 @@ def keys(request: HttpRequest, access: Access) -> HttpResponse:
             d = form.cleaned_data
             member = d.get("member") if access.can_manage else access.member
             try:
-                key, raw = services.create_key(organization=org, project=d["project"], name=d["name"], member=member,
-                                               allowed_models=d["allowed_models"], expires_at=d["expires_at"],
-                                               default_max_output_tokens=d["default_max_output_tokens"],
-                                               actor=access.actor)
+                key, raw = services.create_key(
+                    organization=org,
+                    project=d["project"],
+                    name=d["name"],
+                    member=member,
+                    allowed_models=d["allowed_models"],
+                    expires_at=d["expires_at"],
+                    default_max_output_tokens=d["default_max_output_tokens"],
+                    actor=access.actor,
+                )
             except InvalidChange as exc:
                 add_service_error(form, exc)
             else:
@@ -114,8 +150,11 @@ def keys(request: HttpRequest, access: Access) -> HttpResponse:
                 form = KeyForm(organization=org, can_choose_member=access.can_manage)
     now = timezone.now()
     month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    rows = keys_with_activity(organization=org, since=month_start).select_related("project", "member__user").order_by(
-        "revoked_at", "-id")
+    rows = (
+        keys_with_activity(organization=org, since=month_start)
+        .select_related("project", "member__user")
+        .order_by("revoked_at", "-id")
+    )
     return render_org(request, access, "dashboard/keys.html", "keys", keys=rows, form=form, created=created, now=now)
 
 
@@ -143,8 +182,9 @@ def projects(request: HttpRequest, access: Access) -> HttpResponse:
         try:
             if "create_project" in request.POST and project_form.is_valid():
                 d = project_form.service_kwargs()
-                services.create_project(organization=org, slug=d.pop("slug"), name=d.pop("name"),
-                                        actor=access.actor, **d)
+                services.create_project(
+                    organization=org, slug=d.pop("slug"), name=d.pop("name"), actor=access.actor, **d
+                )
                 messages.success(request, "Project created.")
                 return redirect("dashboard:projects", org.slug)
             if "create_customer" in request.POST and customer_form.is_valid():
@@ -154,27 +194,42 @@ def projects(request: HttpRequest, access: Access) -> HttpResponse:
                 return redirect("dashboard:projects", org.slug)
         except InvalidChange as exc:
             add_service_error(project_form if "create_project" in request.POST else customer_form, exc)
-    customers = EndCustomer.objects.filter(project__organization=org).select_related("project").order_by(
-        "project__name", "external_id", "id")
+    customers = (
+        EndCustomer.objects.filter(project__organization=org)
+        .select_related("project")
+        .order_by("project__name", "external_id", "id")
+    )
     search = request.GET.get("q", "").strip()[:200]
     if search:
         customers = customers.filter(external_id__icontains=search)
     page = Paginator(customers, 50).get_page(request.GET.get("page"))
-    return render_org(request, access, "dashboard/projects.html", "projects",
-                      projects=org.projects.order_by("name"), page=page, search=search,
-                      query=f"q={quote(search)}" if search else "",
-                      project_form=project_form, customer_form=customer_form)
+    return render_org(
+        request,
+        access,
+        "dashboard/projects.html",
+        "projects",
+        projects=org.projects.order_by("name"),
+        page=page,
+        search=search,
+        query=f"q={quote(search)}" if search else "",
+        project_form=project_form,
+        customer_form=customer_form,
+    )
 
 
 @org_view(manage=True)
 def project_edit(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
     require_manage(access)
     project = get_object_or_404(Project, pk=pk, organization=access.organization)
-    initial = {"slug": project.slug, "name": project.name,
-               "default_customer_budget_usd": None if project.default_customer_budget_nano is None
-               else usd_input(project.default_customer_budget_nano),
-               "default_customer_budget_period": project.default_customer_budget_period,
-               "default_customer_budget_mode": project.default_customer_budget_mode}
+    initial = {
+        "slug": project.slug,
+        "name": project.name,
+        "default_customer_budget_usd": None
+        if project.default_customer_budget_nano is None
+        else usd_input(project.default_customer_budget_nano),
+        "default_customer_budget_period": project.default_customer_budget_period,
+        "default_customer_budget_mode": project.default_customer_budget_mode,
+    }
     form = ProjectForm(request.POST or None, organization=access.organization, initial=initial)
     if request.method == "POST" and form.is_valid():
         try:
@@ -184,8 +239,9 @@ def project_edit(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
         else:
             messages.success(request, "Project saved.")
             return redirect("dashboard:projects", access.organization.slug)
-    return render_org(request, access, "dashboard/form.html", "projects", form=form, title=f"Edit project {project}",
-                      submit="Save")
+    return render_org(
+        request, access, "dashboard/form.html", "projects", form=form, title=f"Edit project {project}", submit="Save"
+    )
 
 
 @require_POST

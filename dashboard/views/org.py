@@ -43,8 +43,12 @@ def members(request: HttpRequest, access: Access) -> HttpResponse:
         require_manage(access)
         if form.is_valid():
             try:
-                member = add_member(organization=org, email=form.cleaned_data["email"],
-                                             role=form.cleaned_data["role"], actor=access.actor)
+                member = add_member(
+                    organization=org,
+                    email=form.cleaned_data["email"],
+                    role=form.cleaned_data["role"],
+                    actor=access.actor,
+                )
             except (InvalidChange, NotAllowed) as exc:
                 add_service_error(form, exc)
             else:
@@ -52,21 +56,31 @@ def members(request: HttpRequest, access: Access) -> HttpResponse:
                 messages.success(request, f"Invited {member.user.email}: they get an email to set a password.")
                 return redirect("dashboard:members", org.slug)
     rows = org.members.select_related("user").order_by("id")
-    return render_org(request, access, "dashboard/members.html", "members", members=rows, form=form,
-                      roles=Member.Role.choices)
+    return render_org(
+        request, access, "dashboard/members.html", "members", members=rows, form=form, roles=Member.Role.choices
+    )
 
 
 def _send_invite(request: HttpRequest, member: Member) -> None:
     # Outside any transaction (the member row is already committed): a slow mail server delays
     # only this response.
     user = member.user
-    link = request.build_absolute_uri(reverse("password_reset_confirm", kwargs={
-        "uidb64": urlsafe_base64_encode(force_bytes(user.pk)), "token": default_token_generator.make_token(user)}))
+    link = request.build_absolute_uri(
+        reverse(
+            "password_reset_confirm",
+            kwargs={
+                "uidb64": urlsafe_base64_encode(force_bytes(user.pk)),
+                "token": default_token_generator.make_token(user),
+            },
+        )
+    )
     send_mail(
         subject=f"You are invited to {member.organization.name} on capgate",
         message=f"You were added to {member.organization.name} as {member.role}.\n\n"
-                f"Set your password and sign in: {link}\n",
-        from_email=None, recipient_list=[user.email], fail_silently=True,
+        f"Set your password and sign in: {link}\n",
+        from_email=None,
+        recipient_list=[user.email],
+        fail_silently=True,
     )
 
 
@@ -102,22 +116,34 @@ def member_remove(request: HttpRequest, access: Access, pk: int) -> HttpResponse
 @org_view(manage=True)
 def connections(request: HttpRequest, access: Access) -> HttpResponse:
     org = access.organization
-    policy = PolicyForm(request.POST if "policy" in request.POST else None, initial={
-        "allow_unpriced": org.allow_unpriced,
-        "default_run_budget_usd": None if org.default_run_budget_nano is None
-        else usd_input(org.default_run_budget_nano)})
+    policy = PolicyForm(
+        request.POST if "policy" in request.POST else None,
+        initial={
+            "allow_unpriced": org.allow_unpriced,
+            "default_run_budget_usd": None
+            if org.default_run_budget_nano is None
+            else usd_input(org.default_run_budget_nano),
+        },
+    )
     if request.method == "POST" and "policy" in request.POST:
         require_manage(access)
         if policy.is_valid():
-            services.update_organization(organization=org, actor=access.actor,
-                                         allow_unpriced=policy.cleaned_data["allow_unpriced"],
-                                         # the API's field: nano-USD
-                                         default_run_budget_nano=policy.cleaned_data["default_run_budget_usd"])
+            services.update_organization(
+                organization=org,
+                actor=access.actor,
+                allow_unpriced=policy.cleaned_data["allow_unpriced"],
+                # the API's field: nano-USD
+                default_run_budget_nano=policy.cleaned_data["default_run_budget_usd"],
+            )
             messages.success(request, "Policy saved.")
             return redirect("dashboard:connections", org.slug)
     return render_org(
-        request, access, "dashboard/connections.html", "connections",
-        connections=org.connections.order_by("name"), policy=policy,
+        request,
+        access,
+        "dashboard/connections.html",
+        "connections",
+        connections=org.connections.order_by("name"),
+        policy=policy,
         routes=org.routes.prefetch_related("targets__connection", "targets__model__provider").order_by("name"),
         prices=Model.objects.select_related("provider").order_by("provider__slug", "name"),
     )
@@ -146,9 +172,18 @@ def connection_edit(request: HttpRequest, access: Access, pk: int | None = None)
             messages.success(request, f"Connection “{d['name']}” saved.")
             return redirect("dashboard:connections", org.slug)
     title = f"Edit connection “{connection.name}”" if connection else "New connection"
-    return render_org(request, access, "dashboard/form.html", "connections", form=form, title=title, submit="Save",
-                      note="The secret is stored encrypted and never shown again." if connection and connection.secret
-                      else "", delete_url="dashboard:connection_delete" if connection else None, obj=connection)
+    return render_org(
+        request,
+        access,
+        "dashboard/form.html",
+        "connections",
+        form=form,
+        title=title,
+        submit="Save",
+        note="The secret is stored encrypted and never shown again." if connection and connection.secret else "",
+        delete_url="dashboard:connection_delete" if connection else None,
+        obj=connection,
+    )
 
 
 @require_POST
@@ -172,8 +207,12 @@ def tokens(request: HttpRequest, access: Access) -> HttpResponse:
         require_manage(access)
         if form.is_valid():
             try:
-                created = services.create_token(organization=org, name=form.cleaned_data["name"],
-                                                scope=form.cleaned_data["scope"], actor=access.actor)
+                created = services.create_token(
+                    organization=org,
+                    name=form.cleaned_data["name"],
+                    scope=form.cleaned_data["scope"],
+                    actor=access.actor,
+                )
             except InvalidChange as exc:
                 add_service_error(form, exc)
             else:

@@ -46,23 +46,36 @@ def switch(request: HttpRequest) -> HttpResponse:
 def overview(request: HttpRequest, access: Access) -> HttpResponse:
     org = access.organization
     now = timezone.now()
-    budgets = list(org.budgets.select_related("project", "member__user", "api_key", "end_customer").order_by(
-        "scope", "id"))
+    budgets = list(
+        org.budgets.select_related("project", "member__user", "api_key", "end_customer").order_by("scope", "id")
+    )
     # cast: the branch runs only when the value is one of CHART_GROUPS (so not None).
     group_by = cast(str, request.GET.get("by")) if request.GET.get("by") in CHART_GROUPS else "project"
     start = (now - timedelta(days=CHART_DAYS - 1)).date()
     since = now.replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=CHART_DAYS - 1)
-    chart = stacked_daily(rows=daily_spend(organization=org, since=since, group_by=group_by), start=start,
-                          days=CHART_DAYS)
+    chart = stacked_daily(
+        rows=daily_spend(organization=org, since=since, group_by=group_by), start=start, days=CHART_DAYS
+    )
     reservations = live_reservations(organization_id=org.id)
     held = reservations.aggregate(n=Count("id"), total=Sum("amount_nano"))
     last_audit = AuditRun.objects.order_by("-started_at").first()
     org_drifts = [d for d in (last_audit.drifts if last_audit else []) if d.get("organization_id") == org.id]
     return render_org(
-        request, access, "dashboard/overview.html", "overview",
-        statuses=statuses(budgets=budgets, now=now), chart=chart, group_by=group_by, chart_groups=CHART_LABELS,
-        chart_days=CHART_DAYS, refusals=refusals_by_code(organization=org, since=now - timedelta(days=REFUSAL_DAYS)),
+        request,
+        access,
+        "dashboard/overview.html",
+        "overview",
+        statuses=statuses(budgets=budgets, now=now),
+        chart=chart,
+        group_by=group_by,
+        chart_groups=CHART_LABELS,
+        chart_days=CHART_DAYS,
+        refusals=refusals_by_code(organization=org, since=now - timedelta(days=REFUSAL_DAYS)),
         refusal_days=REFUSAL_DAYS,
-        reservations=reservations[:10], held_count=held["n"] or 0, held_nano=held["total"] or 0,
-        last_audit=last_audit, org_drifts=org_drifts, dead_letters=dead_letter_count(organization_id=org.id),
+        reservations=reservations[:10],
+        held_count=held["n"] or 0,
+        held_nano=held["total"] or 0,
+        last_audit=last_audit,
+        org_drifts=org_drifts,
+        dead_letters=dead_letter_count(organization_id=org.id),
     )

@@ -17,14 +17,34 @@ from requestlog.selectors import request_entry, request_log
 from tenants.selectors import Access
 from usage.models import AlertEvent
 
-CSV_COLUMNS = ["at", "request_id", "status", "code", "http_status", "project", "key", "customer", "run_id", "model",
-               "provider_model", "connection", "budget", "input_tokens", "output_tokens", "reserved_usd", "cost_usd",
-               "excess_usd", "latency_ms", "message"]
+CSV_COLUMNS = [
+    "at",
+    "request_id",
+    "status",
+    "code",
+    "http_status",
+    "project",
+    "key",
+    "customer",
+    "run_id",
+    "model",
+    "provider_model",
+    "connection",
+    "budget",
+    "input_tokens",
+    "output_tokens",
+    "reserved_usd",
+    "cost_usd",
+    "excess_usd",
+    "latency_ms",
+    "message",
+]
 
 
 def _filtered(request: HttpRequest, access: Access) -> tuple[RequestLogFilter, bool]:
-    filterset = RequestLogFilter(request.GET or None, queryset=request_log(organization=access.organization),
-                                 organization=access.organization)
+    filterset = RequestLogFilter(
+        request.GET or None, queryset=request_log(organization=access.organization), organization=access.organization
+    )
     return filterset, not filterset.is_bound or filterset.is_valid()
 
 
@@ -35,8 +55,9 @@ def requests(request: HttpRequest, access: Access) -> HttpResponse:
     page = Paginator(qs.select_related("project", "api_key", "end_customer"), 50).get_page(request.GET.get("page"))
     query = request.GET.copy()
     query.pop("page", None)
-    response = render_org(request, access, "dashboard/requests.html", "requests", filterset=filterset, page=page,
-                          query=query.urlencode())
+    response = render_org(
+        request, access, "dashboard/requests.html", "requests", filterset=filterset, page=page, query=query.urlencode()
+    )
     if not valid:
         response.status_code = 400
     return response
@@ -47,8 +68,11 @@ def request_detail(request: HttpRequest, access: Access, request_id: str) -> Htt
     entry = request_entry(organization=access.organization, request_id=request_id)
     if entry is None:
         raise Http404("No such request.")
-    alerts = AlertEvent.objects.filter(organization=access.organization, tipped_by__request_id=request_id) \
-        .select_related("budget").order_by("created_at")
+    alerts = (
+        AlertEvent.objects.filter(organization=access.organization, tipped_by__request_id=request_id)
+        .select_related("budget")
+        .order_by("created_at")
+    )
     return render_org(request, access, "dashboard/request_detail.html", "requests", entry=entry, alerts=alerts)
 
 
@@ -67,20 +91,37 @@ def requests_csv(request: HttpRequest, access: Access) -> HttpResponse | Streami
     if not valid:
         return HttpResponse(filterset.errors.as_text(), status=400, content_type="text/plain")
     qs = filterset.qs.select_related("project", "api_key", "end_customer", "connection", "budget").order_by(
-        "at", "request_id")
+        "at", "request_id"
+    )
     writer = csv.writer(_Echo())
 
     async def rows() -> AsyncIterator[str]:
         yield writer.writerow(CSV_COLUMNS)
         async for r in qs.aiterator(chunk_size=2000):
-            yield writer.writerow([
-                r.at.isoformat(), r.request_id, r.status, r.code, r.http_status or "",
-                r.project.slug if r.project else "", r.api_key.name if r.api_key else "",
-                r.end_customer.external_id if r.end_customer else "", r.run_id or "", r.model, r.provider_model,
-                r.connection.name if r.connection else "", r.budget.name if r.budget else "",
-                r.input_tokens, r.output_tokens, f"{nano_to_usd(r.reserved_nano):f}", f"{nano_to_usd(r.cost_nano):f}",
-                f"{nano_to_usd(r.excess_nano):f}", r.latency_ms if r.latency_ms is not None else "", r.message,
-            ])
+            yield writer.writerow(
+                [
+                    r.at.isoformat(),
+                    r.request_id,
+                    r.status,
+                    r.code,
+                    r.http_status or "",
+                    r.project.slug if r.project else "",
+                    r.api_key.name if r.api_key else "",
+                    r.end_customer.external_id if r.end_customer else "",
+                    r.run_id or "",
+                    r.model,
+                    r.provider_model,
+                    r.connection.name if r.connection else "",
+                    r.budget.name if r.budget else "",
+                    r.input_tokens,
+                    r.output_tokens,
+                    f"{nano_to_usd(r.reserved_nano):f}",
+                    f"{nano_to_usd(r.cost_nano):f}",
+                    f"{nano_to_usd(r.excess_nano):f}",
+                    r.latency_ms if r.latency_ms is not None else "",
+                    r.message,
+                ]
+            )
 
     response = StreamingHttpResponse(rows(), content_type="text/csv")
     response["Content-Disposition"] = f'attachment; filename="{access.organization.slug}-requests.csv"'

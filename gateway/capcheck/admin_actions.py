@@ -45,9 +45,7 @@ class AdminActions(MidBurst):
                 delete_end_customer(customer=c, actor=ADMIN)
 
         def cap() -> Budget:
-            return Budget.objects.get(
-                organization_id=self.organization_id, scope=Budget.Scope.ORGANIZATION
-            )
+            return Budget.objects.get(organization_id=self.organization_id, scope=Budget.Scope.ORGANIZATION)
 
         try:
             deadline = time.monotonic() + self.timeout
@@ -59,9 +57,7 @@ class AdminActions(MidBurst):
             steps: list[tuple[str, Callable[[], object]]] = [
                 (
                     "lower",
-                    lambda: update_budget(
-                        budget=cap(), actor=ADMIN, amount_nano=self.amount_nano // 2
-                    ),
+                    lambda: update_budget(budget=cap(), actor=ADMIN, amount_nano=self.amount_nano // 2),
                 ),
                 (
                     "raise",
@@ -111,6 +107,4 @@ def _during(setup: Setup, plan: Plan) -> MidBurst:
 
 
 # Half the requests name the end customer (plan.CUSTOMER) that the actions delete.
-ADMIN_ACTIONS = Scenario(
-    name="admin-actions", mode=lambda i: "customer" if i % 2 else "plain", during=_during
-)
+ADMIN_ACTIONS = Scenario(name="admin-actions", mode=lambda i: "customer" if i % 2 else "plain", during=_during)

@@ -43,9 +43,7 @@ def _server_tools(build: Build) -> dict[str, Any]:
     model.save(update_fields=["web_search_usd_per_use", "server_tool_result_tokens"])
     return {
         "path": MESSAGES,
-        "body_extra": {
-            "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": SEARCHES}]
-        },
+        "body_extra": {"tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": SEARCHES}]},
     }
 
 
@@ -75,9 +73,7 @@ def _route_alias(build: Build) -> dict[str, Any]:
         options={**echo.options, "allow_fault_headers": True},
     )
     RouteTarget.objects.filter(route_id=build.route_id).update(position=1)
-    RouteTarget.objects.create(
-        route_id=build.route_id, connection=failing, model=pricey, position=0
-    )
+    RouteTarget.objects.create(route_id=build.route_id, connection=failing, model=pricey, position=0)
     return {"headers": {"x-capgate-echo-fail": "500"}}
 
 
@@ -90,19 +86,14 @@ def problems(setup: Setup, records: list[UsageRecord]) -> list[str]:
         if r.status != "served":
             continue
         if r.cost_nano != expected:
-            out.append(
-                f"P1: {r.request_id} recorded {r.cost_nano} nano-USD; the provider billed {expected}"
-            )
+            out.append(f"P1: {r.request_id} recorded {r.cost_nano} nano-USD; the provider billed {expected}")
         if r.excess_nano > 0:
             # Echo never bills past a correct bound here: any excess is a paid feature the worst
             # case left out, and the cap then holds only by that excess.
-            out.append(
-                f"P1: {r.request_id} billed {r.excess_nano} nano-USD above its reserved worst case"
-            )
+            out.append(f"P1: {r.request_id} billed {r.excess_nano} nano-USD above its reserved worst case")
         if setup.scenario == "route-alias" and r.provider_model != setup.served_model:
             out.append(
-                f"P1: {r.request_id} was served as '{r.provider_model}', not the target's "
-                f"'{setup.served_model}'"
+                f"P1: {r.request_id} was served as '{r.provider_model}', not the target's '{setup.served_model}'"
             )
     return out
 

@@ -93,9 +93,7 @@ def _truth_problems(organization_id: int, records: list[UsageRecord]) -> list[st
         organization_id=organization_id, scope=Budget.Scope.ORGANIZATION, mode=Budget.Mode.BLOCK
     ):
         start, end = period_bounds(period=b.period, tz=b.timezone, now=now)
-        inside = [
-            r for r in records if r.admitted_at >= start and (end is None or r.admitted_at < end)
-        ]
+        inside = [r for r in records if r.admitted_at >= start and (end is None or r.admitted_at < end)]
         booked, excess = sum(r.cost_nano for r in inside), sum(r.excess_nano for r in inside)
         if booked > b.amount_nano + excess:
             out.append(
@@ -113,9 +111,7 @@ def _percentile(values: list[float], q: int) -> float | None:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def _ceilings(
-    organization_id: int, records: list[UsageRecord], peaks: dict[int, int] | None
-) -> list[CeilingReport]:
+def _ceilings(organization_id: int, records: list[UsageRecord], peaks: dict[int, int] | None) -> list[CeilingReport]:
     out = []
     windows = (
         Window.objects.select_related("budget")
@@ -164,15 +160,10 @@ def check_organization(
     org = Organization.objects.get(pk=organization_id)
     records = list(UsageRecord.objects.filter(organization_id=organization_id))
     by_id = {r.request_id: r for r in records}
-    live = set(
-        Reservation.objects.filter(organization_id=organization_id).values_list(
-            "request_id", flat=True
-        )
-    )
+    live = set(Reservation.objects.filter(organization_id=organization_id).values_list("request_id", flat=True))
     ceilings = _ceilings(organization_id, records, peaks)
     ceiling_codes = {
-        b.error_code
-        for b in Budget.objects.filter(organization_id=organization_id, mode=Budget.Mode.BLOCK)
+        b.error_code for b in Budget.objects.filter(organization_id=organization_id, mode=Budget.Mode.BLOCK)
     }
     problems: list[str] = []
     served = failed = undelivered = served_with_row = 0
@@ -193,9 +184,7 @@ def check_organization(
         elif s.status in (402, 503):
             refused[s.code or str(s.status)] += 1
             if s.status == 402 and s.code not in ceiling_codes:
-                problems.append(
-                    f"P2: {what} refused with 402 '{s.code}', which names no ceiling of this run"
-                )
+                problems.append(f"P2: {what} refused with 402 '{s.code}', which names no ceiling of this run")
             if s.status == 503 and s.code not in REFUSED_503:
                 problems.append(f"P2: {what} got 503 '{s.code}'")
             if rec is not None or s.request_id in live:
@@ -203,9 +192,7 @@ def check_organization(
         elif s.status in (502, 504):
             failed += 1
             if rec is None:
-                problems.append(
-                    f"P2: {what} failed upstream ({s.status} {s.code}) without its own usage row"
-                )
+                problems.append(f"P2: {what} failed upstream ({s.status} {s.code}) without its own usage row")
             elif s.status == 502 and rec.status != UsageRecord.Status.FAILED_UPSTREAM:
                 problems.append(f"P2: {what} failed upstream but its row says {rec.status}")
         elif s.status == 0:
@@ -215,8 +202,7 @@ def check_organization(
     unnamed = [r for r in records if r.request_id not in seen]
     if len(unnamed) > undelivered:
         problems.append(
-            f"P2: {len(unnamed)} usage rows belong to no request the client sent "
-            f"(only {undelivered} got no response)"
+            f"P2: {len(unnamed)} usage rows belong to no request the client sent (only {undelivered} got no response)"
         )
     problems += _truth_problems(organization_id, records)
     for c in ceilings:
@@ -237,7 +223,9 @@ def check_organization(
     inconclusive = ""
     if sent and not latencies:
         errors = Counter(s.error.split(":")[0] for s in sent)
-        inconclusive = f"no request got a response ({', '.join(f'{k} {v}' for k, v in errors.items())}): is the URL right?"
+        inconclusive = (
+            f"no request got a response ({', '.join(f'{k} {v}' for k, v in errors.items())}): is the URL right?"
+        )
     # What the gateway actually reserved (the planned worst case if nothing was admitted).
     worst_nano = max((r.reserved_nano for r in records), default=worst_nano)
     return RunReport(

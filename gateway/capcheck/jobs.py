@@ -50,9 +50,12 @@ async def _burst(setup: Setup, plan: Plan, sent: list[Sent]) -> None:
     async with httpx.AsyncClient(base_url=plan.url, limits=limits, timeout=plan.request_timeout) as client:
 
         async def upload(s: Sent) -> str:
-            resp = await client.post("/v1/files", headers={"authorization": f"Bearer {setup.keys[s.key]}"},
-                                     data={"purpose": "batch"},
-                                     files={"file": ("capcheck.jsonl", io.BytesIO(line.encode()), "application/jsonl")})
+            resp = await client.post(
+                "/v1/files",
+                headers={"authorization": f"Bearer {setup.keys[s.key]}"},
+                data={"purpose": "batch"},
+                files={"file": ("capcheck.jsonl", io.BytesIO(line.encode()), "application/jsonl")},
+            )
             return str(resp.json().get("id") or "") if resp.status_code == 200 else ""
 
         file_ids = await asyncio.gather(*(upload(s) for s in sent))
@@ -62,8 +65,11 @@ async def _burst(setup: Setup, plan: Plan, sent: list[Sent]) -> None:
             await start.wait()
             began = time.perf_counter()
             try:
-                resp = await client.post("/v1/batches", headers={"authorization": f"Bearer {setup.keys[s.key]}"},
-                                         json={"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"})
+                resp = await client.post(
+                    "/v1/batches",
+                    headers={"authorization": f"Bearer {setup.keys[s.key]}"},
+                    json={"input_file_id": file_id, "endpoint": CHAT, "completion_window": "24h"},
+                )
                 s.status = resp.status_code
                 s.request_id = resp.headers.get("x-capgate-request-id", "")
                 if resp.status_code != 200:

@@ -34,23 +34,16 @@ async def _fire(setup: Setup, plan: Plan, sent: list[Sent]) -> None:
     limits = httpx.Limits(max_connections=len(sent), max_keepalive_connections=0)
     bodies = {s: setup.body(stream=s) for s in (False, True)}
     start = asyncio.Event()
-    async with httpx.AsyncClient(
-        base_url=plan.url, limits=limits, timeout=plan.request_timeout
-    ) as client:
+    async with httpx.AsyncClient(base_url=plan.url, limits=limits, timeout=plan.request_timeout) as client:
         tasks = [
-            asyncio.create_task(
-                _one(client, setup, s, bodies[s.mode in ("stream", "disconnect")], start)
-            )
-            for s in sent
+            asyncio.create_task(_one(client, setup, s, bodies[s.mode in ("stream", "disconnect")], start)) for s in sent
         ]
         await asyncio.sleep(0)  # every task waits at the start line
         start.set()
         await asyncio.gather(*tasks)
 
 
-async def _one(
-    client: httpx.AsyncClient, setup: Setup, s: Sent, body: dict, start: asyncio.Event
-) -> None:
+async def _one(client: httpx.AsyncClient, setup: Setup, s: Sent, body: dict, start: asyncio.Event) -> None:
     headers = {"authorization": f"Bearer {setup.keys[s.key]}", **setup.headers}
     if s.mode == "fault":
         headers["x-capgate-echo-fail"] = "500"
@@ -97,15 +90,11 @@ class Sampler(threading.Thread):
         self._halt = threading.Event()
 
     def run(self) -> None:
-        windows = Window.objects.filter(
-            budget__organization_id=self.organization_id, budget__mode=Budget.Mode.BLOCK
-        )
+        windows = Window.objects.filter(budget__organization_id=self.organization_id, budget__mode=Budget.Mode.BLOCK)
         try:
             while not self._halt.is_set():
                 try:
-                    for wid, spent, reserved in windows.values_list(
-                        "id", "spent_nano", "reserved_nano"
-                    ):
+                    for wid, spent, reserved in windows.values_list("id", "spent_nano", "reserved_nano"):
                         self.peaks[wid] = max(self.peaks.get(wid, 0), spent + reserved)
                     self.samples += 1
                 except Exception:  # a sampler must not end the run; the count is reported

@@ -63,9 +63,7 @@ class Tokens:
         input_bound = math.ceil((plan.worst_nano - max_tokens * OUTPUT_NANO) / INPUT_NANO)
         completion = min(max_tokens, max(1, plan.actual_nano // 2 // OUTPUT_NANO))
         prompt = max(0, round((plan.actual_nano - completion * OUTPUT_NANO) / INPUT_NANO))
-        return cls(
-            max_tokens=max_tokens, input_bound=input_bound, prompt=prompt, completion=completion
-        )
+        return cls(max_tokens=max_tokens, input_bound=input_bound, prompt=prompt, completion=completion)
 
     @property
     def worst_nano(self) -> int:
@@ -89,8 +87,7 @@ class Tokens:
         base = shape_chat(make(0)).text_tokens
         if base > self.input_bound:
             raise CapcheckError(
-                f"The worst case cannot cover the request body's own {base}-token input bound: "
-                "raise --worst-usd."
+                f"The worst case cannot cover the request body's own {base}-token input bound: raise --worst-usd."
             )
         body = make(self.input_bound - base)
         assert shape_chat(body).text_tokens == self.input_bound

@@ -23,9 +23,7 @@ def _scenario(name: str) -> Scenario:
     try:
         return ALL[name]
     except KeyError:
-        raise CapcheckError(
-            f"Unknown scenario '{name}' (choose from {', '.join(NAMES)})."
-        ) from None
+        raise CapcheckError(f"Unknown scenario '{name}' (choose from {', '.join(NAMES)}).") from None
 
 
 def create_run(*, plan: Plan, scenario: str, concurrency: int) -> Setup:
@@ -85,18 +83,14 @@ def finish_run(setup: Setup, *, keep: bool) -> None:
     """Unless kept for poking at, the run's keys stop working; its rows stay as the record."""
     if keep:
         return
-    ApiKey.objects.filter(organization=setup.organization, revoked_at__isnull=True).update(
-        revoked_at=timezone.now()
-    )
+    ApiKey.objects.filter(organization=setup.organization, revoked_at__isnull=True).update(revoked_at=timezone.now())
     Connection.objects.filter(pk=setup.connection_id).update(enabled=False)
 
 
 def plan_requests(setup: Setup) -> list[Sent]:
     labels = sorted(setup.keys)
     mode = _scenario(setup.scenario).mode
-    return [
-        Sent(index=i, key=labels[i % len(labels)], mode=mode(i)) for i in range(setup.concurrency)
-    ]
+    return [Sent(index=i, key=labels[i % len(labels)], mode=mode(i)) for i in range(setup.concurrency)]
 
 
 def run_one(*, plan: Plan, scenario: str, concurrency: int) -> RunReport:
@@ -129,9 +123,7 @@ def run_one(*, plan: Plan, scenario: str, concurrency: int) -> RunReport:
         report.problems += books
         report.properties[1] = False
     if sampler.errors:
-        report.problems.append(
-            f"note: {sampler.errors} of {sampler.samples + sampler.errors} samples failed"
-        )
+        report.problems.append(f"note: {sampler.errors} of {sampler.samples + sampler.errors} samples failed")
     if during is not None:
         report.problems += during.notes()
         if during.error:
@@ -142,9 +134,7 @@ def run_one(*, plan: Plan, scenario: str, concurrency: int) -> RunReport:
     return report
 
 
-def run_capcheck(
-    *, plan: Plan, progress: Callable[[RunReport], None] | None = None
-) -> list[RunReport]:
+def run_capcheck(*, plan: Plan, progress: Callable[[RunReport], None] | None = None) -> list[RunReport]:
     """Every scenario at every concurrency, one fresh organization each."""
     for s in plan.scenarios:
         _scenario(s)

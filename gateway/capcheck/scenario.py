@@ -54,9 +54,7 @@ class Build:
         self.keys[label] = raw
         return raw
 
-    def budget(
-        self, name: str, scope: str, amount: int, period: str = Budget.Period.MONTH, **subject: Any
-    ) -> None:
+    def budget(self, name: str, scope: str, amount: int, period: str = Budget.Period.MONTH, **subject: Any) -> None:
         """A blocking budget. No threshold alerts: a capcheck run is not news (a first refusal
         still makes an event)."""
         Budget.objects.create(

@@ -32,9 +32,7 @@ def _multi(build: Build) -> dict[str, Any]:
     other = Project.objects.create(organization=build.organization, name="Other", slug="other")
     build.key("B", main)
     build.key("C", other)
-    build.budget(
-        "capcheck project cap", Budget.Scope.PROJECT, build.plan.project_cap_nano, project=main
-    )
+    build.budget("capcheck project cap", Budget.Scope.PROJECT, build.plan.project_cap_nano, project=main)
     build.budget(
         "capcheck key A daily cap",
         Budget.Scope.KEY,
@@ -51,9 +49,7 @@ ALL: dict[str, Scenario] = {
         Scenario(name="basic"),
         Scenario(name="stream", mode=lambda i: "disconnect" if i % 5 == 4 else "stream"),
         Scenario(name="multi", prepare=_multi),
-        Scenario(
-            name="failures", mode=lambda i: "fault" if i % 3 == 2 else "plain", fault_headers=True
-        ),
+        Scenario(name="failures", mode=lambda i: "fault" if i % 3 == 2 else "plain", fault_headers=True),
         ADMIN_ACTIONS,
         billing.SERVER_TOOLS,
         billing.SERVICE_TIER,

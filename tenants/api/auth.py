@@ -68,17 +68,23 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         return Response({"code": exc.code, "detail": exc.message, "errors": errors}, status=exc.status)
     if isinstance(exc, RequestDataTooBig):
         # DRF reads JSON bodies through request.body, which enforces DATA_UPLOAD_MAX_MEMORY_SIZE.
-        return Response({"code": "request_too_large", "detail": "The request body is too large.", "errors": {}},
-                        status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        return Response(
+            {"code": "request_too_large", "detail": "The request body is too large.", "errors": {}},
+            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        )
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
     if isinstance(exc, ProtectedError):
-        return Response({"code": "in_use", "detail": "It is still in use (e.g. by a route).", "errors": {}},
-                        status=status.HTTP_409_CONFLICT)
+        return Response(
+            {"code": "in_use", "detail": "It is still in use (e.g. by a route).", "errors": {}},
+            status=status.HTTP_409_CONFLICT,
+        )
     if isinstance(exc, IntegrityError):
         # A concurrent change won a unique constraint: the caller may retry.
-        return Response({"code": "conflict", "detail": "A conflicting change was made at the same time.",
-                         "errors": {}}, status=status.HTTP_409_CONFLICT)
+        return Response(
+            {"code": "conflict", "detail": "A conflicting change was made at the same time.", "errors": {}},
+            status=status.HTTP_409_CONFLICT,
+        )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     from rest_framework.views import exception_handler as drf_exception_handler
@@ -92,5 +98,3 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     elif isinstance(exc, exceptions.APIException):
         response.data = {"code": exc.default_code, "detail": str(exc.detail), "errors": {}}
     return response
-
-

@@ -36,8 +36,12 @@ def choice_messages(label: str, choices: Any, *, nullable: bool = False) -> dict
 
 
 def choice_field(label: str, choices: Any, *, nullable: bool = False, **kwargs: Any) -> serializers.ChoiceField:
-    return serializers.ChoiceField(choices=choices, allow_null=nullable,
-                                   error_messages=choice_messages(label, choices, nullable=nullable), **kwargs)
+    return serializers.ChoiceField(
+        choices=choices,
+        allow_null=nullable,
+        error_messages=choice_messages(label, choices, nullable=nullable),
+        **kwargs,
+    )
 
 
 class WholeNumberField(serializers.IntegerField):
@@ -71,8 +75,7 @@ def output_ceiling_field(**kwargs: Any) -> WholeNumberField:
     kwargs.setdefault("required", False)
     kwargs.setdefault("allow_null", True)
     message = f"A whole number of tokens from 1 to {MAX_OUTPUT_CEILING:,}, or empty."  # the service's
-    return WholeNumberField(min_value=1, max_value=MAX_OUTPUT_CEILING, error_messages=range_messages(message),
-                            **kwargs)
+    return WholeNumberField(min_value=1, max_value=MAX_OUTPUT_CEILING, error_messages=range_messages(message), **kwargs)
 
 
 def flat_errors(detail: Any, path: str = "", names: dict[str, str] | None = None) -> list[tuple[str, str]]:

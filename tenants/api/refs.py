@@ -90,8 +90,11 @@ class EndCustomerRefField(OrgRelatedField):
     def __init__(self, **kwargs):
         kwargs.setdefault("org_path", "project__organization")
         kwargs.setdefault("by", "external_id")
-        kwargs.setdefault("help_text", "The id (an integer), the external id, or `<project slug>/<external id>` "
-                                       "when that external id is used in several projects.")
+        kwargs.setdefault(
+            "help_text",
+            "The id (an integer), the external id, or `<project slug>/<external id>` "
+            "when that external id is used in several projects.",
+        )
         super().__init__(**kwargs)
 
     def resolve(self, queryset: QuerySet, value: str) -> Model:

@@ -75,10 +75,18 @@ class MemberRoleSerializer(serializers.Serializer):
     role = choice_field("Role", Member.Role.choices)
 
 
-@extend_schema_view(partial_update=extend_schema(request=MemberRoleSerializer, responses=MemberSerializer),
-                    update=extend_schema(request=MemberRoleSerializer, responses=MemberSerializer))
-class MemberViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
-                    mixins.UpdateModelMixin, mixins.DestroyModelMixin):
+@extend_schema_view(
+    partial_update=extend_schema(request=MemberRoleSerializer, responses=MemberSerializer),
+    update=extend_schema(request=MemberRoleSerializer, responses=MemberSerializer),
+)
+class MemberViewSet(
+    OrgViewSet,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+):
     serializer_class = MemberSerializer
 
     def get_queryset(self):
@@ -88,8 +96,10 @@ class MemberViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin
 
     def perform_create(self, serializer):
         serializer.instance = add_member(
-            organization=self.organization, email=serializer.validated_data["user"]["email"],
-            role=serializer.validated_data.get("role", Member.Role.MEMBER), actor=self.access.actor,
+            organization=self.organization,
+            email=serializer.validated_data["user"]["email"],
+            role=serializer.validated_data.get("role", Member.Role.MEMBER),
+            actor=self.access.actor,
         )
 
     def update(self, request, *args, **kwargs):
@@ -108,18 +118,28 @@ class MemberViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin
 
 class KeySerializer(serializers.ModelSerializer):
     project = OrgRelatedField(org_path="organization", by="slug", queryset=Project.objects.all())
-    member = OrgRelatedField(org_path="organization", queryset=Member.objects.all(), required=False,
-                             allow_null=True)
-    allowed_models = serializers.ListField(child=serializers.CharField(max_length=200), required=False,
-                                           max_length=500)
+    member = OrgRelatedField(org_path="organization", queryset=Member.objects.all(), required=False, allow_null=True)
+    allowed_models = serializers.ListField(child=serializers.CharField(max_length=200), required=False, max_length=500)
     default_max_output_tokens = output_ceiling_field(
-        help_text="Output ceiling sent upstream when a request names none (the tighter of this and the route's).")
+        help_text="Output ceiling sent upstream when a request names none (the tighter of this and the route's)."
+    )
     active = serializers.SerializerMethodField()
 
     class Meta:
         model = ApiKey
-        fields = ["id", "name", "prefix", "project", "member", "allowed_models", "default_max_output_tokens",
-                  "expires_at", "revoked_at", "active", "created_at"]
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "project",
+            "member",
+            "allowed_models",
+            "default_max_output_tokens",
+            "expires_at",
+            "revoked_at",
+            "active",
+            "created_at",
+        ]
         read_only_fields = ["id", "prefix", "revoked_at", "created_at"]
 
     def get_active(self, key: ApiKey) -> bool:
@@ -135,11 +155,11 @@ class KeyCreatedSerializer(KeySerializer):
 
 class KeyUpdateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False)
-    allowed_models = serializers.ListField(child=serializers.CharField(max_length=200), required=False,
-                                           max_length=500)
+    allowed_models = serializers.ListField(child=serializers.CharField(max_length=200), required=False, max_length=500)
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
     default_max_output_tokens = output_ceiling_field(
-        help_text="Output ceiling sent upstream when a request names none (the tighter of this and the route's).")
+        help_text="Output ceiling sent upstream when a request names none (the tighter of this and the route's)."
+    )
 
 
 @extend_schema_view(
@@ -170,13 +190,19 @@ class KeyViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
                 raise exceptions.PermissionDenied("Members create keys for themselves only.")
             member = self.access.member
         key, raw = services.create_key(
-            organization=self.organization, project=v["project"], name=v["name"], member=member,
-            allowed_models=v.get("allowed_models", []), expires_at=v.get("expires_at"), actor=self.access.actor,
+            organization=self.organization,
+            project=v["project"],
+            name=v["name"],
+            member=member,
+            allowed_models=v.get("allowed_models", []),
+            expires_at=v.get("expires_at"),
+            actor=self.access.actor,
             default_max_output_tokens=v.get("default_max_output_tokens"),
         )
         key.secret = raw  # type: ignore[attr-defined]
-        return Response(KeyCreatedSerializer(key, context=self.get_serializer_context()).data,
-                        status=status.HTTP_201_CREATED)
+        return Response(
+            KeyCreatedSerializer(key, context=self.get_serializer_context()).data, status=status.HTTP_201_CREATED
+        )
 
     def _own(self) -> ApiKey:
         key = self.get_object()
@@ -213,8 +239,9 @@ class EndCustomerSerializer(serializers.ModelSerializer):
         validators: list = []  # uniqueness is the service's to report, as a field error
 
 
-class EndCustomerViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin,
-                         mixins.DestroyModelMixin):
+class EndCustomerViewSet(
+    OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, mixins.DestroyModelMixin
+):
     serializer_class = EndCustomerSerializer
 
     def get_queryset(self):
@@ -228,7 +255,8 @@ class EndCustomerViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModel
 
     def perform_create(self, serializer):
         serializer.instance = services.create_end_customer(
-            project=serializer.validated_data["project"], external_id=serializer.validated_data["external_id"],
+            project=serializer.validated_data["project"],
+            external_id=serializer.validated_data["external_id"],
             actor=self.access.actor,
         )
 

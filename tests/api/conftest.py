@@ -50,8 +50,9 @@ def populate(tenant: Tenant, owner_email: str) -> Org:
     owner = user(owner_email)
     member_row = Member.objects.create(organization=org, user=owner, role="owner")
     provider, _ = Provider.objects.get_or_create(slug="echo", defaults={"name": "Echo"})
-    model, _ = Model.objects.get_or_create(provider=provider, name="echo-1",
-                                           defaults={"input_usd_per_mtok": 1, "output_usd_per_mtok": 2})
+    model, _ = Model.objects.get_or_create(
+        provider=provider, name="echo-1", defaults={"input_usd_per_mtok": 1, "output_usd_per_mtok": 2}
+    )
     connection = Connection.objects.create(organization=org, name="echo", kind="echo", secret="sk-secret")
     route = Route.objects.create(organization=org, name="echo-1")
     RouteTarget.objects.create(route=route, connection=connection, model=model)
@@ -60,12 +61,30 @@ def populate(tenant: Tenant, owner_email: str) -> Org:
     now = timezone.now()
     for i, (cost, key) in enumerate([(1_000_000, tenant.key), (2_500_000, tenant.key)]):
         UsageRecord.objects.create(
-            request_id=f"{org.slug}-u{i}", organization=org, project=tenant.project, api_key=key,
-            end_customer=customer if i else None, model="echo-1", status="served", input_tokens=10,
-            output_tokens=20, cost_nano=cost, admitted_at=now - timedelta(days=i), applied=True,
+            request_id=f"{org.slug}-u{i}",
+            organization=org,
+            project=tenant.project,
+            api_key=key,
+            end_customer=customer if i else None,
+            model="echo-1",
+            status="served",
+            input_tokens=10,
+            output_tokens=20,
+            cost_nano=cost,
+            admitted_at=now - timedelta(days=i),
+            applied=True,
         )
-    return Org(tenant=tenant, owner=owner, token_write=make_token(org, "write"), token_read=make_token(org, "read"),
-               budget=budget, connection=connection, route=route, customer=customer, member_row=member_row)
+    return Org(
+        tenant=tenant,
+        owner=owner,
+        token_write=make_token(org, "write"),
+        token_read=make_token(org, "read"),
+        budget=budget,
+        connection=connection,
+        route=route,
+        customer=customer,
+        member_row=member_row,
+    )
 
 
 @pytest.fixture
@@ -95,4 +114,3 @@ def client(*, token: str | None = None, user=None) -> APIClient:
     if user is not None:
         c.force_authenticate(user=user)
     return c
-

@@ -129,8 +129,9 @@ def test_member_manages_own_keys_only(org_a: Org, role_users):
     r = c.post(base, {"name": "mine", "project": org_a.tenant.project.id}, format="json")
     assert r.status_code == 201, r.json()
     assert ApiKey.objects.get(pk=r.json()["id"]).member_id == member.id
-    r = c.post(base, {"name": "theirs", "project": org_a.tenant.project.id, "member": org_a.member_row.id},
-               format="json")
+    r = c.post(
+        base, {"name": "theirs", "project": org_a.tenant.project.id, "member": org_a.member_row.id}, format="json"
+    )
     assert r.status_code == 403
     # cannot revoke someone else's key, can revoke their own
     assert c.delete(f"{base}{org_a.tenant.key.id}/").status_code == 403

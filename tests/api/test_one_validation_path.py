@@ -41,28 +41,61 @@ class Surfaces:
 
 
 RESOURCES = {
-    "budget": Surfaces("budgets", "budget_new", "budgets", Budget,
-                       {"name": "b", "scope": "organization", "amount_usd": "1"},
-                       {"name": "b", "scope": "organization", "amount_usd": "1", "period": "month", "mode": "block",
-                        "timezone": "UTC"},
-                       {"name": "b", "scope": "organization", "amount_usd": "1"}),
-    "rate_limit": Surfaces("rate-limits", "rate_limit_new", "rate_limits", RateLimit,
-                           {"name": "r", "scope": "organization", "requests_per_minute": 5},
-                           {"name": "r", "scope": "organization", "requests_per_minute": "5"},
-                           {"name": "r", "scope": "organization", "requests_per_minute": 5}),
-    "route": Surfaces("routes", "route_new", "routes", Route,
-                      {"name": "r2", "targets": [{"connection": "echo", "model": "echo/echo-1"}]},
-                      {"name": "r2", "connection_0": "CONNECTION", "model_0": "MODEL"},
-                      {"name": "r2", "targets": [{"connection": "echo", "model": "echo/echo-1"}]}),
-    "connection": Surfaces("connections", "connection_new", "connections", Connection,
-                           {"name": "c2", "kind": "echo"},
-                           {"name": "c2", "kind": "echo", "enabled": "on", "options": "{}"},
-                           {"name": "c2", "kind": "echo"}),
-    "key": Surfaces("keys", "keys", "keys", ApiKey,
-                    {"name": "k2", "project": "main"}, {"name": "k2", "project": "PROJECT"},
-                    {"name": "k2", "project": "main"}),
-    "price": Surfaces(None, "price_new", "prices", Model,
-                      {}, {"model": "acme/x", "per_request_usd": "0"}, {"model": "acme/x"}),
+    "budget": Surfaces(
+        "budgets",
+        "budget_new",
+        "budgets",
+        Budget,
+        {"name": "b", "scope": "organization", "amount_usd": "1"},
+        {
+            "name": "b",
+            "scope": "organization",
+            "amount_usd": "1",
+            "period": "month",
+            "mode": "block",
+            "timezone": "UTC",
+        },
+        {"name": "b", "scope": "organization", "amount_usd": "1"},
+    ),
+    "rate_limit": Surfaces(
+        "rate-limits",
+        "rate_limit_new",
+        "rate_limits",
+        RateLimit,
+        {"name": "r", "scope": "organization", "requests_per_minute": 5},
+        {"name": "r", "scope": "organization", "requests_per_minute": "5"},
+        {"name": "r", "scope": "organization", "requests_per_minute": 5},
+    ),
+    "route": Surfaces(
+        "routes",
+        "route_new",
+        "routes",
+        Route,
+        {"name": "r2", "targets": [{"connection": "echo", "model": "echo/echo-1"}]},
+        {"name": "r2", "connection_0": "CONNECTION", "model_0": "MODEL"},
+        {"name": "r2", "targets": [{"connection": "echo", "model": "echo/echo-1"}]},
+    ),
+    "connection": Surfaces(
+        "connections",
+        "connection_new",
+        "connections",
+        Connection,
+        {"name": "c2", "kind": "echo"},
+        {"name": "c2", "kind": "echo", "enabled": "on", "options": "{}"},
+        {"name": "c2", "kind": "echo"},
+    ),
+    "key": Surfaces(
+        "keys",
+        "keys",
+        "keys",
+        ApiKey,
+        {"name": "k2", "project": "main"},
+        {"name": "k2", "project": "PROJECT"},
+        {"name": "k2", "project": "main"},
+    ),
+    "price": Surfaces(
+        None, "price_new", "prices", Model, {}, {"model": "acme/x", "per_request_usd": "0"}, {"model": "acme/x"}
+    ),
 }
 
 
@@ -89,8 +122,7 @@ CASES = [
     Bad("budget", "thresholds", [50, 0], "50, 0", THRESHOLDS, "thresholds[1]"),
     Bad("budget", "thresholds", ["fifty"], "fifty", THRESHOLDS, "thresholds[0]"),
     Bad("budget", "thresholds", [50, 5000], "50, 5000", THRESHOLDS, "thresholds[1]"),
-    Bad("budget", "recipients", ["a@b.co", "nope"], "a@b.co, nope", "'nope' is not an email address.",
-        "recipients[1]"),
+    Bad("budget", "recipients", ["a@b.co", "nope"], "a@b.co, nope", "'nope' is not an email address.", "recipients[1]"),
     Bad("rate_limit", "requests_per_minute", 0, "0", PER_MINUTE),
     Bad("rate_limit", "requests_per_minute", -5, "-5", PER_MINUTE),
     Bad("rate_limit", "tokens_per_minute", "ten", "ten", PER_MINUTE),
@@ -100,20 +132,45 @@ CASES = [
     Bad("route", "default_max_output_tokens", 0, "0", CEILING),
     Bad("route", "default_max_output_tokens", 1_000_001, "1000001", CEILING),
     # A target's model is typed in the API and the file; the form offers the catalog's models.
-    Bad("route", "targets", [{"connection": "echo", "model": "nope/missing"}], None,
-        "Model 'nope/missing' is not in the catalog.", "targets[0].model"),
-    Bad("route", "targets", [{"connection": "ghost", "model": "echo/echo-1"}], None,
-        'No connection "ghost" in this organization.', "targets[0].connection"),
+    Bad(
+        "route",
+        "targets",
+        [{"connection": "echo", "model": "nope/missing"}],
+        None,
+        "Model 'nope/missing' is not in the catalog.",
+        "targets[0].model",
+    ),
+    Bad(
+        "route",
+        "targets",
+        [{"connection": "ghost", "model": "echo/echo-1"}],
+        None,
+        'No connection "ghost" in this organization.',
+        "targets[0].connection",
+    ),
     Bad("key", "default_max_output_tokens", 0, "0", CEILING),
-    Bad("key", "allowed_models", ["x" * 201], "x" * 201, "Ensure this field has no more than 200 characters.",
-        "allowed_models[0]"),
+    Bad(
+        "key",
+        "allowed_models",
+        ["x" * 201],
+        "x" * 201,
+        "Ensure this field has no more than 200 characters.",
+        "allowed_models[0]",
+    ),
     Bad("connection", "input_usd_per_mtok", "-1", "-1", USD_MIN, "rates.input"),
-    Bad("connection", "output_usd_per_mtok", "0.0000001", "0.0000001",
-        "Ensure that there are no more than 6 decimal places.", "rates.output"),
+    Bad(
+        "connection",
+        "output_usd_per_mtok",
+        "0.0000001",
+        "0.0000001",
+        "Ensure that there are no more than 6 decimal places.",
+        "rates.output",
+    ),
     Bad("connection", "kind", "telnet", "telnet", "Kind must be one of openai, anthropic, echo."),
     Bad("price", "input_usd_per_mtok", "-1", "-1", USD_MIN),
-    Bad("price", "output_usd_per_mtok", "0.0000001", "0.0000001",
-        "Ensure that there are no more than 6 decimal places."),
+    Bad(
+        "price", "output_usd_per_mtok", "0.0000001", "0.0000001", "Ensure that there are no more than 6 decimal places."
+    ),
     Bad("price", "priority_multiplier", "1.23456", "1.23456", "Ensure that there are no more than 4 decimal places."),
     Bad("price", "max_output_tokens", 0, "0", "Ensure this value is greater than or equal to 1."),
     Bad("price", "max_output_tokens", "x", "x", "Enter a whole number."),
@@ -127,8 +184,9 @@ def counts() -> dict[str, int]:
 
 def api_messages(org: Org, bad: Bad) -> list[str]:
     surfaces = RESOURCES[bad.resource]
-    r = client(token=org.token_write).post(f"/api/orgs/{org.slug}/{surfaces.api}/",
-                                           {**surfaces.api_base, bad.field: bad.value}, format="json")
+    r = client(token=org.token_write).post(
+        f"/api/orgs/{org.slug}/{surfaces.api}/", {**surfaces.api_base, bad.field: bad.value}, format="json"
+    )
     assert r.status_code == 400, r.json()
     return [message for _, message in flat_errors(r.json()["errors"].get(bad.field, []))]
 
@@ -188,8 +246,10 @@ def test_the_price_file_refuses_a_price_with_the_same_message(bad: Bad):
     key = {attr: key for key, attr in FIELD_ATTRS.items()}[bad.field]
     model = {"provider": "acme", "name": "x", "input": "1", "output": "1", key: bad.value}
     with pytest.raises(CatalogError) as caught:
-        load_catalog(data={"prices_as_of": "2026-12-01", "providers": [{"slug": "acme", "name": "Acme"}],
-                           "models": [model]}, overwrite=True)
+        load_catalog(
+            data={"prices_as_of": "2026-12-01", "providers": [{"slug": "acme", "name": "Acme"}], "models": [model]},
+            overwrite=True,
+        )
     assert [(p.model, p.field, p.message) for p in caught.value.problems] == [("acme/x", key, bad.message)]
     assert not Model.objects.exists()
 
@@ -209,28 +269,43 @@ GOOD = [
 def test_a_value_one_accepts_they_all_accept(org_a: Org, resource, field, value, typed):
     surfaces = RESOURCES[resource]
     model = surfaces.model
-    r = client(token=org_a.token_write).post(f"/api/orgs/{org_a.slug}/{surfaces.api}/",
-                                             {**surfaces.api_base, field: value}, format="json")
+    r = client(token=org_a.token_write).post(
+        f"/api/orgs/{org_a.slug}/{surfaces.api}/", {**surfaces.api_base, field: value}, format="json"
+    )
     assert r.status_code == 201, r.json()
     model.objects.filter(pk=r.json()["id"]).delete()
     c = Client()
     c.force_login(org_a.owner)
     route = Route.objects.get(organization=org_a.tenant.org, name="echo-1").targets.get()
-    data = {k: {"CONNECTION": route.connection_id, "MODEL": route.model_id}.get(v, v)
-            for k, v in {**surfaces.form_base, field: typed}.items()}
+    data = {
+        k: {"CONNECTION": route.connection_id, "MODEL": route.model_id}.get(v, v)
+        for k, v in {**surfaces.form_base, field: typed}.items()
+    }
     r = c.post(reverse(f"dashboard:{surfaces.form}", args=[org_a.slug]), data)
     assert r.status_code == 302, r.context["form"].errors
     created = model.objects.order_by("-pk").first()
     created.delete()
-    apply_config(data={"organizations": [{"slug": org_a.slug, "name": org_a.tenant.org.name,
-                                          surfaces.apply: [{**surfaces.apply_base, field: value}]}]})
+    apply_config(
+        data={
+            "organizations": [
+                {
+                    "slug": org_a.slug,
+                    "name": org_a.tenant.org.name,
+                    surfaces.apply: [{**surfaces.apply_base, field: value}],
+                }
+            ]
+        }
+    )
     assert model.objects.filter(name=surfaces.apply_base["name"]).exists()
 
 
-@pytest.mark.parametrize(("field", "value", "message"), [
-    ("kind", "pager", "Kind must be one of email, webhook."),
-    ("payload_format", "xml", "Payload format must be one of capgate, slack."),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("kind", "pager", "Kind must be one of email, webhook."),
+        ("payload_format", "xml", "Payload format must be one of capgate, slack."),
+    ],
+)
 @pytest.mark.django_db
 def test_an_alert_channel_is_refused_alike_by_the_api_and_the_form(org_a: Org, field, value, message):
     # Alert channels are not in apply's file; the API and the page share the field.

@@ -16,8 +16,9 @@ ENVELOPE = {"count", "next", "previous", "results"}
 
 
 def list_paths(schema: dict) -> list[str]:
-    return sorted(path for path, ops in schema["paths"].items()
-                  if "get" in ops and ops["get"]["operationId"].endswith("_list"))
+    return sorted(
+        path for path, ops in schema["paths"].items() if "get" in ops and ops["get"]["operationId"].endswith("_list")
+    )
 
 
 @pytest.mark.django_db
@@ -49,8 +50,11 @@ def test_usage_and_request_log_pages_neither_repeat_nor_skip(org_a: Org):
     for resource, key in [("usage", "id"), ("requests", "request_id")]:
         url = f"/api/orgs/{org_a.slug}/{resource}/"
         whole = [row[key] for row in c.get(url).json()["results"]]
-        pages = [row[key] for offset in range(len(whole)) for row in
-                 c.get(url, {"limit": 1, "offset": offset}).json()["results"]]
+        pages = [
+            row[key]
+            for offset in range(len(whole))
+            for row in c.get(url, {"limit": 1, "offset": offset}).json()["results"]
+        ]
         assert len(whole) >= 2 and pages == whole, resource
 
 
@@ -65,8 +69,11 @@ def test_a_page_is_at_most_1000_rows(org_a: Org, settings):
 
 @pytest.mark.django_db
 def test_outsider_gets_404_on_every_list_endpoint(org_a: Org, org_b: Org):
-    paths = [p for p in list_paths(client(user=org_a.owner).get("/api/schema/", {"format": "json"}).json())
-             if "{org_slug}" in p]
+    paths = [
+        p
+        for p in list_paths(client(user=org_a.owner).get("/api/schema/", {"format": "json"}).json())
+        if "{org_slug}" in p
+    ]
     assert paths
     for path in paths:
         r = client(token=org_b.token_read).get(path.replace("{org_slug}", org_a.slug), {"limit": 1})

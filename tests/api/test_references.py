@@ -19,8 +19,13 @@ def api(org: Org):
 
 
 def counts() -> tuple[int, ...]:
-    return (Budget.objects.count(), RateLimit.objects.count(), ApiKey.objects.count(),
-            EndCustomer.objects.count(), Route.objects.count())
+    return (
+        Budget.objects.count(),
+        RateLimit.objects.count(),
+        ApiKey.objects.count(),
+        EndCustomer.objects.count(),
+        Route.objects.count(),
+    )
 
 
 @pytest.mark.django_db
@@ -32,7 +37,10 @@ def test_budgets_take_project_slug_key_name_and_customer_external_id(org_a: Org)
     by_external = c.post(base, {"scope": "end_customer", "end_customer": "cust-1", "amount_usd": "3"}, format="json")
     # then: stored against the right rows, and answered with their ids
     assert by_slug.status_code == by_name.status_code == by_external.status_code == 201, (
-        by_slug.json(), by_name.json(), by_external.json())
+        by_slug.json(),
+        by_name.json(),
+        by_external.json(),
+    )
     assert Budget.objects.get(pk=by_slug.json()["id"]).project == org_a.tenant.project
     assert Budget.objects.get(pk=by_name.json()["id"]).api_key == org_a.tenant.key
     assert Budget.objects.get(pk=by_external.json()["id"]).end_customer == org_a.customer
@@ -57,14 +65,21 @@ def test_keys_customers_rate_limits_and_routes_take_names(org_a: Org):
     assert r.status_code == 201 and ApiKey.objects.get(pk=r.json()["id"]).project == org_a.tenant.project
     r = c.post(f"/api/orgs/{slug}/end-customers/", {"project": "main", "external_id": "c-7"}, format="json")
     assert r.status_code == 201 and EndCustomer.objects.get(pk=r.json()["id"]).project == org_a.tenant.project
-    r = c.post(f"/api/orgs/{slug}/rate-limits/", {"scope": "key", "api_key": "ci", "requests_per_minute": 5},
-               format="json")
+    r = c.post(
+        f"/api/orgs/{slug}/rate-limits/", {"scope": "key", "api_key": "ci", "requests_per_minute": 5}, format="json"
+    )
     assert r.status_code == 201 and RateLimit.objects.get(pk=r.json()["id"]).api_key.name == "ci"
-    r = c.post(f"/api/orgs/{slug}/rate-limits/", {"scope": "end_customer", "end_customer": "c-7",
-                                                  "requests_per_minute": 5}, format="json")
+    r = c.post(
+        f"/api/orgs/{slug}/rate-limits/",
+        {"scope": "end_customer", "end_customer": "c-7", "requests_per_minute": 5},
+        format="json",
+    )
     assert r.status_code == 201 and RateLimit.objects.get(pk=r.json()["id"]).end_customer.external_id == "c-7"
-    r = c.post(f"/api/orgs/{slug}/routes/", {"name": "fast", "targets": [{"connection": "echo",
-                                                                          "model": "echo/echo-1"}]}, format="json")
+    r = c.post(
+        f"/api/orgs/{slug}/routes/",
+        {"name": "fast", "targets": [{"connection": "echo", "model": "echo/echo-1"}]},
+        format="json",
+    )
     assert r.status_code == 201, r.json()
     assert r.json()["targets"] == [{"connection": org_a.connection.id, "model": "echo/echo-1"}]
 
@@ -99,11 +114,14 @@ def test_an_ambiguous_key_name_is_a_clear_400(org_a: Org):
     first, second = org_a.tenant.add_key("shared"), org_a.tenant.add_key("shared")
     before = counts()
     # when
-    r = api(org_a).post(f"/api/orgs/{org_a.slug}/budgets/", {"scope": "key", "api_key": "shared",
-                                                              "amount_usd": "1"}, format="json")
+    r = api(org_a).post(
+        f"/api/orgs/{org_a.slug}/budgets/", {"scope": "key", "api_key": "shared", "amount_usd": "1"}, format="json"
+    )
     # then: it names both ids, so the caller can pick one
     assert r.status_code == 400
-    assert r.json()["errors"] == {"api_key": [f'2 api keys are named "shared" (ids {first.id}, {second.id}): use the id.']}
+    assert r.json()["errors"] == {
+        "api_key": [f'2 api keys are named "shared" (ids {first.id}, {second.id}): use the id.']
+    }
     assert counts() == before
 
 
@@ -115,8 +133,11 @@ def test_an_external_id_in_two_projects_needs_its_project(org_a: Org):
     c, base = api(org_a), f"/api/orgs/{org_a.slug}/budgets/"
     # when / then: bare, it is ambiguous and nothing is created
     r = c.post(base, {"scope": "end_customer", "end_customer": "cust-1", "amount_usd": "1"}, format="json")
-    assert r.status_code == 400 and "end_customer" in r.json()["errors"] and not Budget.objects.filter(
-        scope="end_customer").exists()
+    assert (
+        r.status_code == 400
+        and "end_customer" in r.json()["errors"]
+        and not Budget.objects.filter(scope="end_customer").exists()
+    )
     # qualified by project slug, each resolves
     r = c.post(base, {"scope": "end_customer", "end_customer": "staging/cust-1", "amount_usd": "1"}, format="json")
     assert r.status_code == 201 and Budget.objects.get(pk=r.json()["id"]).end_customer == twin
@@ -165,10 +186,12 @@ def test_same_slug_in_two_organizations_resolves_to_your_own(org_a: Org, org_b: 
 @pytest.mark.django_db
 def test_outsider_using_names_gets_404_and_changes_nothing(org_a: Org, org_b: Org):
     before = counts()
-    for path, payload in [("budgets", {"scope": "key", "api_key": "default", "amount_usd": "1"}),
-                          ("keys", {"name": "x", "project": "main"}),
-                          ("rate-limits", {"scope": "project", "project": "main", "requests_per_minute": 1}),
-                          ("routes", {"name": "r", "targets": [{"connection": "echo", "model": "echo/echo-1"}]})]:
+    for path, payload in [
+        ("budgets", {"scope": "key", "api_key": "default", "amount_usd": "1"}),
+        ("keys", {"name": "x", "project": "main"}),
+        ("rate-limits", {"scope": "project", "project": "main", "requests_per_minute": 1}),
+        ("routes", {"name": "r", "targets": [{"connection": "echo", "model": "echo/echo-1"}]}),
+    ]:
         r = client(token=org_b.token_write).post(f"/api/orgs/{org_a.slug}/{path}/", payload, format="json")
         assert r.status_code == 404, (path, r.json())
     assert counts() == before
@@ -179,8 +202,9 @@ def test_name_lookup_organization_guard_removed(org_a: Org, globex_names: Org, m
     # Removal test of test_another_organizations_names_never_resolve: without the field's
     # organization filter, acme's request finds globex's project by its slug.
     monkeypatch.setattr(OrgRelatedField, "get_queryset", lambda self: super(OrgRelatedField, self).get_queryset())
-    r = api(org_a).post(f"/api/orgs/{org_a.slug}/end-customers/", {"project": "globex-only", "external_id": "c"},
-                        format="json")
+    r = api(org_a).post(
+        f"/api/orgs/{org_a.slug}/end-customers/", {"project": "globex-only", "external_id": "c"}, format="json"
+    )
     assert r.status_code == 201
     assert EndCustomer.objects.get(pk=r.json()["id"]).project.organization == globex_names.tenant.org
 

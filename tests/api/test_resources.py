@@ -22,8 +22,19 @@ def api(org: Org, write: bool = True):
 def test_budget_crud_in_usd_with_current_window(org_a: Org):
     c, base = api(org_a), f"/api/orgs/{org_a.slug}/budgets/"
     # create
-    r = c.post(base, {"name": "key cap", "scope": "key", "api_key": org_a.tenant.key.id, "period": "day",
-                      "mode": "block", "amount_usd": "2.50", "thresholds": [80, 50]}, format="json")
+    r = c.post(
+        base,
+        {
+            "name": "key cap",
+            "scope": "key",
+            "api_key": org_a.tenant.key.id,
+            "period": "day",
+            "mode": "block",
+            "amount_usd": "2.50",
+            "thresholds": [80, 50],
+        },
+        format="json",
+    )
     assert r.status_code == 201, r.json()
     body = r.json()
     assert body["amount_usd"] == "2.500000000" and body["thresholds"] == [50, 80]
@@ -82,8 +93,9 @@ def test_bad_budget_is_a_field_error_and_nothing_changes(org_a: Org, payload, fi
 def test_budget_amounts_over_a_few_dollars_are_accepted_exactly(org_a: Org, amount):
     # The USD bounds (0 to 4,611,686,018) apply to the USD amount; run on the nano-USD value
     # they refused every budget over $4.61.
-    r = api(org_a).post(f"/api/orgs/{org_a.slug}/budgets/", {"scope": "organization", "amount_usd": amount},
-                        format="json")
+    r = api(org_a).post(
+        f"/api/orgs/{org_a.slug}/budgets/", {"scope": "organization", "amount_usd": amount}, format="json"
+    )
     assert r.status_code == 201, r.json()
     assert Budget.objects.get(pk=r.json()["id"]).amount_nano == int(Decimal(amount).scaleb(9))
     assert Decimal(r.json()["amount_usd"]) == Decimal(amount)
@@ -91,8 +103,11 @@ def test_budget_amounts_over_a_few_dollars_are_accepted_exactly(org_a: Org, amou
 
 @pytest.mark.django_db
 def test_budget_subject_from_another_org_is_invalid(org_a: Org, org_b: Org):
-    r = api(org_a).post(f"/api/orgs/{org_a.slug}/budgets/",
-                        {"scope": "key", "api_key": org_b.tenant.key.id, "amount_usd": "1"}, format="json")
+    r = api(org_a).post(
+        f"/api/orgs/{org_a.slug}/budgets/",
+        {"scope": "key", "api_key": org_b.tenant.key.id, "amount_usd": "1"},
+        format="json",
+    )
     assert r.status_code == 400 and "api_key" in r.json()["errors"]
     assert not Budget.objects.filter(api_key=org_b.tenant.key, organization=org_a.tenant.org).exists()
 
@@ -100,8 +115,7 @@ def test_budget_subject_from_another_org_is_invalid(org_a: Org, org_b: Org):
 @pytest.mark.django_db
 def test_key_secret_is_shown_once_and_stored_hashed(org_a: Org):
     c, base = api(org_a), f"/api/orgs/{org_a.slug}/keys/"
-    r = c.post(base, {"name": "ci", "project": org_a.tenant.project.id, "allowed_models": ["echo-1"]},
-               format="json")
+    r = c.post(base, {"name": "ci", "project": org_a.tenant.project.id, "allowed_models": ["echo-1"]}, format="json")
     assert r.status_code == 201
     raw = r.json()["secret"]
     key = ApiKey.objects.get(pk=r.json()["id"])
@@ -116,8 +130,18 @@ def test_key_secret_is_shown_once_and_stored_hashed(org_a: Org):
 @pytest.mark.django_db
 def test_connection_secret_is_write_only_and_encrypted(org_a: Org):
     c, base = api(org_a), f"/api/orgs/{org_a.slug}/connections/"
-    r = c.post(base, {"name": "oa", "kind": "openai", "base_url": "https://api.openai.com/v1",
-                      "secret": "sk-abc", "input_usd_per_mtok": "0.5", "output_usd_per_mtok": "1.5"}, format="json")
+    r = c.post(
+        base,
+        {
+            "name": "oa",
+            "kind": "openai",
+            "base_url": "https://api.openai.com/v1",
+            "secret": "sk-abc",
+            "input_usd_per_mtok": "0.5",
+            "output_usd_per_mtok": "1.5",
+        },
+        format="json",
+    )
     assert r.status_code == 201, r.json()
     assert "secret" not in r.json() and r.json()["has_secret"] is True
     conn = Connection.objects.get(pk=r.json()["id"])
@@ -142,16 +166,25 @@ def test_connection_secret_is_write_only_and_encrypted(org_a: Org):
 def test_routes_projects_members_end_customers(org_a: Org):
     c, slug = api(org_a), org_a.slug
     # route
-    r = c.post(f"/api/orgs/{slug}/routes/", {"name": "fast", "targets": [
-        {"connection": org_a.connection.id, "model": "echo/echo-1"}]}, format="json")
+    r = c.post(
+        f"/api/orgs/{slug}/routes/",
+        {"name": "fast", "targets": [{"connection": org_a.connection.id, "model": "echo/echo-1"}]},
+        format="json",
+    )
     assert r.status_code == 201, r.json()
     assert r.json()["targets"] == [{"connection": org_a.connection.id, "model": "echo/echo-1"}]
-    r = c.post(f"/api/orgs/{slug}/routes/", {"name": "bad", "targets": [
-        {"connection": org_a.connection.id, "model": "nope/none"}]}, format="json")
+    r = c.post(
+        f"/api/orgs/{slug}/routes/",
+        {"name": "bad", "targets": [{"connection": org_a.connection.id, "model": "nope/none"}]},
+        format="json",
+    )
     assert r.status_code == 400 and not Route.objects.filter(name="bad").exists()
     # project with a default end-customer cap
-    r = c.post(f"/api/orgs/{slug}/projects/", {"slug": "research", "name": "Research",
-                                              "default_customer_budget_usd": "0.25"}, format="json")
+    r = c.post(
+        f"/api/orgs/{slug}/projects/",
+        {"slug": "research", "name": "Research", "default_customer_budget_usd": "0.25"},
+        format="json",
+    )
     assert r.status_code == 201, r.json()
     assert Project.objects.get(slug="research").default_customer_budget_nano == 250_000_000
     r = c.post(f"/api/orgs/{slug}/projects/", {"slug": "research", "name": "Again"}, format="json")
@@ -163,11 +196,13 @@ def test_routes_projects_members_end_customers(org_a: Org):
     assert member.user.email == "new@acme.test" and not member.user.has_usable_password()
     assert c.delete(f"/api/orgs/{slug}/members/{member.id}/").status_code == 204
     # end customer
-    r = c.post(f"/api/orgs/{slug}/end-customers/", {"project": org_a.tenant.project.id, "external_id": "c-9"},
-               format="json")
+    r = c.post(
+        f"/api/orgs/{slug}/end-customers/", {"project": org_a.tenant.project.id, "external_id": "c-9"}, format="json"
+    )
     assert r.status_code == 201
-    r = c.post(f"/api/orgs/{slug}/end-customers/", {"project": org_a.tenant.project.id, "external_id": "c-9"},
-               format="json")
+    r = c.post(
+        f"/api/orgs/{slug}/end-customers/", {"project": org_a.tenant.project.id, "external_id": "c-9"}, format="json"
+    )
     assert r.status_code == 400 and "external_id" in r.json()["errors"]
     assert EndCustomer.objects.filter(external_id="c-9").count() == 1
 
@@ -175,8 +210,7 @@ def test_routes_projects_members_end_customers(org_a: Org):
 @pytest.mark.django_db
 def test_organization_policy(org_a: Org):
     c = api(org_a)
-    r = c.patch(f"/api/orgs/{org_a.slug}/", {"allow_unpriced": True, "default_run_budget_usd": "0.5"},
-                format="json")
+    r = c.patch(f"/api/orgs/{org_a.slug}/", {"allow_unpriced": True, "default_run_budget_usd": "0.5"}, format="json")
     assert r.status_code == 200, r.json()
     org_a.tenant.org.refresh_from_db()
     assert org_a.tenant.org.allow_unpriced and org_a.tenant.org.default_run_budget_nano == 500_000_000

@@ -15,7 +15,17 @@ def test_every_operation_has_one_resource_tag(client):
         for method, op in operations.items():
             assert len(op.get("tags", [])) == 1, (method, path, op.get("tags"))
             tags.setdefault(op["tags"][0], set()).add(path)
-    assert {"organizations", "projects", "keys", "end-customers", "budgets", "routes", "prices", "usage",
-            "reservations", "alert-channels"} <= set(tags)
+    assert {
+        "organizations",
+        "projects",
+        "keys",
+        "end-customers",
+        "budgets",
+        "routes",
+        "prices",
+        "usage",
+        "reservations",
+        "alert-channels",
+    } <= set(tags)
     assert all(p.startswith("/api/orgs/{org_slug}/keys/") for p in tags["keys"])
     assert "api" not in tags and "orgs" not in tags

@@ -101,8 +101,9 @@ def test_dry_run_prints_the_diff_and_changes_nothing(tmp_path):
 def test_json_works_and_generated_secret_is_printed_once(tmp_path):
     data = {
         "prices": [{"model": "echo/echo-1", "input_usd_per_mtok": "1", "output_usd_per_mtok": "2"}],
-        "organizations": [{"slug": "j", "name": "J", "projects": [{"slug": "p"}],
-                           "keys": [{"name": "ci", "project": "p"}]}],
+        "organizations": [
+            {"slug": "j", "name": "J", "projects": [{"slug": "p"}], "keys": [{"name": "ci", "project": "p"}]}
+        ],
     }
     out = run(write(tmp_path, data, "c.json"))
     line = next(x for x in out.splitlines() if "secret (shown once)" in x)
@@ -114,14 +115,25 @@ def test_json_works_and_generated_secret_is_printed_once(tmp_path):
 @pytest.mark.django_db
 def test_unknown_model_fails_naming_the_item_and_changes_nothing(tmp_path):
     # given: a valid org followed by a route to a model the catalog does not have
-    data = {"organizations": [{
-        "slug": "x", "projects": [{"slug": "p"}],
-        "connections": [{"name": "c", "kind": "echo"}],
-        "routes": [{"name": "r", "targets": [{"connection": "c", "model": "nope/missing"}]}],
-    }]}
+    data = {
+        "organizations": [
+            {
+                "slug": "x",
+                "projects": [{"slug": "p"}],
+                "connections": [{"name": "c", "kind": "echo"}],
+                "routes": [{"name": "r", "targets": [{"connection": "c", "model": "nope/missing"}]}],
+            }
+        ]
+    }
     before = counts()
     # when / then
-    with pytest.raises(CommandError, match=r"organizations\[0\]\.routes\[0\]\.targets\[0\].*'nope/missing' is not in the catalog.*nothing was changed"):
+    with pytest.raises(
+        CommandError,
+        match=(
+            r"organizations\[0\]\.routes\[0\]\.targets\[0\].*'nope/missing' is not in the catalog.*nothing "
+            r"was changed"
+        ),
+    ):
         run(write(tmp_path, data))
     assert counts() == before
 
@@ -130,12 +142,24 @@ def test_unknown_model_fails_naming_the_item_and_changes_nothing(tmp_path):
     ("budget", "message"),
     [
         ({"name": "b", "scope": "key", "amount_usd": "1"}, r"budgets\[0\]\.api_key: A key budget names its api key"),
-        ({"name": "b", "scope": "organization", "amount_usd": "-1"}, r"budgets\[0\]\.amount_usd: Ensure this value is greater than or equal to 0\."),
+        (
+            {"name": "b", "scope": "organization", "amount_usd": "-1"},
+            r"budgets\[0\]\.amount_usd: Ensure this value is greater than or equal to 0\.",
+        ),
         ({"name": "b", "scope": "organization", "amount_usd": "abc"}, r"budgets\[0\]\.amount_usd: Enter a number\."),
-        ({"name": "b", "scope": "organization", "amount_usd": "1", "period": "year"}, r"budgets\[0\]\.period: Period must be"),
+        (
+            {"name": "b", "scope": "organization", "amount_usd": "1", "period": "year"},
+            r"budgets\[0\]\.period: Period must be",
+        ),
         ({"name": "b", "scope": "organization", "amount_usd": "1", "timezone": "Mars/Base"}, r"budgets\[0\]\.timezone"),
-        ({"name": "b", "scope": "project", "project": "ghost", "amount_usd": "1"}, r"budgets\[0\]\.project: no project 'ghost'"),
-        ({"name": "b", "scope": "organization", "amount_usd": "1", "colour": "red"}, r"budgets\[0\]: unknown field\(s\) colour"),
+        (
+            {"name": "b", "scope": "project", "project": "ghost", "amount_usd": "1"},
+            r"budgets\[0\]\.project: no project 'ghost'",
+        ),
+        (
+            {"name": "b", "scope": "organization", "amount_usd": "1", "colour": "red"},
+            r"budgets\[0\]: unknown field\(s\) colour",
+        ),
     ],
 )
 @pytest.mark.django_db
@@ -148,8 +172,15 @@ def test_bad_budget_is_named_and_nothing_changes(tmp_path, budget, message):
 
 @pytest.mark.django_db
 def test_moving_a_budget_to_another_subject_is_refused(tmp_path):
-    data = {"organizations": [{"slug": "x", "projects": [{"slug": "p"}, {"slug": "q"}],
-                               "budgets": [{"name": "b", "scope": "project", "project": "p", "amount_usd": "1"}]}]}
+    data = {
+        "organizations": [
+            {
+                "slug": "x",
+                "projects": [{"slug": "p"}, {"slug": "q"}],
+                "budgets": [{"name": "b", "scope": "project", "project": "p", "amount_usd": "1"}],
+            }
+        ]
+    }
     run(write(tmp_path, data))
     data["organizations"][0]["budgets"][0]["project"] = "q"
     with pytest.raises(CommandError, match="fixed once created"):
@@ -160,9 +191,22 @@ def test_moving_a_budget_to_another_subject_is_refused(tmp_path):
 @pytest.mark.django_db
 def test_connection_secret_is_encrypted_at_rest_and_updated_idempotently(tmp_path, monkeypatch):
     monkeypatch.setenv("UPSTREAM_KEY", "sk-live-123")
-    data = {"organizations": [{"slug": "x", "connections": [
-        {"name": "oa", "kind": "openai", "base_url": "https://api.openai.com/v1", "secret_env": "UPSTREAM_KEY",
-         "rates": {"input": "0.5", "output": "1.5"}}]}]}
+    data = {
+        "organizations": [
+            {
+                "slug": "x",
+                "connections": [
+                    {
+                        "name": "oa",
+                        "kind": "openai",
+                        "base_url": "https://api.openai.com/v1",
+                        "secret_env": "UPSTREAM_KEY",
+                        "rates": {"input": "0.5", "output": "1.5"},
+                    }
+                ],
+            }
+        ]
+    }
     run(write(tmp_path, data))
     conn = Connection.objects.get(name="oa")
     assert conn.plain_secret == "sk-live-123"
@@ -205,9 +249,17 @@ def test_unreadable_and_invalid_files_are_clear_errors(tmp_path):
 def test_dry_run_on_an_empty_database_lists_everything_and_creates_nothing():
     before = counts()
     out = run(DEMO, "--dry-run")
-    for line in ("+ organization demo", "+ project demo/default", "+ user demo@capgate.localhost",
-                 "+ member demo/demo@capgate.localhost (owner)", "+ key demo/demo", "+ connection demo/echo",
-                 "+ route demo/echo-1", "+ budget demo/Demo monthly cap", "+ budget demo/Demo key daily alert"):
+    for line in (
+        "+ organization demo",
+        "+ project demo/default",
+        "+ user demo@capgate.localhost",
+        "+ member demo/demo@capgate.localhost (owner)",
+        "+ key demo/demo",
+        "+ connection demo/echo",
+        "+ route demo/echo-1",
+        "+ budget demo/Demo monthly cap",
+        "+ budget demo/Demo key daily alert",
+    ):
         assert line in out
     assert counts() == before
     assert not get_user_model().objects.filter(email="demo@capgate.localhost").exists()
@@ -216,8 +268,11 @@ def test_dry_run_on_an_empty_database_lists_everything_and_creates_nothing():
 @pytest.mark.django_db
 def test_a_price_sets_and_clears_the_tokenizer(tmp_path):
     # given: a new model counted with o200k_base
-    data = {"prices": [{"model": "acme/gpt-x", "input_usd_per_mtok": "1", "output_usd_per_mtok": "2",
-                        "tokenizer": "o200k_base"}]}
+    data = {
+        "prices": [
+            {"model": "acme/gpt-x", "input_usd_per_mtok": "1", "output_usd_per_mtok": "2", "tokenizer": "o200k_base"}
+        ]
+    }
     run(write(tmp_path, data))
     assert Model.objects.get(name="gpt-x").tokenizer == "o200k_base"
     # when: applied again, then with null
@@ -233,15 +288,32 @@ def test_a_price_sets_and_clears_the_tokenizer(tmp_path):
 @pytest.mark.django_db
 def test_a_bad_tokenizer_is_named_and_nothing_changes(tmp_path, tokenizer):
     # given: a model counted with o200k_base, and a file that first changes its price
-    run(write(tmp_path, {"prices": [{"model": "acme/gpt-x", "input_usd_per_mtok": "1", "output_usd_per_mtok": "2",
-                                     "tokenizer": "o200k_base"}]}))
+    run(
+        write(
+            tmp_path,
+            {
+                "prices": [
+                    {
+                        "model": "acme/gpt-x",
+                        "input_usd_per_mtok": "1",
+                        "output_usd_per_mtok": "2",
+                        "tokenizer": "o200k_base",
+                    }
+                ]
+            },
+        )
+    )
     before = counts()
-    data = {"prices": [
-        {"model": "acme/gpt-x", "input_usd_per_mtok": "9", "output_usd_per_mtok": "9", "tokenizer": None},
-        {"model": "acme/gpt-y", "input_usd_per_mtok": "1", "output_usd_per_mtok": "2", "tokenizer": tokenizer},
-    ]}
+    data = {
+        "prices": [
+            {"model": "acme/gpt-x", "input_usd_per_mtok": "9", "output_usd_per_mtok": "9", "tokenizer": None},
+            {"model": "acme/gpt-y", "input_usd_per_mtok": "1", "output_usd_per_mtok": "2", "tokenizer": tokenizer},
+        ]
+    }
     # when / then: a wrong encoding would under-count the model's prompts
-    with pytest.raises(CommandError, match=r"prices\[1\]\.tokenizer: Tokenizer must be one of o200k_base, cl100k_base or null"):
+    with pytest.raises(
+        CommandError, match=r"prices\[1\]\.tokenizer: Tokenizer must be one of o200k_base, cl100k_base or null"
+    ):
         run(write(tmp_path, data))
     assert counts() == before
     model = Model.objects.get(name="gpt-x")

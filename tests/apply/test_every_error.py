@@ -17,17 +17,22 @@ from .test_apply import counts, run, write
 
 
 def three_bad_items() -> dict:
-    return {"organizations": [{
-        "slug": "x", "projects": [{"slug": "p"}],
-        "connections": [{"name": "c", "kind": "echo"}],
-        "budgets": [
-            {"name": "ok", "scope": "organization", "amount_usd": "5"},
-            {"name": "neg", "scope": "organization", "amount_usd": "-1"},
-            {"name": "fine", "scope": "project", "project": "p", "amount_usd": "2"},
-            {"name": "places", "scope": "organization", "amount_usd": "1.0000000001", "period": "day"},
-        ],
-        "rate_limits": [{"name": "zero", "scope": "organization", "requests_per_minute": 0}],
-    }]}
+    return {
+        "organizations": [
+            {
+                "slug": "x",
+                "projects": [{"slug": "p"}],
+                "connections": [{"name": "c", "kind": "echo"}],
+                "budgets": [
+                    {"name": "ok", "scope": "organization", "amount_usd": "5"},
+                    {"name": "neg", "scope": "organization", "amount_usd": "-1"},
+                    {"name": "fine", "scope": "project", "project": "p", "amount_usd": "2"},
+                    {"name": "places", "scope": "organization", "amount_usd": "1.0000000001", "period": "day"},
+                ],
+                "rate_limits": [{"name": "zero", "scope": "organization", "requests_per_minute": 0}],
+            }
+        ]
+    }
 
 
 @pytest.mark.django_db
@@ -51,16 +56,27 @@ def test_three_bad_items_are_all_reported_and_nothing_changes(tmp_path):
 
 @pytest.mark.django_db
 def test_errors_from_serializers_lookups_and_services_are_reported_together():
-    data = {"organizations": [{
-        "slug": "x", "projects": [{"slug": "p"}],
-        "connections": [{"name": "c", "kind": "echo", "rates": {"input": "-1", "colour": "1"}}],
-        "routes": [{"name": "r", "targets": [{"connection": "nope", "model": "echo/missing"}]}],
-        "budgets": [
-            {"name": "k", "scope": "key", "amount_usd": "1"},  # the service: a key budget names its key
-            {"name": "g", "scope": "project", "project": "ghost", "amount_usd": "x", "thresholds": [50, 0],
-             "period": "year"},
-        ],
-    }]}
+    data = {
+        "organizations": [
+            {
+                "slug": "x",
+                "projects": [{"slug": "p"}],
+                "connections": [{"name": "c", "kind": "echo", "rates": {"input": "-1", "colour": "1"}}],
+                "routes": [{"name": "r", "targets": [{"connection": "nope", "model": "echo/missing"}]}],
+                "budgets": [
+                    {"name": "k", "scope": "key", "amount_usd": "1"},  # the service: a key budget names its key
+                    {
+                        "name": "g",
+                        "scope": "project",
+                        "project": "ghost",
+                        "amount_usd": "x",
+                        "thresholds": [50, 0],
+                        "period": "year",
+                    },
+                ],
+            }
+        ]
+    }
     with pytest.raises(ApplyError) as caught:
         apply_config(data=data)
     assert caught.value.problems == [

@@ -22,8 +22,15 @@ from tests.gateway.conftest import gateway, upstream, wait_settled  # noqa: F401
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 DEMO = Path(__file__).resolve().parents[2] / "deploy" / "demo.yaml"
-LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-               "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+LAUNCH_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-dev-shm-usage",
+]
 
 DEMO_KEY = "cg_demo_key_do_not_use_in_production"
 
@@ -53,8 +60,9 @@ def spend_until_refused(url: str, *, max_tokens: int, limit: int = 50) -> tuple[
     letting each settle first. Returns (served, refusal code)."""
     body = {"model": "echo-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
     for served in range(limit):
-        r = httpx.post(f"{url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {DEMO_KEY}"},
-                       timeout=30)
+        r = httpx.post(
+            f"{url}/v1/chat/completions", json=body, headers={"authorization": f"Bearer {DEMO_KEY}"}, timeout=30
+        )
         if r.status_code == 402:
             return served, r.json()["error"]["code"]
         assert r.status_code == 200, r.text

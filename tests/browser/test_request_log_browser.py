@@ -39,8 +39,15 @@ def test_one_refused_request_from_402_to_log_row_to_alert(gateway, page):  # noq
     echo.options = {**echo.options, "prompt_tokens": 100, "completion_tokens": 1300}
     echo.save()
     project = Project.objects.get(organization=org, name="Default")
-    budget = Budget.objects.create(organization=org, scope="project", project=project, name="Browser cap",
-                                   period="day", mode="block", amount_nano=250_000_000)
+    budget = Budget.objects.create(
+        organization=org,
+        scope="project",
+        project=project,
+        name="Browser cap",
+        period="day",
+        mode="block",
+        amount_nano=250_000_000,
+    )
     base = gateway.url
     body = {"model": "echo-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1600}
     headers = {"authorization": f"Bearer {DEMO_KEY}", "x-capgate-customer": "shop-42", "x-capgate-run": "nightly-7"}

@@ -101,9 +101,11 @@ def test_stacked_ceilings_each_hold_and_refusals_name_the_right_one(acme):
     admitted = {k.id: 0 for k in keys}
     for key, r in results:
         if isinstance(r, BudgetExceeded):
-            allowed = {key_a: {"key_budget", "project_budget", "organization_budget"},
-                       key_b: {"project_budget", "organization_budget"},
-                       key_c: {"organization_budget"}}[key]
+            allowed = {
+                key_a: {"key_budget", "project_budget", "organization_budget"},
+                key_b: {"project_budget", "organization_budget"},
+                key_c: {"organization_budget"},
+            }[key]
             assert r.code in allowed
         else:
             admitted[key.id] += 1

@@ -41,8 +41,14 @@ def test_spent_may_exceed_the_budget(window):
 
 
 def test_budget_scope_must_name_its_subject(acme):
-    _rejects(lambda: Budget.objects.create(organization=acme.org, scope="key", amount_nano=1), "budget_scope_names_its_subject")
-    _rejects(lambda: Budget.objects.create(organization=acme.org, scope="organization", amount_nano=-1), "budget_amount_nonnegative")
+    _rejects(
+        lambda: Budget.objects.create(organization=acme.org, scope="key", amount_nano=1),
+        "budget_scope_names_its_subject",
+    )
+    _rejects(
+        lambda: Budget.objects.create(organization=acme.org, scope="organization", amount_nano=-1),
+        "budget_amount_nonnegative",
+    )
 
 
 def test_one_budget_per_run(acme):
@@ -58,7 +64,14 @@ def test_one_usage_record_per_request_id(acme):
 
 
 def test_holds_and_reservations_never_negative(window, acme):
-    res = dict(organization=acme.org, created_at=NOW, expires_at=NOW + timedelta(minutes=1), deadline_at=NOW + timedelta(hours=1))
-    _rejects(lambda: Reservation.objects.create(request_id="r", amount_nano=-5, **res), "reservation_amount_nonnegative")
+    res = dict(
+        organization=acme.org,
+        created_at=NOW,
+        expires_at=NOW + timedelta(minutes=1),
+        deadline_at=NOW + timedelta(hours=1),
+    )
+    _rejects(
+        lambda: Reservation.objects.create(request_id="r", amount_nano=-5, **res), "reservation_amount_nonnegative"
+    )
     ok = Reservation.objects.create(id=uuid.uuid4(), request_id="ok", amount_nano=5, **res)
     _rejects(lambda: Hold.objects.create(reservation=ok, window=window, amount_nano=-5), "hold_amount_nonnegative")

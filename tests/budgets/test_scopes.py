@@ -58,16 +58,12 @@ def subjects(acme, alice, django_user_model):
 
 
 def _subject(acme, values) -> Subject:
-    return Subject(
-        organization_id=acme.org.id, **{s.attname: _value(values[s.column]) for s in NARROWER}
-    )
+    return Subject(organization_id=acme.org.id, **{s.attname: _value(values[s.column]) for s in NARROWER})
 
 
 def _budget(acme, scope, values, amount_nano=10**9, **kw) -> Budget:
     subject = {scope.column: values[scope.column]} if scope.column else {}
-    return Budget.objects.create(
-        organization=acme.org, scope=scope.name, amount_nano=amount_nano, **subject, **kw
-    )
+    return Budget.objects.create(organization=acme.org, scope=scope.name, amount_nano=amount_nano, **subject, **kw)
 
 
 def test_the_table_names_each_scope_once_with_its_own_code():
@@ -147,12 +143,8 @@ def test_the_narrowest_full_ceiling_names_the_refusal(acme, subjects):
 
 def test_a_usage_record_is_charged_to_its_reservations_subject():
     values = {c: (f"{c}-value" if c == "run_id" else i + 1) for i, c in enumerate(CHARGED_COLUMNS)}
-    reservation = Reservation(
-        id=uuid.uuid4(), request_id="req", amount_nano=5, created_at=timezone.now(), **values
-    )
+    reservation = Reservation(id=uuid.uuid4(), request_id="req", amount_nano=5, created_at=timezone.now(), **values)
     record = build_record(reservation=reservation, outcome=Outcome(status="served", cost_nano=3))
     assert {c: getattr(record, c) for c in CHARGED_COLUMNS} == values
-    rows = [
-        f.name for f in Charged._meta.local_fields if f.is_relation and f.name != "organization"
-    ]
+    rows = [f.name for f in Charged._meta.local_fields if f.is_relation and f.name != "organization"]
     assert record.subject == {name: {"id": values[f"{name}_id"]} for name in rows}

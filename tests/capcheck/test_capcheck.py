@@ -68,8 +68,20 @@ def test_json_report_counts_what_the_database_holds(gateway):
 def test_refusals_name_each_stacked_ceiling(gateway):
     # given: key A's cap holds 2 worst cases, the project's (keys A and B) 13, the organization's
     # (A, B and C) 270; 60 requests at once, 20 per key, answered after 1.5 s
-    out, error = capcheck(gateway, "--scenario", "multi", "--concurrency", "60", "--delay-ms", "1500",
-                          "--key-cap-usd", "0.08", "--cap-usd", "10", "--json")
+    out, error = capcheck(
+        gateway,
+        "--scenario",
+        "multi",
+        "--concurrency",
+        "60",
+        "--delay-ms",
+        "1500",
+        "--key-cap-usd",
+        "0.08",
+        "--cap-usd",
+        "10",
+        "--json",
+    )
     assert error is None, out
     run = json.loads(out)["runs"][0]
     # then: key A's third request is refused by its key, B's by the project; C is never refused
@@ -89,8 +101,9 @@ def test_without_the_admission_lock_capcheck_fails(gateway, monkeypatch, locked)
         monkeypatch.setattr(admission, "RACE_DELAY_SECONDS", 0.05)
     n = os.environ.get("CAPCHECK_GUARD_CONCURRENCY", "40")
     # when
-    out, error = capcheck(gateway, "--scenario", "basic", "--concurrency", n, "--actual-usd", "0.036",
-                          "--delay-ms", "500", "--json")
+    out, error = capcheck(
+        gateway, "--scenario", "basic", "--concurrency", n, "--actual-usd", "0.036", "--delay-ms", "500", "--json"
+    )
     run = json.loads(out)["runs"][0]
     org = run["ceilings"][0]
     assert Window.objects.get(id=org["window_id"]).reserved_nano == 0  # it settles either way
@@ -112,8 +125,16 @@ def test_a_run_that_reaches_nothing_is_not_a_proof():
 
     out = StringIO()
     with pytest.raises(CommandError, match="proved nothing"):
-        call_command("capcheck", "--url", f"http://127.0.0.1:{free_port()}", "--scenario", "basic",
-                     "--concurrency", "3", stdout=out)
+        call_command(
+            "capcheck",
+            "--url",
+            f"http://127.0.0.1:{free_port()}",
+            "--scenario",
+            "basic",
+            "--concurrency",
+            "3",
+            stdout=out,
+        )
     assert "inconclusive: no request got a response (ConnectError 3)" in out.getvalue()
 
 

@@ -22,7 +22,18 @@ def test_billing_scenarios_hold_the_four_properties_and_the_books_match(gateway,
 def test_service_tier_scenario_fails_when_the_tier_is_left_out_of_the_worst_case(gateway, monkeypatch):
     # the guard removed: every target reserves at standard rates, half the priority bill
     monkeypatch.setattr(service.Target, "tier", lambda self, requested: None)
-    out, error = capcheck(gateway, "--scenario", "service-tier", "--concurrency", "30", "--cap-usd", "0.2",
-                          "--worst-usd", "0.02", "--actual-usd", "0.018")
+    out, error = capcheck(
+        gateway,
+        "--scenario",
+        "service-tier",
+        "--concurrency",
+        "30",
+        "--cap-usd",
+        "0.2",
+        "--worst-usd",
+        "0.02",
+        "--actual-usd",
+        "0.018",
+    )
     assert error is not None, out
     assert "above its reserved worst case" in out

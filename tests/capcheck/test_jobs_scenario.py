@@ -1,7 +1,7 @@
 """`manage.py capcheck --scenario jobs`: 40 one-line batches submitted at once against a $0.30
-cap worth 8 of their worst cases (and 25 of their bills) — each admitted at submission or refused with 402, every admitted one held by
-its job and settled by the poll from echo's usage; the four properties hold. Without the
-admission at submission they do not."""
+cap worth 8 of their worst cases (and 25 of their bills) — each admitted at submission or refused
+with 402, every admitted one held by its job and settled by the poll from echo's usage; the four
+properties hold. Without the admission at submission they do not."""
 
 from __future__ import annotations
 

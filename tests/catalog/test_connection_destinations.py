@@ -18,16 +18,19 @@ def public_only(settings):
     settings.CAPGATE = {**settings.CAPGATE, "UPSTREAM_ALLOWED_NETWORKS": []}
 
 
-@pytest.mark.parametrize("url, message", [
-    ("http://127.0.0.1:9611/internal/admin?q=", "query"),
-    ("https://api.example.com/v1#frag", "fragment"),
-    ("https://user:pw@api.example.com/v1", "user or password"),
-    ("http://127.0.0.1:9611/", "loopback"),
-    ("http://localhost:8080/", "loopback"),
-    ("http://169.254.169.254/latest/", "link-local"),
-    ("http://[::1]:80/", "loopback"),
-    ("http://10.0.0.7/", "private"),
-])
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("http://127.0.0.1:9611/internal/admin?q=", "query"),
+        ("https://api.example.com/v1#frag", "fragment"),
+        ("https://user:pw@api.example.com/v1", "user or password"),
+        ("http://127.0.0.1:9611/", "loopback"),
+        ("http://localhost:8080/", "loopback"),
+        ("http://169.254.169.254/latest/", "link-local"),
+        ("http://[::1]:80/", "loopback"),
+        ("http://10.0.0.7/", "private"),
+    ],
+)
 def test_bad_base_urls_are_refused_and_nothing_is_saved(acme, public_only, url, message):
     with pytest.raises(InvalidChange, match=message) as info:
         services.create_connection(organization=acme.org, actor=ACTOR, name="x", kind="openai", base_url=url)
@@ -37,10 +40,12 @@ def test_bad_base_urls_are_refused_and_nothing_is_saved(acme, public_only, url, 
 
 def test_public_hosts_and_operator_networks_are_accepted(acme, settings):
     settings.CAPGATE = {**settings.CAPGATE, "UPSTREAM_ALLOWED_NETWORKS": ["10.0.0.0/8"]}
-    services.create_connection(organization=acme.org, actor=ACTOR, name="a", kind="openai",
-                               base_url="https://api.openai.com/v1")
-    services.create_connection(organization=acme.org, actor=ACTOR, name="b", kind="openai",
-                               base_url="http://10.0.0.7:8000/v1")
+    services.create_connection(
+        organization=acme.org, actor=ACTOR, name="a", kind="openai", base_url="https://api.openai.com/v1"
+    )
+    services.create_connection(
+        organization=acme.org, actor=ACTOR, name="b", kind="openai", base_url="http://10.0.0.7:8000/v1"
+    )
     assert Connection.objects.count() == 2
 
 

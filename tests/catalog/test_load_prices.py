@@ -25,10 +25,28 @@ def small_catalog() -> dict:
         "source": "test",
         "providers": [{"slug": "acme", "name": "Acme AI"}],
         "models": [
-            {"provider": "acme", "name": "big", "input": "3", "output": "15", "cache_read": "0.30",
-             "cache_write": "3.75", "max_output_tokens": 64000, "context_window": 200000, "max_image_tokens": 3279},
-            {"provider": "acme", "name": "small", "input": "0.10", "output": "0.40", "cache_read": None,
-             "cache_write": None, "max_output_tokens": 8192, "context_window": 32000, "max_image_tokens": None},
+            {
+                "provider": "acme",
+                "name": "big",
+                "input": "3",
+                "output": "15",
+                "cache_read": "0.30",
+                "cache_write": "3.75",
+                "max_output_tokens": 64000,
+                "context_window": 200000,
+                "max_image_tokens": 3279,
+            },
+            {
+                "provider": "acme",
+                "name": "small",
+                "input": "0.10",
+                "output": "0.40",
+                "cache_read": None,
+                "cache_write": None,
+                "max_output_tokens": 8192,
+                "context_window": 32000,
+                "max_image_tokens": None,
+            },
         ],
     }
 
@@ -36,9 +54,18 @@ def small_catalog() -> dict:
 def snapshot() -> list[tuple]:
     return list(
         Model.objects.order_by("provider__slug", "name").values_list(
-            "provider__slug", "name", "input_usd_per_mtok", "output_usd_per_mtok", "cache_read_usd_per_mtok",
-            "cache_write_usd_per_mtok", "per_request_usd", "max_output_tokens", "context_window",
-            "max_image_tokens", "tokenizer", "prices_as_of",
+            "provider__slug",
+            "name",
+            "input_usd_per_mtok",
+            "output_usd_per_mtok",
+            "cache_read_usd_per_mtok",
+            "cache_write_usd_per_mtok",
+            "per_request_usd",
+            "max_output_tokens",
+            "context_window",
+            "max_image_tokens",
+            "tokenizer",
+            "prices_as_of",
         )
     )
 
@@ -83,9 +110,15 @@ def test_shipped_catalog_has_the_echo_test_model_priced_like_a_premium_model(shi
 
 def test_shipped_catalog_covers_both_real_providers(shipped):
     names = {(m["provider"], m["name"]) for m in shipped["models"]}
-    for expected in [("openai", "gpt-4o"), ("openai", "gpt-4.1"), ("openai", "gpt-5"),
-                     ("openai", "text-embedding-3-small"), ("anthropic", "claude-sonnet-4-5"),
-                     ("anthropic", "claude-haiku-4-5"), ("anthropic", "claude-opus-4-5")]:
+    for expected in [
+        ("openai", "gpt-4o"),
+        ("openai", "gpt-4.1"),
+        ("openai", "gpt-5"),
+        ("openai", "text-embedding-3-small"),
+        ("anthropic", "claude-sonnet-4-5"),
+        ("anthropic", "claude-haiku-4-5"),
+        ("anthropic", "claude-opus-4-5"),
+    ]:
         assert expected in names
     assert shipped["source"], "the catalog says where its prices come from"
 
@@ -116,7 +149,8 @@ def test_operator_edits_survive_a_reload_without_overwrite():
     assert [c.label for c in result.created] == ["acme/new"]
     assert [c.label for c in result.kept] == ["acme/big"]
     assert result.kept[0].changes == {
-        "input": (Decimal("2.5"), Decimal("3")), "max_output_tokens": (1000, 64000),
+        "input": (Decimal("2.5"), Decimal("3")),
+        "max_output_tokens": (1000, 64000),
     }
     assert [c.label for c in result.unchanged] == ["acme/small"]
     assert not result.updated
@@ -179,8 +213,12 @@ def _with(mutate) -> dict:
         (lambda d: d["models"][0].update(inptu="3"), "acme/big", "inptu", "unknown key"),
         (lambda d: d["models"][0].pop("name"), "models[0]", "name", "required"),
         (lambda d: d["models"][0].update(provider="nope"), "nope/big", "provider", "providers"),
-        (lambda d: d["models"][0].update(max_output_tokens=-5), "acme/big", "max_output_tokens",
-         "greater than or equal to 1"),
+        (
+            lambda d: d["models"][0].update(max_output_tokens=-5),
+            "acme/big",
+            "max_output_tokens",
+            "greater than or equal to 1",
+        ),
         # A wrong encoding would under-count prompts: only the ones the gateway ships, or null.
         (lambda d: d["models"][0].update(tokenizer="gpt2"), "acme/big", "tokenizer", "o200k_base"),
         (lambda d: d["models"][0].update(tokenizer=""), "acme/big", "tokenizer", "or null"),
@@ -261,7 +299,10 @@ def test_command_rejects_a_bad_file_and_changes_nothing(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(bad))
 
-    with pytest.raises(CommandError, match=r"(?s)acme/big field 'input': Ensure this value is greater than or equal to 0\..*Nothing was changed"):
+    with pytest.raises(
+        CommandError,
+        match=r"(?s)acme/big field 'input': Ensure this value is greater than or equal to 0\..*Nothing was changed",
+    ):
         run("--file", str(path), "--overwrite")
     assert snapshot() == before
 
@@ -284,7 +325,10 @@ def test_command_exits_non_zero_on_bad_input(tmp_path):
     # Validation fails before the database is touched, so the real settings' DB is never written.
     proc = subprocess.run(
         [sys.executable, "manage.py", "load_prices", "--file", str(path)],
-        cwd=settings.BASE_DIR, capture_output=True, text=True, timeout=120,
+        cwd=settings.BASE_DIR,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode != 0
     assert "models[0] field 'name': is required" in proc.stderr

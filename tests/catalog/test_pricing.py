@@ -18,8 +18,13 @@ pytestmark = pytest.mark.django_db
 def opus(db):
     provider = Provider.objects.create(slug="anthropic", name="Anthropic")
     return Model.objects.create(
-        provider=provider, name="opus", input_usd_per_mtok=Decimal("15"), output_usd_per_mtok=Decimal("75"),
-        cache_read_usd_per_mtok=Decimal("1.5"), cache_write_usd_per_mtok=Decimal("18.75"), max_output_tokens=32000,
+        provider=provider,
+        name="opus",
+        input_usd_per_mtok=Decimal("15"),
+        output_usd_per_mtok=Decimal("75"),
+        cache_read_usd_per_mtok=Decimal("1.5"),
+        cache_write_usd_per_mtok=Decimal("18.75"),
+        max_output_tokens=32000,
     )
 
 
@@ -27,8 +32,9 @@ def test_worst_case_uses_the_most_expensive_input_rate_and_rounds_up(opus):
     rates = rates_for(model=opus)
     # 1 input token at the cache-write rate ($18.75/M = 18,750 nano) + 1 output ($75/M = 75,000)
     assert worst_case_nano(bound=TokenBound(input_tokens=1, output_tokens=1), rates=rates) == 93_750
-    cheap = Model.objects.create(provider=opus.provider, name="tiny", input_usd_per_mtok=Decimal("0.0000001"),
-                                 output_usd_per_mtok=Decimal("0"))
+    cheap = Model.objects.create(
+        provider=opus.provider, name="tiny", input_usd_per_mtok=Decimal("0.0000001"), output_usd_per_mtok=Decimal("0")
+    )
     # 1e-7 USD/M -> 1e-4 nano: a bound rounds up to 1, a cost rounds half-up to 0
     assert worst_case_nano(bound=TokenBound(input_tokens=1, output_tokens=0), rates=rates_for(model=cheap)) == 1
     assert cost_nano(usage=Usage(input_tokens=1), rates=rates_for(model=cheap)) == 0

@@ -26,7 +26,7 @@ def floats_of_money(code: str) -> bool:
         while end < len(code) and depth:
             depth += {"(": 1, ")": -1}.get(code[end], 0)
             end += 1
-        if MONEY.search(code[match.end():end]):
+        if MONEY.search(code[match.end() : end]):
             return True
     return False
 
@@ -47,8 +47,7 @@ def offences(path: str, text: str) -> list[str]:
 
 
 def sources() -> list[Path]:
-    return sorted(p for p in BASE_DIR.rglob("*.py")
-                  if not SKIP_DIRS & set(p.relative_to(BASE_DIR).parts))
+    return sorted(p for p in BASE_DIR.rglob("*.py") if not SKIP_DIRS & set(p.relative_to(BASE_DIR).parts))
 
 
 def test_no_float_or_hand_written_conversion_of_money_in_the_source():
@@ -62,21 +61,26 @@ def test_no_float_or_hand_written_conversion_of_money_in_the_source():
 def test_the_scan_catches_each_kind():
     # the scanner must fail on what it exists to catch, or its passing means nothing
     bad = {
-        'usd = cost_nano / 1e9': "float scale",
+        "usd = cost_nano / 1e9": "float scale",
         'f"${spent / 1e9:.4f}"': "float scale",
-        'amount_nano = int(float(text) * 1e9)': "float scale",
-        'held = float(reserved_nano)': "float of money",
-        'x = float(nano_to_usd(n))': "float of money",
-        'usd = Decimal(n) / Decimal(10**9)': "by hand",
-        'nano = int(amount * 1_000_000_000)': "by hand",
-        'nano = int(amount * 10 ** 9)': "by hand",
+        "amount_nano = int(float(text) * 1e9)": "float scale",
+        "held = float(reserved_nano)": "float of money",
+        "x = float(nano_to_usd(n))": "float of money",
+        "usd = Decimal(n) / Decimal(10**9)": "by hand",
+        "nano = int(amount * 1_000_000_000)": "by hand",
+        "nano = int(amount * 10 ** 9)": "by hand",
     }
     for line, kind in bad.items():
         found = offences("usage/example.py", line)
         assert len(found) >= 1 and kind in " ".join(found), line
-    fine = ['latency = float(seconds)', 'cap_nano: int = 1_000_000_000  # $1', 'width = 1e3 * 2',
-            'x = nano // NANO_PER_USD', 'lat.append(int(parts[2]) / 1e6)',
-            'common = (args.worst_nano, float(args.duration))']
+    fine = [
+        "latency = float(seconds)",
+        "cap_nano: int = 1_000_000_000  # $1",
+        "width = 1e3 * 2",
+        "x = nano // NANO_PER_USD",
+        "lat.append(int(parts[2]) / 1e6)",
+        "common = (args.worst_nano, float(args.duration))",
+    ]
     for line in fine:
         assert offences("usage/example.py", line) == [], line
     # core/money.py itself may scale by hand; the allowed Prometheus line is allowed

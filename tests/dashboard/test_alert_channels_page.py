@@ -29,15 +29,17 @@ def alert_state() -> list:
 
 
 def hook(o: Org, **kw) -> AlertChannel:
-    channel, _ = channels.create_channel(organization=o.tenant.org, actor=Actor(label="test"),
-                                         **{"name": "ops", "kind": "webhook", "url": HOOK, **kw})
+    channel, _ = channels.create_channel(
+        organization=o.tenant.org, actor=Actor(label="test"), **{"name": "ops", "kind": "webhook", "url": HOOK, **kw}
+    )
     return channel
 
 
 def urls(o: Org, channel: AlertChannel) -> list[tuple[str, str]]:
     s = o.slug
     return [
-        ("get", reverse("dashboard:alert_channels", args=[s])), ("post", reverse("dashboard:alert_channels", args=[s])),
+        ("get", reverse("dashboard:alert_channels", args=[s])),
+        ("post", reverse("dashboard:alert_channels", args=[s])),
         ("get", reverse("dashboard:alert_channel_new", args=[s])),
         ("post", reverse("dashboard:alert_channel_new", args=[s])),
         ("get", reverse("dashboard:alert_channel_edit", args=[s, channel.id])),
@@ -46,8 +48,14 @@ def urls(o: Org, channel: AlertChannel) -> list[tuple[str, str]]:
     ]
 
 
-PAYLOAD = {"name": "x", "kind": "email", "emails": "x@example.com", "alert_run_budgets": "on", "enabled": "on",
-           "rotate_secret": "on"}
+PAYLOAD = {
+    "name": "x",
+    "kind": "email",
+    "emails": "x@example.com",
+    "alert_run_budgets": "on",
+    "enabled": "on",
+    "rotate_secret": "on",
+}
 
 
 @pytest.mark.django_db
@@ -66,7 +74,8 @@ def test_outsider_gets_404_and_changes_nothing(org_a: Org, org_b: Org):
             assert getattr(c, method)(url, PAYLOAD).status_code == 404, (method, url)
     assert alert_state() == before
     assert HOOK not in c.get(reverse("dashboard:alert_channels", args=[org_b.slug])).content.decode().replace(
-        theirs.url, "")
+        theirs.url, ""
+    )
 
 
 @pytest.mark.django_db
@@ -87,9 +96,17 @@ def test_viewer_reads_without_the_webhook_url_and_cannot_write(org_a: Org, role_
 @pytest.mark.django_db
 def test_owner_creates_a_webhook_and_sees_its_secret_once(org_a: Org):
     c = browser(org_a.owner)
-    r = c.post(reverse("dashboard:alert_channel_new", args=[org_a.slug]),
-               {"name": "slack", "kind": "webhook", "url": HOOK, "payload_format": "slack", "enabled": "on",
-                "emails": "stale@example.com"})
+    r = c.post(
+        reverse("dashboard:alert_channel_new", args=[org_a.slug]),
+        {
+            "name": "slack",
+            "kind": "webhook",
+            "url": HOOK,
+            "payload_format": "slack",
+            "enabled": "on",
+            "emails": "stale@example.com",
+        },
+    )
     assert r.status_code == 200
     channel = AlertChannel.objects.get(name="slack")
     assert (channel.kind, channel.url, channel.payload_format, channel.emails) == ("webhook", HOOK, "slack", [])
@@ -114,28 +131,41 @@ def test_owner_creates_a_webhook_and_sees_its_secret_once(org_a: Org):
 @pytest.mark.django_db
 def test_owner_creates_an_email_channel(org_a: Org):
     c = browser(org_a.owner)
-    r = c.post(reverse("dashboard:alert_channel_new", args=[org_a.slug]),
-               {"name": "oncall", "kind": "email", "emails": "a@example.com, b@example.com", "url": HOOK,
-                "payload_format": "capgate", "enabled": "on"})
+    r = c.post(
+        reverse("dashboard:alert_channel_new", args=[org_a.slug]),
+        {
+            "name": "oncall",
+            "kind": "email",
+            "emails": "a@example.com, b@example.com",
+            "url": HOOK,
+            "payload_format": "capgate",
+            "enabled": "on",
+        },
+    )
     assert r.status_code == 302
     channel = AlertChannel.objects.get(name="oncall")
     assert (channel.emails, channel.url, channel.secret) == (["a@example.com", "b@example.com"], "", "")
 
 
-@pytest.mark.parametrize("data,field", [
-    ({"kind": "email", "emails": "not-an-address"}, "emails"),
-    ({"kind": "email", "emails": ""}, "emails"),
-    ({"kind": "webhook", "url": "http://169.254.169.254/latest"}, "url"),  # not a public address
-    ({"kind": "webhook", "url": "ftp://example.com/"}, "url"),
-    ({"kind": "webhook", "url": HOOK, "name": "ops"}, "name"),  # taken
-])
+@pytest.mark.parametrize(
+    "data,field",
+    [
+        ({"kind": "email", "emails": "not-an-address"}, "emails"),
+        ({"kind": "email", "emails": ""}, "emails"),
+        ({"kind": "webhook", "url": "http://169.254.169.254/latest"}, "url"),  # not a public address
+        ({"kind": "webhook", "url": "ftp://example.com/"}, "url"),
+        ({"kind": "webhook", "url": HOOK, "name": "ops"}, "name"),  # taken
+    ],
+)
 @pytest.mark.django_db
 def test_bad_channels_are_form_errors_and_change_nothing(org_a: Org, data, field):
     hook(org_a)
     c = browser(org_a.owner)
     before = alert_state()
-    r = c.post(reverse("dashboard:alert_channel_new", args=[org_a.slug]),
-               {"name": "new", "payload_format": "capgate", "enabled": "on", **data})
+    r = c.post(
+        reverse("dashboard:alert_channel_new", args=[org_a.slug]),
+        {"name": "new", "payload_format": "capgate", "enabled": "on", **data},
+    )
     assert r.status_code == 200 and field in r.context["form"].errors, r.context["form"].errors
     assert 'class="error-summary"' in r.content.decode()
     assert alert_state() == before
@@ -153,9 +183,17 @@ def test_run_budget_alerts_setting_and_delivery_log(org_a: Org):
     channel = hook(org_a)
     org_a.tenant.admit(worst_nano=1)  # creates the budget's window
     window = window_of(org_a.budget)
-    event = AlertEvent.objects.create(organization=org_a.tenant.org, budget=org_a.budget, window=window,
-                                      kind="threshold", threshold=80)
-    AlertDelivery.objects.create(event=event, channel=channel, organization=org_a.tenant.org, status="failed",
-                                 attempts=5, response_status=500, last_error="HTTP 500 from receiver")
+    event = AlertEvent.objects.create(
+        organization=org_a.tenant.org, budget=org_a.budget, window=window, kind="threshold", threshold=80
+    )
+    AlertDelivery.objects.create(
+        event=event,
+        channel=channel,
+        organization=org_a.tenant.org,
+        status="failed",
+        attempts=5,
+        response_status=500,
+        last_error="HTTP 500 from receiver",
+    )
     html = c.get(url).content.decode()
     assert "HTTP 500 from receiver" in html and "80%" in html

@@ -27,11 +27,13 @@ def catalog_state() -> list:
 def urls(o: Org) -> list[tuple[str, str]]:
     s = o.slug
     return [
-        ("get", reverse("dashboard:route_new", args=[s])), ("post", reverse("dashboard:route_new", args=[s])),
+        ("get", reverse("dashboard:route_new", args=[s])),
+        ("post", reverse("dashboard:route_new", args=[s])),
         ("get", reverse("dashboard:route_edit", args=[s, o.route.id])),
         ("post", reverse("dashboard:route_edit", args=[s, o.route.id])),
         ("post", reverse("dashboard:route_delete", args=[s, o.route.id])),
-        ("get", reverse("dashboard:price_new", args=[s])), ("post", reverse("dashboard:price_new", args=[s])),
+        ("get", reverse("dashboard:price_new", args=[s])),
+        ("post", reverse("dashboard:price_new", args=[s])),
         ("get", reverse("dashboard:price_edit", args=[s, echo_model().id])),
         ("post", reverse("dashboard:price_edit", args=[s, echo_model().id])),
     ]
@@ -42,8 +44,13 @@ def echo_model() -> Model:
 
 
 def route_post(o: Org, **extra) -> dict:
-    return {"name": "smart", "default_max_output_tokens": "900", "connection_0": o.connection.id,
-            "model_0": echo_model().id, **extra}
+    return {
+        "name": "smart",
+        "default_max_output_tokens": "900",
+        "connection_0": o.connection.id,
+        "model_0": echo_model().id,
+        **extra,
+    }
 
 
 def price_post(**extra) -> dict:
@@ -67,8 +74,9 @@ def test_another_orgs_route_is_404_under_your_own_org(org_a: Org, org_b: Org):
     c = browser(org_a.owner)
     before = catalog_state()
     assert c.get(reverse("dashboard:route_edit", args=[org_a.slug, org_b.route.id])).status_code == 404
-    assert c.post(reverse("dashboard:route_edit", args=[org_a.slug, org_b.route.id]),
-                  route_post(org_a)).status_code == 404
+    assert (
+        c.post(reverse("dashboard:route_edit", args=[org_a.slug, org_b.route.id]), route_post(org_a)).status_code == 404
+    )
     assert c.post(reverse("dashboard:route_delete", args=[org_a.slug, org_b.route.id])).status_code == 404
     # and another organization's connection is not a choice
     r = c.post(reverse("dashboard:route_new", args=[org_a.slug]), route_post(org_a, connection_0=org_b.connection.id))
@@ -95,17 +103,25 @@ def test_owner_creates_and_edits_a_route_with_ordered_targets(org_a: Org):
     c = browser(org_a.owner)
     second = Connection.objects.create(organization=org_a.tenant.org, name="backup", kind="echo")
     # when: a new route with two targets, the backup first
-    r = c.post(reverse("dashboard:route_new", args=[org_a.slug]),
-               route_post(org_a, connection_0=second.id, connection_1=org_a.connection.id, model_1=echo_model().id))
+    r = c.post(
+        reverse("dashboard:route_new", args=[org_a.slug]),
+        route_post(org_a, connection_0=second.id, connection_1=org_a.connection.id, model_1=echo_model().id),
+    )
     # then
     assert r.status_code == 302
     route = Route.objects.get(organization=org_a.tenant.org, name="smart")
     assert route.default_max_output_tokens == 900
     assert list(route.targets.order_by("position").values_list("connection__name", flat=True)) == ["backup", "echo"]
     # when: edited to one target and no ceiling (the name stays: the form ignores a new one)
-    r = c.post(reverse("dashboard:route_edit", args=[org_a.slug, route.id]),
-               {"name": "renamed", "default_max_output_tokens": "", "connection_0": org_a.connection.id,
-                "model_0": echo_model().id})
+    r = c.post(
+        reverse("dashboard:route_edit", args=[org_a.slug, route.id]),
+        {
+            "name": "renamed",
+            "default_max_output_tokens": "",
+            "connection_0": org_a.connection.id,
+            "model_0": echo_model().id,
+        },
+    )
     assert r.status_code == 302
     route.refresh_from_db()
     assert (route.name, route.default_max_output_tokens) == ("smart", None)
@@ -118,12 +134,19 @@ def test_owner_creates_and_edits_a_route_with_ordered_targets(org_a: Org):
     assert not Route.objects.filter(pk=route.pk).exists()
 
 
-@pytest.mark.parametrize("data,field,message", [
-    ({"connection_0": "", "model_0": ""}, None, "at least one target"),
-    ({"model_0": ""}, "model_0", "both a connection and a model"),
-    ({"default_max_output_tokens": "0"}, "default_max_output_tokens", "A whole number of tokens from 1 to 1,000,000"),
-    ({"name": "echo-1"}, "name", "exists"),
-])
+@pytest.mark.parametrize(
+    "data,field,message",
+    [
+        ({"connection_0": "", "model_0": ""}, None, "at least one target"),
+        ({"model_0": ""}, "model_0", "both a connection and a model"),
+        (
+            {"default_max_output_tokens": "0"},
+            "default_max_output_tokens",
+            "A whole number of tokens from 1 to 1,000,000",
+        ),
+        ({"name": "echo-1"}, "name", "exists"),
+    ],
+)
 @pytest.mark.django_db
 def test_route_form_errors_change_nothing(org_a: Org, data, field, message):
     c = browser(org_a.owner)
@@ -145,8 +168,9 @@ def test_staff_edits_list_prices_including_paid_features(org_a: Org):
     url = reverse("dashboard:price_edit", args=[org_a.slug, model.id])
     assert url in c.get(reverse("dashboard:connections", args=[org_a.slug])).content.decode()
     assert "web_search_usd_per_use" in c.get(url).content.decode()
-    r = c.post(url, price_post(priority_multiplier="1.75", web_search_usd_per_use="0.01",
-                               server_tool_result_tokens="4000"))
+    r = c.post(
+        url, price_post(priority_multiplier="1.75", web_search_usd_per_use="0.01", server_tool_result_tokens="4000")
+    )
     assert r.status_code == 302
     model.refresh_from_db()
     assert (model.input_usd_per_mtok, model.output_usd_per_mtok) == (Decimal(3), Decimal(15))
@@ -157,12 +181,15 @@ def test_staff_edits_list_prices_including_paid_features(org_a: Org):
     assert r.status_code == 302 and Model.objects.get(name="echo-2").output_usd_per_mtok == 15
 
 
-@pytest.mark.parametrize("data,field", [
-    ({"input_usd_per_mtok": "-1"}, "input_usd_per_mtok"),
-    ({"input_usd_per_mtok": "0.0000001"}, "input_usd_per_mtok"),
-    ({"priority_multiplier": "100000"}, "priority_multiplier"),  # wider than the column
-    ({"max_output_tokens": "x"}, "max_output_tokens"),
-])
+@pytest.mark.parametrize(
+    "data,field",
+    [
+        ({"input_usd_per_mtok": "-1"}, "input_usd_per_mtok"),
+        ({"input_usd_per_mtok": "0.0000001"}, "input_usd_per_mtok"),
+        ({"priority_multiplier": "100000"}, "priority_multiplier"),  # wider than the column
+        ({"max_output_tokens": "x"}, "max_output_tokens"),
+    ],
+)
 @pytest.mark.django_db
 def test_price_form_errors_change_nothing(org_a: Org, data, field):
     org_a.owner.is_staff = True

@@ -43,13 +43,30 @@ def history(org_a: Org) -> Org:
     batch = org_a.tenant.add_key("batch")
     vip = EndCustomer.objects.create(project=org_a.tenant.project, external_id="vip")
     UsageRecord.objects.create(
-        request_id="acme-old", organization=org_a.tenant.org, project=org_a.tenant.project, api_key=batch,
-        end_customer=vip, model="big-1", status="served", input_tokens=1000, output_tokens=500,
-        cost_nano=4 * 10**9, admitted_at=now - timedelta(days=20), applied=True)
+        request_id="acme-old",
+        organization=org_a.tenant.org,
+        project=org_a.tenant.project,
+        api_key=batch,
+        end_customer=vip,
+        model="big-1",
+        status="served",
+        input_tokens=1000,
+        output_tokens=500,
+        cost_nano=4 * 10**9,
+        admitted_at=now - timedelta(days=20),
+        applied=True,
+    )
     Refusal.objects.create(
-        request_id="acme-refused", organization=org_a.tenant.org, project=org_a.tenant.project,
-        api_key=org_a.tenant.key, model="echo-1", status="refused", code="organization_budget", http_status=402,
-        created_at=now)
+        request_id="acme-refused",
+        organization=org_a.tenant.org,
+        project=org_a.tenant.project,
+        api_key=org_a.tenant.key,
+        model="echo-1",
+        status="refused",
+        code="organization_budget",
+        http_status=402,
+        created_at=now,
+    )
     return org_a
 
 
@@ -89,13 +106,17 @@ def test_the_range_filters_every_chart(history: Org, params, spend, requests):
 
 @pytest.mark.parametrize(
     ("by", "names"),
-    [("project", {"main"}), ("key", {"default", "batch"}), ("model", {"echo-1", "big-1"}),
-     ("customer", {"cust-1", "vip", "(none)"})],
+    [
+        ("project", {"main"}),
+        ("key", {"default", "batch"}),
+        ("model", {"echo-1", "big-1"}),
+        ("customer", {"cust-1", "vip", "(none)"}),
+    ],
 )
 @pytest.mark.django_db
 def test_the_grouping_names_the_stacks(history: Org, by, names):
     html = browser(history.owner).get(url(history), {"range": "month", "by": by}).content.decode()
-    legend = set(re.findall(r'</i>([^<]+)</span>', chart(html, "spend")))
+    legend = set(re.findall(r"</i>([^<]+)</span>", chart(html, "spend")))
     assert legend == names
     assert all(t.split(" ")[1].rstrip(":") in names for t in titles(html, "spend"))
 
@@ -141,11 +162,26 @@ def test_queries_do_not_grow_with_groups_or_records(history: Org):
     for i in range(30):
         key = history.tenant.add_key(f"k{i}")
         customer = EndCustomer.objects.create(project=history.tenant.project, external_id=f"c{i}")
-        UsageRecord.objects.create(request_id=f"more-{i}", organization=history.tenant.org,
-                                   project=history.tenant.project, api_key=key, end_customer=customer, model="m",
-                                   status="served", cost_nano=i, admitted_at=now - timedelta(days=i % 25),
-                                   applied=True)
-        Refusal.objects.create(request_id=f"ref-{i}", organization=history.tenant.org, api_key=key, status="refused",
-                               code="key_budget", http_status=402, created_at=now - timedelta(hours=i))
+        UsageRecord.objects.create(
+            request_id=f"more-{i}",
+            organization=history.tenant.org,
+            project=history.tenant.project,
+            api_key=key,
+            end_customer=customer,
+            model="m",
+            status="served",
+            cost_nano=i,
+            admitted_at=now - timedelta(days=i % 25),
+            applied=True,
+        )
+        Refusal.objects.create(
+            request_id=f"ref-{i}",
+            organization=history.tenant.org,
+            api_key=key,
+            status="refused",
+            code="key_budget",
+            http_status=402,
+            created_at=now - timedelta(hours=i),
+        )
     # then: the same number of queries (two grouped reads, whatever the groups)
     assert queries() == few

@@ -41,19 +41,37 @@ def pages(o: Org) -> list[tuple[str, str]]:
     s = o.slug
     u = lambda name, *a: reverse(f"dashboard:{name}", args=[s, *a])  # noqa: E731
     return [
-        ("get", u("overview")), ("get", u("budgets")), ("get", u("budget_new")), ("post", u("budget_new")),
-        ("get", u("budget_edit", o.budget.id)), ("post", u("budget_edit", o.budget.id)),
+        ("get", u("overview")),
+        ("get", u("budgets")),
+        ("get", u("budget_new")),
+        ("post", u("budget_new")),
+        ("get", u("budget_edit", o.budget.id)),
+        ("post", u("budget_edit", o.budget.id)),
         ("post", u("budget_delete", o.budget.id)),
-        ("get", u("keys")), ("post", u("keys")), ("post", u("key_revoke", o.tenant.key.id)),
-        ("get", u("projects")), ("post", u("projects")), ("get", u("project_edit", o.tenant.project.id)),
-        ("post", u("project_edit", o.tenant.project.id)), ("post", u("customer_delete", o.customer.id)),
-        ("get", u("members")), ("post", u("members")), ("post", u("member_role", o.member_row.id)),
+        ("get", u("keys")),
+        ("post", u("keys")),
+        ("post", u("key_revoke", o.tenant.key.id)),
+        ("get", u("projects")),
+        ("post", u("projects")),
+        ("get", u("project_edit", o.tenant.project.id)),
+        ("post", u("project_edit", o.tenant.project.id)),
+        ("post", u("customer_delete", o.customer.id)),
+        ("get", u("members")),
+        ("post", u("members")),
+        ("post", u("member_role", o.member_row.id)),
         ("post", u("member_remove", o.member_row.id)),
-        ("get", u("connections")), ("post", u("connections")), ("get", u("connection_new")),
-        ("get", u("connection_edit", o.connection.id)), ("post", u("connection_edit", o.connection.id)),
+        ("get", u("connections")),
+        ("post", u("connections")),
+        ("get", u("connection_new")),
+        ("get", u("connection_edit", o.connection.id)),
+        ("post", u("connection_edit", o.connection.id)),
         ("post", u("connection_delete", o.connection.id)),
-        ("get", u("tokens")), ("post", u("tokens")),
-        ("get", u("usage")), ("get", u("usage_csv")), ("get", u("alerts")), ("get", u("audit")),
+        ("get", u("tokens")),
+        ("post", u("tokens")),
+        ("get", u("usage")),
+        ("get", u("usage_csv")),
+        ("get", u("alerts")),
+        ("get", u("audit")),
         ("get", u("charts")),
     ]
 
@@ -76,9 +94,14 @@ def test_objects_of_another_org_are_404_under_your_own_org(org_a: Org, org_b: Or
     before = state()
     for method, url in pages(org_a):
         foreign = url
-        for mine, theirs in [(org_a.budget.id, org_b.budget.id), (org_a.tenant.key.id, org_b.tenant.key.id),
-                             (org_a.tenant.project.id, org_b.tenant.project.id), (org_a.customer.id, org_b.customer.id),
-                             (org_a.member_row.id, org_b.member_row.id), (org_a.connection.id, org_b.connection.id)]:
+        for mine, theirs in [
+            (org_a.budget.id, org_b.budget.id),
+            (org_a.tenant.key.id, org_b.tenant.key.id),
+            (org_a.tenant.project.id, org_b.tenant.project.id),
+            (org_a.customer.id, org_b.customer.id),
+            (org_a.member_row.id, org_b.member_row.id),
+            (org_a.connection.id, org_b.connection.id),
+        ]:
             foreign = foreign.replace(f"/{mine}/", f"/{theirs}/")
         if foreign != url:
             assert getattr(c, method)(foreign, {"role": "viewer"}).status_code == 404, foreign
@@ -96,8 +119,16 @@ def test_viewer_reads_everything_and_changes_nothing(org_a: Org, role_users):
     c = browser(role_users["viewer"][0])
     before = state()
     for method, url in pages(org_a):
-        r = getattr(c, method)(url, {"name": "x", "amount_usd": "1", "scope": "organization", "role": "viewer",
-                                     "project": org_a.tenant.project.id})
+        r = getattr(c, method)(
+            url,
+            {
+                "name": "x",
+                "amount_usd": "1",
+                "scope": "organization",
+                "role": "viewer",
+                "project": org_a.tenant.project.id,
+            },
+        )
         if method == "get" and not MANAGER_FORM.search(url):
             assert r.status_code == 200, url
         else:  # writes, and the create/edit forms (owners and admins only)
@@ -115,16 +146,30 @@ def test_member_creates_and_revokes_own_keys_only(org_a: Org, role_users):
     assert key.member == member
     assert c.post(reverse("dashboard:key_revoke", args=[org_a.slug, org_a.tenant.key.id])).status_code == 403
     assert c.post(reverse("dashboard:key_revoke", args=[org_a.slug, key.id])).status_code == 302
-    assert c.post(reverse("dashboard:budget_new", args=[org_a.slug]),
-                  {"scope": "organization", "amount_usd": "1"}).status_code == 403
+    assert (
+        c.post(
+            reverse("dashboard:budget_new", args=[org_a.slug]), {"scope": "organization", "amount_usd": "1"}
+        ).status_code
+        == 403
+    )
 
 
 @pytest.mark.django_db
 def test_create_blocking_budget_then_see_it_on_overview(org_a: Org):
     c = browser(org_a.owner)
-    r = c.post(reverse("dashboard:budget_new", args=[org_a.slug]), {
-        "name": "Hard cap", "scope": "project", "project": org_a.tenant.project.id, "period": "day",
-        "timezone": "Europe/Paris", "mode": "block", "amount_usd": "12.34", "thresholds": "50, 90"})
+    r = c.post(
+        reverse("dashboard:budget_new", args=[org_a.slug]),
+        {
+            "name": "Hard cap",
+            "scope": "project",
+            "project": org_a.tenant.project.id,
+            "period": "day",
+            "timezone": "Europe/Paris",
+            "mode": "block",
+            "amount_usd": "12.34",
+            "thresholds": "50, 90",
+        },
+    )
     assert r.status_code == 302, r.content.decode()[:2000]
     budget = Budget.objects.get(name="Hard cap")
     assert (budget.amount_nano, budget.thresholds, budget.timezone) == (12_340_000_000, [50, 90], "Europe/Paris")
@@ -150,8 +195,10 @@ def test_create_blocking_budget_then_see_it_on_overview(org_a: Org):
 def test_budget_form_shows_errors_and_changes_nothing(org_a: Org, data, field, message):
     c = browser(org_a.owner)
     before = Budget.objects.count()
-    r = c.post(reverse("dashboard:budget_new", args=[org_a.slug]),
-               {"period": "month", "mode": "block", "timezone": "UTC", **data})
+    r = c.post(
+        reverse("dashboard:budget_new", args=[org_a.slug]),
+        {"period": "month", "mode": "block", "timezone": "UTC", **data},
+    )
     assert r.status_code == 200
     assert message in r.context["form"].errors[field][0]
     assert message.replace("'", "&#x27;") in r.content.decode()
@@ -163,8 +210,18 @@ def test_budget_edit_keeps_subject_and_records_audit(org_a: Org):
     c = browser(org_a.owner)
     url = reverse("dashboard:budget_edit", args=[org_a.slug, org_a.budget.id])
     assert "5" in c.get(url).content.decode()
-    r = c.post(url, {"name": "monthly", "period": "month", "timezone": "UTC", "mode": "alert", "amount_usd": "7",
-                     "thresholds": "80", "scope": "key"})  # scope is disabled: ignored
+    r = c.post(
+        url,
+        {
+            "name": "monthly",
+            "period": "month",
+            "timezone": "UTC",
+            "mode": "alert",
+            "amount_usd": "7",
+            "thresholds": "80",
+            "scope": "key",
+        },
+    )  # scope is disabled: ignored
     assert r.status_code == 302
     org_a.budget.refresh_from_db()
     assert (org_a.budget.scope, org_a.budget.mode, org_a.budget.amount_nano) == ("organization", "alert", 7 * 10**9)
@@ -175,8 +232,10 @@ def test_budget_edit_keeps_subject_and_records_audit(org_a: Org):
 @pytest.mark.django_db
 def test_key_secret_is_shown_once(org_a: Org):
     c = browser(org_a.owner)
-    r = c.post(reverse("dashboard:keys", args=[org_a.slug]), {"name": "ci", "project": org_a.tenant.project.id,
-                                                              "allowed_models": "echo-1, gpt-x"})
+    r = c.post(
+        reverse("dashboard:keys", args=[org_a.slug]),
+        {"name": "ci", "project": org_a.tenant.project.id, "allowed_models": "echo-1, gpt-x"},
+    )
     raw = r.context["created"][1]
     assert raw in r.content.decode()
     key = ApiKey.objects.get(name="ci")
@@ -205,18 +264,34 @@ def test_connection_secret_is_write_only(org_a: Org):
 def test_projects_customers_members_tokens(org_a: Org):
     c = browser(org_a.owner)
     s = org_a.slug
-    r = c.post(reverse("dashboard:projects", args=[s]), {"create_project": "1", "slug": "research", "name": "R",
-                                                         "default_customer_budget_usd": "0.5",
-                                                         "default_customer_budget_period": "day",
-                                                         "default_customer_budget_mode": "block"})
+    r = c.post(
+        reverse("dashboard:projects", args=[s]),
+        {
+            "create_project": "1",
+            "slug": "research",
+            "name": "R",
+            "default_customer_budget_usd": "0.5",
+            "default_customer_budget_period": "day",
+            "default_customer_budget_mode": "block",
+        },
+    )
     assert r.status_code == 302
     assert Project.objects.get(slug="research").default_customer_budget_nano == 500_000_000
-    r = c.post(reverse("dashboard:projects", args=[s]), {"create_project": "1", "slug": "research", "name": "R2",
-                                                         "default_customer_budget_period": "day",
-                                                         "default_customer_budget_mode": "block"})
+    r = c.post(
+        reverse("dashboard:projects", args=[s]),
+        {
+            "create_project": "1",
+            "slug": "research",
+            "name": "R2",
+            "default_customer_budget_period": "day",
+            "default_customer_budget_mode": "block",
+        },
+    )
     assert r.status_code == 200 and "exists" in r.context["project_form"].errors["slug"][0]
-    r = c.post(reverse("dashboard:projects", args=[s]), {"create_customer": "1", "project": org_a.tenant.project.id,
-                                                         "external_id": "cust-77"})
+    r = c.post(
+        reverse("dashboard:projects", args=[s]),
+        {"create_customer": "1", "project": org_a.tenant.project.id, "external_id": "cust-77"},
+    )
     assert EndCustomer.objects.filter(external_id="cust-77").exists()
     # invite: a member with an unusable password and an email with a set-password link
     r = c.post(reverse("dashboard:members", args=[s]), {"email": "new@acme.test", "role": "viewer"})
@@ -250,10 +325,20 @@ def asgi_get(user, path: str, on_chunk=None) -> tuple[int, dict[bytes, bytes], l
     """GET `path` as `user` through Django's real ASGI handler: (status, headers, the body as the
     chunks it was sent in, warnings raised meanwhile). `on_chunk` runs as each chunk is sent."""
     cookie = browser(user).cookies[settings.SESSION_COOKIE_NAME].value
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
-             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": [(b"host", b"testserver"), (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode())],
-             "client": ("127.0.0.1", 5000), "server": ("testserver", 80)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"testserver"), (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode())],
+        "client": ("127.0.0.1", 5000),
+        "server": ("testserver", 80),
+    }
     sent: list[dict] = []
 
     requested = False
@@ -293,8 +378,11 @@ def test_usage_csv_is_streamed_row_by_row_under_asgi(org_a: Org, org_b: Org, mon
     monkeypatch.setattr(records, "nano_to_usd", lambda n: formatted.append(n) or real(n))
     amounts_when_sent: list[int] = []
     # when: the export is fetched through the ASGI handler
-    status, _, chunks, caught = asgi_get(org_a.owner, reverse("dashboard:usage_csv", args=[org_a.slug]),
-                                         on_chunk=lambda _: amounts_when_sent.append(len(formatted)))
+    status, _, chunks, caught = asgi_get(
+        org_a.owner,
+        reverse("dashboard:usage_csv", args=[org_a.slug]),
+        on_chunk=lambda _: amounts_when_sent.append(len(formatted)),
+    )
     # then: header and each row are separate chunks, each sent before the next row was read
     # (a sync iterator would be read whole first: [6, 6, 6], with Django's warning)
     assert status == 200 and len(chunks) == 3

@@ -31,9 +31,17 @@ def test_keys_show_spend_this_month_and_last_use(org_a: Org, org_b: Org):
     now = timezone.now()
     month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     UsageRecord.objects.filter(request_id="acme-u1").update(admitted_at=max(month_start, now - timedelta(days=1)))
-    UsageRecord.objects.create(request_id="acme-old", organization=org_a.tenant.org, project=org_a.tenant.project,
-                               api_key=org_a.tenant.key, model="echo-1", status="served", cost_nano=7 * 10**9,
-                               admitted_at=month_start - timedelta(days=3), applied=True)
+    UsageRecord.objects.create(
+        request_id="acme-old",
+        organization=org_a.tenant.org,
+        project=org_a.tenant.project,
+        api_key=org_a.tenant.key,
+        model="echo-1",
+        status="served",
+        cost_nano=7 * 10**9,
+        admitted_at=month_start - timedelta(days=3),
+        applied=True,
+    )
     idle = org_a.tenant.add_key("idle")
     # when
     html = browser(org_a.owner).get(reverse("dashboard:keys", args=[org_a.slug])).content.decode()
@@ -47,8 +55,9 @@ def test_keys_show_spend_this_month_and_last_use(org_a: Org, org_b: Org):
 
 @pytest.mark.django_db
 def test_customers_are_searchable_and_paginated(org_a: Org, org_b: Org):
-    EndCustomer.objects.bulk_create(EndCustomer(project=org_a.tenant.project, external_id=f"user-{i:03}")
-                                    for i in range(120))
+    EndCustomer.objects.bulk_create(
+        EndCustomer(project=org_a.tenant.project, external_id=f"user-{i:03}") for i in range(120)
+    )
     c = browser(org_a.owner)
     url = reverse("dashboard:projects", args=[org_a.slug])
     first = c.get(url).content.decode()

@@ -41,8 +41,10 @@ def database_url(*, port: int | None = None, name: str | None = None) -> str:
     """The test database's URL (pytest-django has created and named it), or another database on
     another port with the same credentials."""
     db = connection.settings_dict
-    return (f"postgres://{quote(db['USER'])}:{quote(db['PASSWORD'])}@{db['HOST'] or '127.0.0.1'}:"
-            f"{port or db['PORT'] or 5432}/{quote(name or db['NAME'])}")
+    return (
+        f"postgres://{quote(db['USER'])}:{quote(db['PASSWORD'])}@{db['HOST'] or '127.0.0.1'}:"
+        f"{port or db['PORT'] or 5432}/{quote(name or db['NAME'])}"
+    )
 
 
 def wait_until(predicate, *, timeout: float, interval: float = 0.05, what: str = "condition"):
@@ -84,18 +86,38 @@ def gateway_process(*, database: str, data_dir: Path, env: dict[str, str] | None
     log = data_dir / f"gateway-{port}.log"
     data_dir.mkdir(parents=True, exist_ok=True)
     full_env = {
-        **os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.base", "DATABASE_URL": database,
-        "CAPGATE_DATA_DIR": str(data_dir), "CAPGATE_DB_POOL_MIN": "1", "CAPGATE_DB_POOL_MAX": "8",
-        "CAPGATE_LOG_LEVEL": "WARNING", **(env or {}),
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings.base",
+        "DATABASE_URL": database,
+        "CAPGATE_DATA_DIR": str(data_dir),
+        "CAPGATE_DB_POOL_MIN": "1",
+        "CAPGATE_DB_POOL_MAX": "8",
+        "CAPGATE_LOG_LEVEL": "WARNING",
+        **(env or {}),
     }
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-             "--no-access-log", "--log-level", "warning"],
-            cwd=ROOT, env=full_env, stdout=out, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "config.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--no-access-log",
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+            env=full_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     handle = GatewayProcess(url=f"http://127.0.0.1:{port}", proc=proc, log=log)
     try:
+
         def up() -> bool:
             if proc.poll() is not None:
                 raise AssertionError(f"gateway exited with {proc.returncode}:\n{handle.tail()}")
@@ -131,8 +153,13 @@ class PrivatePostgres:
         self._script("stop", str(self.dir))
 
     def migrate(self) -> None:
-        subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, check=True, timeout=180,
-                       env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.base", "DATABASE_URL": self.url})
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "--noinput", "-v0"],
+            cwd=ROOT,
+            check=True,
+            timeout=180,
+            env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.base", "DATABASE_URL": self.url},
+        )
 
     def destroy(self) -> None:
         self._script("destroy", str(self.dir))
@@ -164,8 +191,22 @@ class PrivateRedis:
         redis_server = shutil.which("redis-server")
         assert redis_server, "redis-server is not installed (bash scripts/services.sh start installs it)"
         self.proc = subprocess.Popen(
-            [redis_server, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no",
-             "--dir", str(self.workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                redis_server,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         import redis
 
         client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.2)

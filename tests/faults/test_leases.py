@@ -29,8 +29,12 @@ def short_leases(settings):
     """Leases of 2 s, heartbeats every 0.5 s, presumed dead 3 s after the last one (a busy test
     machine can delay a heartbeat by a second or two). Requested before `gateway`, so the
     server's heartbeat loop starts with these."""
-    settings.CAPGATE = {**settings.CAPGATE, "LEASE": timedelta(seconds=2), "HEARTBEAT_INTERVAL": timedelta(seconds=0.5),
-                        "HEARTBEAT_GRACE": timedelta(seconds=3)}
+    settings.CAPGATE = {
+        **settings.CAPGATE,
+        "LEASE": timedelta(seconds=2),
+        "HEARTBEAT_INTERVAL": timedelta(seconds=0.5),
+        "HEARTBEAT_GRACE": timedelta(seconds=3),
+    }
     return settings.CAPGATE
 
 
@@ -42,8 +46,11 @@ def test_a_stream_longer_than_four_leases_stays_counted_and_settles_at_its_true_
     renewer = Renewer().start()
     try:
         load = fire_in_background(setup, plan, sent)
-        reservation = wait_until(lambda: Reservation.objects.filter(organization=setup.organization).first(),
-                                 timeout=10, what="the stream's admission")
+        reservation = wait_until(
+            lambda: Reservation.objects.filter(organization=setup.organization).first(),
+            timeout=10,
+            what="the stream's admission",
+        )
         window = Window.objects.get(budget__organization=setup.organization)
         leases = {reservation.expires_at}
         # when: the stream outlives its first lease several times over
@@ -68,8 +75,11 @@ def test_a_stream_longer_than_four_leases_stays_counted_and_settles_at_its_true_
     assert renewer.expired == 0 and renewer.renewed >= 10
     # and it settles with its true usage, not the worst case
     assert sent[0].status == 200 and not sent[0].error
-    wait_until(lambda: not Reservation.objects.exists() and not UsageRecord.objects.filter(applied=False).exists(),
-               timeout=10, what="the drain")
+    wait_until(
+        lambda: not Reservation.objects.exists() and not UsageRecord.objects.filter(applied=False).exists(),
+        timeout=10,
+        what="the drain",
+    )
     rec = UsageRecord.objects.get(request_id=reservation.request_id)
     assert (rec.status, rec.cost_nano) == ("served", setup.tokens.actual_nano)
     window.refresh_from_db()
@@ -88,8 +98,11 @@ def test_kill_9_mid_stream_charges_its_reservations_at_worst_case_within_the_gra
         renewer = Renewer().start()
         try:
             load = fire_in_background(setup, plan, sent)
-            wait_until(lambda: Reservation.objects.filter(organization=setup.organization).count() == 6,
-                       timeout=15, what="six streams admitted")
+            wait_until(
+                lambda: Reservation.objects.filter(organization=setup.organization).count() == 6,
+                timeout=15,
+                what="six streams admitted",
+            )
             held = {r.request_id: r.amount_nano for r in Reservation.objects.filter(organization=setup.organization)}
             time.sleep(2.5)  # mid-stream, past a lease: they are being renewed
             assert Reservation.objects.filter(organization=setup.organization).count() == 6
@@ -100,9 +113,14 @@ def test_kill_9_mid_stream_charges_its_reservations_at_worst_case_within_the_gra
             killed_at = time.monotonic()
             load.join(timeout=30)
             # then: within heartbeat grace + a lease (+ beat's interval), every one is charged
-            wait_until(lambda: not Reservation.objects.filter(organization=setup.organization).exists()
-                       and not UsageRecord.objects.filter(organization=setup.organization, applied=False).exists(),
-                       timeout=15, what="the dead process's reservations to be expired")
+            wait_until(
+                lambda: (
+                    not Reservation.objects.filter(organization=setup.organization).exists()
+                    and not UsageRecord.objects.filter(organization=setup.organization, applied=False).exists()
+                ),
+                timeout=15,
+                what="the dead process's reservations to be expired",
+            )
             settled_after = time.monotonic() - killed_at
         finally:
             renewer.stop()

@@ -37,8 +37,10 @@ def wave(start: int, n: int, mode: str = "plain") -> list[capcheck.Sent]:
 
 
 def settled(org_id: int) -> bool:
-    return not (Reservation.objects.filter(organization_id=org_id).exists()
-                or UsageRecord.objects.filter(organization_id=org_id, applied=False).exists())
+    return not (
+        Reservation.objects.filter(organization_id=org_id).exists()
+        or UsageRecord.objects.filter(organization_id=org_id, applied=False).exists()
+    )
 
 
 # --- the drain ------------------------------------------------------------------------------
@@ -100,8 +102,9 @@ def test_postgres_stopped_mid_run_fails_closed_spools_and_lands_every_record_onc
         org_id = setup.organization.id
         in_flight, refused = wave(0, 6), wave(6, 3)
         load = fire_in_background(setup, plan, in_flight)
-        wait_until(lambda: Reservation.objects.filter(organization_id=org_id).count() == 6, timeout=20,
-                   what="six admissions")
+        wait_until(
+            lambda: Reservation.objects.filter(organization_id=org_id).count() == 6, timeout=20, what="six admissions"
+        )
         # when: PostgreSQL stops while they are with the provider
         connection.close()
         pg.stop()
@@ -117,7 +120,9 @@ def test_postgres_stopped_mid_run_fails_closed_spools_and_lands_every_record_onc
         backup.write_text("".join(p.read_text() for p in spooled))
         # when: PostgreSQL is back, the gateway replays its spool and drains
         pg.start()
-        wait_until(lambda: _settled_retrying(org_id), timeout=90, interval=0.25, what="the spool to land")  # each gateway thread drops its dead connection on first use: slow on a loaded 2-core machine
+        wait_until(
+            lambda: _settled_retrying(org_id), timeout=90, interval=0.25, what="the spool to land"
+        )  # each gateway thread drops its dead connection on first use: slow on a loaded 2-core machine
         # then: every spooled record landed once, at its true cost
         records = UsageRecord.objects.filter(organization_id=org_id)
         assert sorted(r.request_id for r in records) == sorted(s.request_id for s in in_flight)
@@ -148,7 +153,8 @@ def _settled_retrying(org_id: int) -> bool:
 
 
 def test_with_redis_stopped_the_gateway_admits_and_records_and_alerts_resume_after(
-        gateway, private_redis, tmp_path, monkeypatch, caplog):
+    gateway, private_redis, tmp_path, monkeypatch, caplog
+):
     """A private Redis (others use the shared one) behind a real worker with embedded beat,
     on a one-second schedule (tests/faults/fast_celery.py)."""
     from config.celery import app
@@ -166,8 +172,12 @@ def test_with_redis_stopped_the_gateway_admits_and_records_and_alerts_resume_aft
     try:
         first = wave(0, 10)  # $0.12: crosses 10%
         capcheck.fire(setup, plan, first)
-        wait_until(lambda: AlertEvent.objects.filter(status="sent").count() == 1, timeout=60, interval=0.2,
-                   what=f"the worker to send the 10% email; worker log:\n{_tail(tmp_path)}")
+        wait_until(
+            lambda: AlertEvent.objects.filter(status="sent").count() == 1,
+            timeout=60,
+            interval=0.2,
+            what=f"the worker to send the 10% email; worker log:\n{_tail(tmp_path)}",
+        )
         # when: Redis goes away
         private_redis.stop()
         second = wave(10, 20)  # $0.36 in all: crosses 30%
@@ -177,16 +187,23 @@ def test_with_redis_stopped_the_gateway_admits_and_records_and_alerts_resume_aft
         wait_until(lambda: settled(org.id), timeout=15, what="the drain")
         # (the drain checks thresholds just after its commit, and queues the email after that)
         event = wait_until(lambda: AlertEvent.objects.filter(threshold=30).first(), timeout=10, what="the 30% event")
-        wait_until(lambda: f"could not queue the email of event {event.id}" in caplog.text, timeout=10,
-                   what="the failed queueing to be logged")
+        wait_until(
+            lambda: f"could not queue the email of event {event.id}" in caplog.text,
+            timeout=10,
+            what="the failed queueing to be logged",
+        )
         event.refresh_from_db()
         assert (event.status, event.attempts) == ("pending", 0)
         time.sleep(2)  # a few of beat's one-second ticks fail too
         # when: Redis is back on the same port
         private_redis.start()
         # then: beat's catch-up runs on the worker again and the waiting email goes out
-        wait_until(lambda: AlertEvent.objects.filter(threshold=30, status="sent").exists(), timeout=90,
-                   interval=0.25, what=f"the catch-up to send the 30% email; worker log:\n{_tail(tmp_path)}")
+        wait_until(
+            lambda: AlertEvent.objects.filter(threshold=30, status="sent").exists(),
+            timeout=90,
+            interval=0.25,
+            what=f"the catch-up to send the 30% email; worker log:\n{_tail(tmp_path)}",
+        )
     finally:
         stop_process(worker)
     event.refresh_from_db()
@@ -197,18 +214,39 @@ def test_with_redis_stopped_the_gateway_admits_and_records_and_alerts_resume_aft
 
 
 def _worker(redis_url: str, tmp_path) -> subprocess.Popen:
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.base", "DATABASE_URL": database_url(),
-           "CELERY_BROKER_URL": redis_url, "CAPGATE_DATA_DIR": str(tmp_path / "worker-data"),
-           "EMAIL_BACKEND": "django.core.mail.backends.locmem.EmailBackend"}
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings.base",
+        "DATABASE_URL": database_url(),
+        "CELERY_BROKER_URL": redis_url,
+        "CAPGATE_DATA_DIR": str(tmp_path / "worker-data"),
+        "EMAIL_BACKEND": "django.core.mail.backends.locmem.EmailBackend",
+    }
     with open(tmp_path / "worker.log", "wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "tests.faults.fast_celery", "worker", "-B",
-             "-s", str(tmp_path / "beat-schedule"), "--pool=solo", "--loglevel=INFO",
-             "--without-gossip", "--without-mingle", "--without-heartbeat"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tests.faults.fast_celery",
+                "worker",
+                "-B",
+                "-s",
+                str(tmp_path / "beat-schedule"),
+                "--pool=solo",
+                "--loglevel=INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def _tail(tmp_path) -> str:
     log = tmp_path / "worker.log"
     return log.read_text(errors="replace")[-3000:] if log.exists() else ""
-

@@ -49,8 +49,11 @@ def gateway(transactional_db, upstream, settings):
     upstream.reset()
     runtime.health.reset()
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(application, host="127.0.0.1", port=port, lifespan="on",
-                                           log_level="warning", timeout_graceful_shutdown=2))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            application, host="127.0.0.1", port=port, lifespan="on", log_level="warning", timeout_graceful_shutdown=2
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 15
@@ -89,17 +92,35 @@ def wired(transactional_db, upstream) -> Wired:
     t.key.refresh_from_db()
     provider = Provider.objects.create(slug="echo", name="Echo")
     model = Model.objects.create(
-        provider=provider, name="echo-1", input_usd_per_mtok=Decimal("15"), output_usd_per_mtok=Decimal("75"),
-        cache_read_usd_per_mtok=Decimal("1.5"), cache_write_usd_per_mtok=Decimal("18.75"),
-        max_output_tokens=4096, max_image_tokens=1600,
+        provider=provider,
+        name="echo-1",
+        input_usd_per_mtok=Decimal("15"),
+        output_usd_per_mtok=Decimal("75"),
+        cache_read_usd_per_mtok=Decimal("1.5"),
+        cache_write_usd_per_mtok=Decimal("18.75"),
+        max_output_tokens=4096,
+        max_image_tokens=1600,
     )
     w = Wired(org=t.org, project=t.project, key=t.key, keys=t.keys, model=model)
-    w.echo = Connection.objects.create(organization=t.org, name="echo", kind="echo",
-                                       options={"allow_fault_headers": True})
-    w.openai = Connection.objects.create(organization=t.org, name="oa", kind="openai", base_url=upstream.url + "/v1",
-                                         secret="sk-up", options={"forward_test_headers": True})
-    w.anthropic = Connection.objects.create(organization=t.org, name="an", kind="anthropic", base_url=upstream.url,
-                                            secret="sk-ant-up", options={"forward_test_headers": True})
+    w.echo = Connection.objects.create(
+        organization=t.org, name="echo", kind="echo", options={"allow_fault_headers": True}
+    )
+    w.openai = Connection.objects.create(
+        organization=t.org,
+        name="oa",
+        kind="openai",
+        base_url=upstream.url + "/v1",
+        secret="sk-up",
+        options={"forward_test_headers": True},
+    )
+    w.anthropic = Connection.objects.create(
+        organization=t.org,
+        name="an",
+        kind="anthropic",
+        base_url=upstream.url,
+        secret="sk-ant-up",
+        options={"forward_test_headers": True},
+    )
     w.route("echo-1", w.echo)
     w.route("gpt-test", w.openai)
     w.route("claude-test", w.anthropic)

@@ -69,8 +69,12 @@ def results(futures) -> list[httpx.Response]:
 
 def worst_nano(gateway, wired) -> int:
     """One call's worst case, measured through the gateway (then released by its record)."""
-    r = httpx.post(gateway.url + "/v1/reservations", headers=AUTH, timeout=30, json={
-        "model": "echo-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": MAX_TOKENS})
+    r = httpx.post(
+        gateway.url + "/v1/reservations",
+        headers=AUTH,
+        timeout=30,
+        json={"model": "echo-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": MAX_TOKENS},
+    )
     assert r.status_code == 201, r.text
     httpx.post(gateway.url + f"/v1/reservations/{r.json()['id']}/release", headers=AUTH, timeout=30)
     return r.json()["amount_nano"]
@@ -84,7 +88,9 @@ def other_key(wired) -> ApiKey:
 
 def token(wired, scope: str) -> str:
     raw, prefix, digest = ApiToken.generate()
-    ApiToken.objects.create(organization=wired.org, name=f"{scope} token", scope=scope, prefix=prefix, token_hash=digest)
+    ApiToken.objects.create(
+        organization=wired.org, name=f"{scope} token", scope=scope, prefix=prefix, token_hash=digest
+    )
     return raw
 
 
@@ -116,8 +122,11 @@ def _zero_in_flight_calls(gateway, wired, n: int = 6) -> tuple[list[httpx.Respon
     attacks = []
     for i, res in enumerate(live):
         path = f"/v1/reservations/{res.id}/" + ("release" if i % 2 else "settle")
-        attacks.append(httpx.post(gateway.url + path, json={"cost_usd": "0"},
-                                  headers={"authorization": f"Bearer {OTHER_KEY}"}, timeout=30))
+        attacks.append(
+            httpx.post(
+                gateway.url + path, json={"cost_usd": "0"}, headers={"authorization": f"Bearer {OTHER_KEY}"}, timeout=30
+            )
+        )
     served = results(futures)
     wait_settled()
     assert budget
@@ -159,8 +168,12 @@ def test_api_reservations_answer_to_their_key_or_a_write_token_and_are_audited(g
         return r.json()["id"]
 
     def act(rid: str, what: str, raw: str) -> httpx.Response:
-        return httpx.post(gateway.url + f"/v1/reservations/{rid}/{what}", json={"cost_usd": "0.005"},
-                          headers={"authorization": f"Bearer {raw}"}, timeout=30)
+        return httpx.post(
+            gateway.url + f"/v1/reservations/{rid}/{what}",
+            json={"cost_usd": "0.005"},
+            headers={"authorization": f"Bearer {raw}"},
+            timeout=30,
+        )
 
     first, second = make(), make()
     assert act(first, "settle", OTHER_KEY).json()["error"]["code"] == "not_reservation_owner"
@@ -181,13 +194,15 @@ def test_release_and_settle_after_expiry_and_after_each_other(gateway, wired):
     budget = wired.budget(amount="1")
 
     def make(rid: str) -> str:
-        r = httpx.post(gateway.url + "/v1/reservations", json={"amount_usd": "0.10", "request_id": rid},
-                       headers=AUTH, timeout=30)
+        r = httpx.post(
+            gateway.url + "/v1/reservations", json={"amount_usd": "0.10", "request_id": rid}, headers=AUTH, timeout=30
+        )
         return r.json()["id"]
 
     def act(res: str, what: str, cost: str = "0.03") -> httpx.Response:
-        return httpx.post(gateway.url + f"/v1/reservations/{res}/{what}", json={"cost_usd": cost}, headers=AUTH,
-                          timeout=30)
+        return httpx.post(
+            gateway.url + f"/v1/reservations/{res}/{what}", json={"cost_usd": cost}, headers=AUTH, timeout=30
+        )
 
     # after expiry: release corrects the worst-case charge to zero, as settle corrects it to the cost
     lapsed_release, lapsed_settle = make("lapsed-1"), make("lapsed-2")
@@ -210,8 +225,13 @@ def test_release_and_settle_after_expiry_and_after_each_other(gateway, wired):
 
 
 def test_a_chat_shaped_reservation_takes_its_own_fields(gateway, wired):
-    body = {"model": "echo-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10,
-            "request_id": "chat-shaped", "ttl_seconds": 30}
+    body = {
+        "model": "echo-1",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 10,
+        "request_id": "chat-shaped",
+        "ttl_seconds": 30,
+    }
     r = httpx.post(gateway.url + "/v1/reservations", json=body, headers=AUTH, timeout=30)
     assert r.status_code == 201, r.text
     assert r.json()["request_id"] == "chat-shaped"
@@ -230,8 +250,11 @@ def _edit_mid_burst(gateway, wired, edit, *, fits: int = 6, first: int = 5, seco
     budget = wired.budget(amount="0", period="day")
     Budget.objects.filter(pk=budget.pk).update(amount_nano=fits * worst + worst // 2)
     slow_echo(wired)
-    api = httpx.Client(base_url=gateway.url + f"/api/orgs/{wired.org.slug}",
-                       headers={"authorization": f"Bearer {token(wired, 'write')}"}, timeout=30)
+    api = httpx.Client(
+        base_url=gateway.url + f"/api/orgs/{wired.org.slug}",
+        headers={"authorization": f"Bearer {token(wired, 'write')}"},
+        timeout=30,
+    )
     a = burst(gateway, first)
     wait_in_flight(first)
     budget = edit(api, budget) or budget
@@ -296,8 +319,11 @@ def test_deleting_the_customer_and_project_in_flight_keeps_every_cost(gateway, w
     settings.CAPGATE = {**settings.CAPGATE, "DATA_DIR": str(tmp_path)}
     wired.budget(amount="1")
     slow_echo(wired)
-    api = httpx.Client(base_url=gateway.url + f"/api/orgs/{wired.org.slug}",
-                       headers={"authorization": f"Bearer {token(wired, 'write')}"}, timeout=30)
+    api = httpx.Client(
+        base_url=gateway.url + f"/api/orgs/{wired.org.slug}",
+        headers={"authorization": f"Bearer {token(wired, 'write')}"},
+        timeout=30,
+    )
     futures = burst(gateway, 6, **{"x-capgate-customer": "cust-1"})
     wait_in_flight(6)
     customer = EndCustomer.objects.get(external_id="cust-1")
@@ -332,7 +358,9 @@ def test_a_spooled_record_refused_for_good_goes_to_the_dead_letter(wired, settin
     from ledger.recording import Outcome
 
     settings.CAPGATE = {**settings.CAPGATE, "DATA_DIR": str(tmp_path)}
-    res = Reservation(request_id="req_gone", organization_id=wired.org.id + 999, amount_nano=5, created_at=timezone.now())
+    res = Reservation(
+        request_id="req_gone", organization_id=wired.org.id + 999, amount_nano=5, created_at=timezone.now()
+    )
     spool.append(reservation=res, outcome=Outcome(status="served", cost_nano=5))
     assert spool.replay() == 0
     assert spool.replay() == 0  # not retried
@@ -351,15 +379,19 @@ def test_removing_a_member_in_flight_revokes_their_keys_and_keeps_their_spend(ga
     from tenants.models import Member
 
     # given: bob's key with calls in flight
-    bob = Member.objects.create(organization=wired.org, role="member",
-                                user=get_user_model().objects.create_user("bob", "bob@example.com", "pw"))
+    bob = Member.objects.create(
+        organization=wired.org, role="member", user=get_user_model().objects.create_user("bob", "bob@example.com", "pw")
+    )
     key = other_key(wired)
     ApiKey.objects.filter(pk=key.pk).update(member=bob)
     slow_echo(wired, delay_ms=1000)
     futures = burst(gateway, 4, authorization=f"Bearer {OTHER_KEY}")
     wait_in_flight(4)
-    api = httpx.Client(base_url=gateway.url + f"/api/orgs/{wired.org.slug}",
-                       headers={"authorization": f"Bearer {token(wired, 'write')}"}, timeout=30)
+    api = httpx.Client(
+        base_url=gateway.url + f"/api/orgs/{wired.org.slug}",
+        headers={"authorization": f"Bearer {token(wired, 'write')}"},
+        timeout=30,
+    )
     # when
     assert api.delete(f"/members/{bob.id}/").status_code == 204
     # then: the calls in flight are charged to bob by name; his key no longer works

@@ -36,8 +36,10 @@ def burst(gateway, body, *, n=30, path="/v1/chat/completions", headers=None) -> 
     async def go():
         limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
         async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-            return await asyncio.gather(*[
-                client.post(gateway.url + path, json=body, headers={**AUTH, **(headers or {})}) for _ in range(n)])
+            return await asyncio.gather(
+                *[client.post(gateway.url + path, json=body, headers={**AUTH, **(headers or {})}) for _ in range(n)]
+            )
+
     return asyncio.run(go())
 
 
@@ -46,10 +48,17 @@ def claude(wired):
     """An Anthropic model with web search and 1-hour cache prices, routed as `claude-real`."""
     provider = Provider.objects.create(slug="anthropic", name="Anthropic")
     model = Model.objects.create(
-        provider=provider, name="claude-real", input_usd_per_mtok=Decimal("3"), output_usd_per_mtok=Decimal("15"),
-        cache_read_usd_per_mtok=Decimal("0.30"), cache_write_usd_per_mtok=Decimal("3.75"),
-        cache_write_1h_usd_per_mtok=Decimal("6"), web_search_usd_per_use=Decimal("0.01"),
-        server_tool_result_tokens=100, priority_multiplier=Decimal("1.5"), max_output_tokens=8192,
+        provider=provider,
+        name="claude-real",
+        input_usd_per_mtok=Decimal("3"),
+        output_usd_per_mtok=Decimal("15"),
+        cache_read_usd_per_mtok=Decimal("0.30"),
+        cache_write_usd_per_mtok=Decimal("3.75"),
+        cache_write_1h_usd_per_mtok=Decimal("6"),
+        web_search_usd_per_use=Decimal("0.01"),
+        server_tool_result_tokens=100,
+        priority_multiplier=Decimal("1.5"),
+        max_output_tokens=8192,
     )
     wired.route("claude-real", wired.anthropic, model=model)
     return model
@@ -60,8 +69,13 @@ def gpt(wired):
     """An OpenAI model with a priority tier at twice the price, routed as `gpt-real`."""
     provider = Provider.objects.create(slug="openai", name="OpenAI")
     model = Model.objects.create(
-        provider=provider, name="gpt-real", input_usd_per_mtok=Decimal("2"), output_usd_per_mtok=Decimal("8"),
-        cache_read_usd_per_mtok=Decimal("0.5"), priority_multiplier=Decimal("2"), flex_multiplier=Decimal("0.5"),
+        provider=provider,
+        name="gpt-real",
+        input_usd_per_mtok=Decimal("2"),
+        output_usd_per_mtok=Decimal("8"),
+        cache_read_usd_per_mtok=Decimal("0.5"),
+        priority_multiplier=Decimal("2"),
+        flex_multiplier=Decimal("0.5"),
         max_output_tokens=16384,
     )
     wired.route("gpt-real", wired.openai, model=model)
@@ -73,12 +87,16 @@ def billed_anthropic(model: Model, usage: dict) -> int:
     tier = Decimal(model.priority_multiplier) if usage.get("service_tier") == "priority" else Decimal(1)
     one_hour = usage.get("cache_creation", {}).get("ephemeral_1h_input_tokens", 0)
     tokens = (
-        usage["input_tokens"] * model.input_usd_per_mtok
-        + usage["output_tokens"] * model.output_usd_per_mtok
-        + usage.get("cache_read_input_tokens", 0) * model.cache_read_usd_per_mtok
-        + (usage.get("cache_creation_input_tokens", 0) - one_hour) * model.cache_write_usd_per_mtok
-        + one_hour * (model.cache_write_1h_usd_per_mtok or 0)
-    ) * tier * NANO
+        (
+            usage["input_tokens"] * model.input_usd_per_mtok
+            + usage["output_tokens"] * model.output_usd_per_mtok
+            + usage.get("cache_read_input_tokens", 0) * model.cache_read_usd_per_mtok
+            + (usage.get("cache_creation_input_tokens", 0) - one_hour) * model.cache_write_usd_per_mtok
+            + one_hour * (model.cache_write_1h_usd_per_mtok or 0)
+        )
+        * tier
+        * NANO
+    )
     searches = usage.get("server_tool_use", {}).get("web_search_requests", 0) * model.web_search_usd_per_use * 10**9
     return int((tokens + searches).to_integral_value())
 
@@ -86,7 +104,7 @@ def billed_anthropic(model: Model, usage: dict) -> int:
 def billed_openai(model: Model, body: dict) -> int:
     mult = {"priority": model.priority_multiplier, "flex": model.flex_multiplier}.get(body.get("service_tier"), 1)
     u = body["usage"]
-    cost = (u["prompt_tokens"] * model.input_usd_per_mtok + u["completion_tokens"] * model.output_usd_per_mtok)
+    cost = u["prompt_tokens"] * model.input_usd_per_mtok + u["completion_tokens"] * model.output_usd_per_mtok
     return int((cost * Decimal(mult) * NANO).to_integral_value())
 
 
@@ -127,10 +145,16 @@ def test_a_route_alias_sends_the_targets_model_id_and_reports_what_was_served(ga
 
 def test_failover_across_models_prices_each_attempt_at_the_model_called(gateway, wired, upstream, gpt):
     # given: a route whose first target (a pricier model) cannot be reached
-    pricey = Model.objects.create(provider=gpt.provider, name="gpt-pricey", input_usd_per_mtok=Decimal("20"),
-                                  output_usd_per_mtok=Decimal("80"), max_output_tokens=16384)
-    dead = Connection.objects.create(organization=wired.org, name="dead", kind="openai",
-                                     base_url="http://127.0.0.1:9/v1", secret="x")
+    pricey = Model.objects.create(
+        provider=gpt.provider,
+        name="gpt-pricey",
+        input_usd_per_mtok=Decimal("20"),
+        output_usd_per_mtok=Decimal("80"),
+        max_output_tokens=16384,
+    )
+    dead = Connection.objects.create(
+        organization=wired.org, name="dead", kind="openai", base_url="http://127.0.0.1:9/v1", secret="x"
+    )
     route = wired.route("mixed", dead, model=pricey)
     RouteTarget.objects.create(route=route, connection=wired.openai, model=gpt, position=1)
     wired.budget(amount="5")
@@ -151,7 +175,8 @@ def test_failover_across_models_prices_each_attempt_at_the_model_called(gateway,
 # --- priced per use ------------------------------------------------------------------------
 
 SEARCH = {
-    "model": "claude-real", "max_tokens": 100,
+    "model": "claude-real",
+    "max_tokens": 100,
     "messages": [{"role": "user", "content": "What happened in the news today?"}],
     "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 5}],
 }
@@ -171,15 +196,19 @@ def test_web_search_under_a_cap_worth_ten_bills_within_it_and_is_recorded(gatewa
     budget, calibration, responses, billed = _search_burst(wired, gateway, upstream, claude)
     codes = [r.status_code for r in responses]
     assert codes.count(200) == 10 and codes.count(402) == 20
-    assert all(r.json()["usage"]["server_tool_use"]["web_search_requests"] == 5 for r in responses if r.status_code == 200)
+    assert all(
+        r.json()["usage"]["server_tool_use"]["web_search_requests"] == 5 for r in responses if r.status_code == 200
+    )
     assert_cap_holds(budget, billed, calibration)
 
 
-def test_without_web_search_in_the_worst_case_the_provider_bills_past_the_cap(gateway, wired, upstream, claude,
-                                                                                 monkeypatch):
+def test_without_web_search_in_the_worst_case_the_provider_bills_past_the_cap(
+    gateway, wired, upstream, claude, monkeypatch
+):
     bound = sizing._bound
-    monkeypatch.setattr(sizing, "_bound", lambda shape, *a: bound(
-        dataclasses.replace(shape, web_searches=0, server_tool_uses=0), *a))
+    monkeypatch.setattr(
+        sizing, "_bound", lambda shape, *a: bound(dataclasses.replace(shape, web_searches=0, server_tool_uses=0), *a)
+    )
     budget, calibration, _, billed = _search_burst(wired, gateway, upstream, claude)
     assert calibration + billed > budget.amount_nano
 
@@ -191,8 +220,12 @@ def test_web_search_without_max_uses_gets_the_default_sent_upstream(gateway, wir
     assert upstream.last("/v1/messages")["body"]["tools"][0]["max_uses"] == 3
 
 
-PRIORITY = {"model": "gpt-real", "max_tokens": 200, "service_tier": "priority",
-            "messages": [{"role": "user", "content": "Answer fast."}]}
+PRIORITY = {
+    "model": "gpt-real",
+    "max_tokens": 200,
+    "service_tier": "priority",
+    "messages": [{"role": "user", "content": "Answer fast."}],
+}
 
 
 def _priority_burst(wired, gateway, upstream, gpt):
@@ -211,8 +244,7 @@ def test_priority_tier_under_a_cap_worth_ten_bills_within_it_and_is_recorded(gat
     assert_cap_holds(budget, billed, calibration)
 
 
-def test_without_the_tier_in_the_worst_case_the_provider_bills_past_the_cap(gateway, wired, upstream, gpt,
-                                                                              monkeypatch):
+def test_without_the_tier_in_the_worst_case_the_provider_bills_past_the_cap(gateway, wired, upstream, gpt, monkeypatch):
     monkeypatch.setattr(service.Target, "tier", lambda self, requested: None)
     budget, calibration, _, billed = _priority_burst(wired, gateway, upstream, gpt)
     assert calibration + billed > budget.amount_nano
@@ -247,8 +279,22 @@ def test_a_tier_without_a_price_is_refused_under_a_cap_and_allowed_under_alerts(
 def test_one_hour_cache_writes_are_reserved_and_billed_at_the_one_hour_price(gateway, wired, upstream, claude):
     upstream.control(prompt_tokens=40, cache_write_1h_tokens=30, completion_tokens="max")
     wired.budget(amount="5")
-    body = {"model": "claude-real", "max_tokens": 50, "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "a long shared prefix", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]}]}
+    body = {
+        "model": "claude-real",
+        "max_tokens": 50,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "text",
+                        "text": "a long shared prefix",
+                        "cache_control": {"type": "ephemeral", "ttl": "1h"},
+                    }
+                ],
+            }
+        ],
+    }
     resp = post(gateway, body, path="/v1/messages", headers={"anthropic-beta": "extended-cache-ttl-2025-04-11"})
     assert resp.status_code == 200, resp.text
     wait_settled()
@@ -266,19 +312,35 @@ def test_one_hour_cache_writes_are_reserved_and_billed_at_the_one_hour_price(gat
 # --- refused under a blocking cap, and unknown -------------------------------------------------
 
 
-@pytest.mark.parametrize(("path", "body", "headers", "code"), [
-    ("/v1/chat/completions", {"audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text", "audio"]}, {},
-     "audio_under_budget"),
-    ("/v1/chat/completions", {"web_search_options": {}}, {}, "web_search_options_under_budget"),
-    ("/v1/messages", {"tools": [{"type": "code_execution_20250825", "name": "code_execution"}]}, {},
-     "code_execution_under_budget"),
-    ("/v1/messages", {"mcp_servers": [{"type": "url", "url": "https://mcp.example", "name": "x"}]}, {},
-     "mcp_servers_under_budget"),
-    ("/v1/messages", {}, {"anthropic-beta": "files-api-2025-04-14"}, "anthropic_beta_under_budget"),
-    ("/v1/messages", {"inference_geo": "us"}, {}, "inference_geo_under_budget"),
-])
-def test_fields_the_cap_cannot_bound_are_refused_under_it_and_name_the_field(gateway, wired, upstream, path, body,
-                                                                               headers, code):
+@pytest.mark.parametrize(
+    ("path", "body", "headers", "code"),
+    [
+        (
+            "/v1/chat/completions",
+            {"audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text", "audio"]},
+            {},
+            "audio_under_budget",
+        ),
+        ("/v1/chat/completions", {"web_search_options": {}}, {}, "web_search_options_under_budget"),
+        (
+            "/v1/messages",
+            {"tools": [{"type": "code_execution_20250825", "name": "code_execution"}]},
+            {},
+            "code_execution_under_budget",
+        ),
+        (
+            "/v1/messages",
+            {"mcp_servers": [{"type": "url", "url": "https://mcp.example", "name": "x"}]},
+            {},
+            "mcp_servers_under_budget",
+        ),
+        ("/v1/messages", {}, {"anthropic-beta": "files-api-2025-04-14"}, "anthropic_beta_under_budget"),
+        ("/v1/messages", {"inference_geo": "us"}, {}, "inference_geo_under_budget"),
+    ],
+)
+def test_fields_the_cap_cannot_bound_are_refused_under_it_and_name_the_field(
+    gateway, wired, upstream, path, body, headers, code
+):
     model = "gpt-test" if path.endswith("completions") else "claude-test"
     full = {"model": model, "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}], **body}
     wired.budget(amount="5", mode="alert")
@@ -291,16 +353,20 @@ def test_fields_the_cap_cannot_bound_are_refused_under_it_and_name_the_field(gat
         assert resp.json()["type"] == "error"  # Anthropic's shape on its endpoint
 
 
-@pytest.mark.parametrize(("path", "body", "headers", "code"), [
-    ("/v1/chat/completions", {"tools": [{"type": "web_search"}]}, {}, "unsupported_tool"),
-    ("/v1/messages", {"tools": [{"type": "future_tool_20991231", "name": "x"}]}, {}, "unsupported_tool"),
-    ("/v1/messages", {}, {"anthropic-beta": "something-new-2099-01-01"}, "unsupported_beta"),
-    ("/v1/chat/completions", {"brand_new_paid_option": True}, {}, "unsupported_parameter"),
-    ("/v1/chat/completions", {}, {"openai-beta": "assistants=v2"}, "unsupported_header"),
-    ("/v1/messages", {}, {"anthropic-priority-lane": "yes"}, "unsupported_header"),
-])
-def test_unknown_fields_tools_and_betas_are_refused_with_400_and_nothing_is_reserved(gateway, wired, path, body,
-                                                                                       headers, code):
+@pytest.mark.parametrize(
+    ("path", "body", "headers", "code"),
+    [
+        ("/v1/chat/completions", {"tools": [{"type": "web_search"}]}, {}, "unsupported_tool"),
+        ("/v1/messages", {"tools": [{"type": "future_tool_20991231", "name": "x"}]}, {}, "unsupported_tool"),
+        ("/v1/messages", {}, {"anthropic-beta": "something-new-2099-01-01"}, "unsupported_beta"),
+        ("/v1/chat/completions", {"brand_new_paid_option": True}, {}, "unsupported_parameter"),
+        ("/v1/chat/completions", {}, {"openai-beta": "assistants=v2"}, "unsupported_header"),
+        ("/v1/messages", {}, {"anthropic-priority-lane": "yes"}, "unsupported_header"),
+    ],
+)
+def test_unknown_fields_tools_and_betas_are_refused_with_400_and_nothing_is_reserved(
+    gateway, wired, path, body, headers, code
+):
     model = "gpt-test" if path.endswith("completions") else "claude-test"
     full = {"model": model, "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}], **body}
     resp = post(gateway, full, path=path, headers=headers)
@@ -347,8 +413,12 @@ def test_every_admitted_response_carries_its_reserved_worst_case_and_the_room_le
     rec = UsageRecord.objects.get()
     assert Decimal(resp.headers["x-capgate-reserved-usd"]) * 10**9 == rec.reserved_nano
     assert Decimal(resp.headers["x-capgate-budget-remaining-usd"]) * 10**9 == budget.amount_nano - rec.reserved_nano
-    stream = httpx.post(gateway.url + "/v1/chat/completions", headers=AUTH, timeout=30, json={
-        "model": "gpt-real", "max_tokens": 100, "stream": True, "messages": [{"role": "user", "content": "x"}]})
+    stream = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        headers=AUTH,
+        timeout=30,
+        json={"model": "gpt-real", "max_tokens": 100, "stream": True, "messages": [{"role": "user", "content": "x"}]},
+    )
     assert "x-capgate-reserved-usd" in stream.headers and "x-capgate-budget-remaining-usd" in stream.headers
 
 
@@ -387,8 +457,9 @@ def test_an_unpriced_fallback_is_not_tried_under_a_cap_and_the_priced_target_is_
     assert_cap_holds(budget, billed, calibration)
 
 
-def test_with_the_unpriced_target_governing_the_route_the_cap_stops_counting(gateway, wired, upstream, gpt,
-                                                                               monkeypatch):
+def test_with_the_unpriced_target_governing_the_route_the_cap_stops_counting(
+    gateway, wired, upstream, gpt, monkeypatch
+):
     # the guard removed: one unpriced target makes the whole route ungoverned again
     real = sizing._price_targets
 
@@ -413,13 +484,19 @@ def test_with_the_unpriced_target_governing_the_route_the_cap_stops_counting(gat
 
 def test_a_refused_first_call_of_a_run_leaves_no_run_budget(gateway, wired, upstream):
     wired.budget(amount="0.000001")
-    resp = post(gateway, {"model": "gpt-test", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]},
-                headers={"X-Capgate-Run": "run-1", "X-Capgate-Run-Budget-Usd": "1"})
+    resp = post(
+        gateway,
+        {"model": "gpt-test", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]},
+        headers={"X-Capgate-Run": "run-1", "X-Capgate-Run-Budget-Usd": "1"},
+    )
     assert resp.status_code == 402
     assert not Budget.objects.filter(scope="run").exists()
     Budget.objects.filter(organization=wired.org).update(amount_nano=usd("5"))
-    resp = post(gateway, {"model": "gpt-test", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]},
-                headers={"X-Capgate-Run": "run-1", "X-Capgate-Run-Budget-Usd": "1"})
+    resp = post(
+        gateway,
+        {"model": "gpt-test", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]},
+        headers={"X-Capgate-Run": "run-1", "X-Capgate-Run-Budget-Usd": "1"},
+    )
     assert resp.status_code == 200
     assert Budget.objects.get(scope="run").amount_nano == usd("1")
 
@@ -427,7 +504,9 @@ def test_a_refused_first_call_of_a_run_leaves_no_run_budget(gateway, wired, upst
 def test_a_run_budget_is_created_through_create_budget_with_the_key_as_actor(gateway, wired, upstream):
     body = {"model": "gpt-test", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}
     for _ in range(2):  # the second call finds the budget: created (and audited) once
-        assert post(gateway, body, headers={"X-Capgate-Run": "run-a", "X-Capgate-Run-Budget-Usd": "1"}).status_code == 200
+        assert (
+            post(gateway, body, headers={"X-Capgate-Run": "run-a", "X-Capgate-Run-Budget-Usd": "1"}).status_code == 200
+        )
     budget = Budget.objects.get(scope="run")
     entry = AuditLogEntry.objects.get(object_type="budget", object_id=str(budget.pk))
     assert entry.action == "create" and entry.actor == f"key {wired.key.name} ({wired.key.prefix}…)"

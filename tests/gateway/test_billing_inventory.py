@@ -25,18 +25,22 @@ def _sdk_params(typed_dict: type) -> set[str]:
     """Every parameter the SDK can send: body fields, or the header a field is aliased to."""
     names = set()
     for name, hint in typing.get_type_hints(typed_dict, include_extras=True).items():
-        alias = next((getattr(m, "alias", None) for m in getattr(hint, "__metadata__", ()) if getattr(m, "alias", None)),
-                     None)
+        alias = next(
+            (getattr(m, "alias", None) for m in getattr(hint, "__metadata__", ()) if getattr(m, "alias", None)), None
+        )
         names.add(alias or name)
     return names
 
 
-@pytest.mark.parametrize(("kind", "typed_dict"), [
-    ("chat", CompletionCreateParamsBase),
-    ("messages", MessageCreateParamsBase),
-    ("embeddings", EmbeddingCreateParams),
-    ("responses", ResponseCreateParamsBase),
-])
+@pytest.mark.parametrize(
+    ("kind", "typed_dict"),
+    [
+        ("chat", CompletionCreateParamsBase),
+        ("messages", MessageCreateParamsBase),
+        ("embeddings", EmbeddingCreateParams),
+        ("responses", ResponseCreateParamsBase),
+    ],
+)
 def test_every_parameter_the_official_sdk_can_send_is_classified(kind, typed_dict):
     known = set(billing.FIELDS[kind]) | set(billing.HEADERS[kind])
     missing = sorted(_sdk_params(typed_dict) - known)
@@ -45,8 +49,12 @@ def test_every_parameter_the_official_sdk_can_send_is_classified(kind, typed_dic
 
 def test_the_gateway_accepts_exactly_the_inventorys_fields():
     assert {k: set(v) for k, v in billing.FIELDS.items()} == ALLOWED
-    for table in [*billing.FIELDS.values(), *billing.HEADERS.values(), *billing.TOOL_TYPES.values(),
-                  billing.ANTHROPIC_BETAS]:
+    for table in [
+        *billing.FIELDS.values(),
+        *billing.HEADERS.values(),
+        *billing.TOOL_TYPES.values(),
+        billing.ANTHROPIC_BETAS,
+    ]:
         assert all(entry.cls in billing.CLASS_TITLES and entry.why for entry in table.values())
 
 

@@ -53,8 +53,11 @@ def test_a_response_finishing_during_an_outage_is_spooled_then_lands_once(gatewa
     budget = wired.budget(amount="1")
     upstream.control(delay_ms=1500, prompt_tokens=10, completion_tokens=10)
     result = {}
-    thread = threading.Thread(target=lambda: result.update(r=httpx.post(
-        gateway.url + "/v1/chat/completions", json=CHAT, headers=AUTH, timeout=30)))
+    thread = threading.Thread(
+        target=lambda: result.update(
+            r=httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=AUTH, timeout=30)
+        )
+    )
     thread.start()
     deadline = time.monotonic() + 5
     while not Reservation.objects.exists() and time.monotonic() < deadline:
@@ -88,8 +91,9 @@ def test_200_concurrent_requests_at_a_cap_worth_10_worst_cases_send_exactly_10_u
     async def burst():
         limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
         async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-            return await asyncio.gather(*[
-                client.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=AUTH) for _ in range(200)])
+            return await asyncio.gather(
+                *[client.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=AUTH) for _ in range(200)]
+            )
 
     responses = asyncio.run(burst())
     codes = [r.status_code for r in responses]

@@ -27,9 +27,7 @@ CHAT = "/v1/chat/completions"
 
 
 def connection(**options: Any) -> Connection:
-    return Connection(
-        name="echo", kind="echo", base_url="", options=options
-    )  # never saved: echo reads options only
+    return Connection(name="echo", kind="echo", base_url="", options=options)  # never saved: echo reads options only
 
 
 def call(conn: Connection, method: str, path: str, **kw: Any) -> httpx.Response:
@@ -76,9 +74,7 @@ def live_usage(kind: str, body: dict[str, Any], **options: Any) -> dict[str, Any
     from gateway.routing import Target
 
     target = Target(connection=connection(**options), model=None)  # type: ignore[arg-type]
-    return json.loads(
-        asyncio.run(echo.echo_response(target, kind, body, SHAPERS[kind](body).text_tokens))
-    )["usage"]
+    return json.loads(asyncio.run(echo.echo_response(target, kind, body, SHAPERS[kind](body).text_tokens)))["usage"]
 
 
 def test_files_upload_retrieve_content_delete() -> None:
@@ -94,9 +90,7 @@ def test_files_upload_retrieve_content_delete() -> None:
     }
     gone = call(conn, "GET", f"/v1/files/{file_id}")
     assert gone.status_code == 404 and gone.json()["error"]["code"] == "not_found"
-    refused = call(
-        conn, "POST", "/v1/files", data={"purpose": "nope"}, files={"file": ("x", b"{}")}
-    )
+    refused = call(conn, "POST", "/v1/files", data={"purpose": "nope"}, files={"file": ("x", b"{}")})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "purpose"
 
 
@@ -106,28 +100,17 @@ def test_batch_completes_on_first_read_with_the_usage_echo_gives_live() -> None:
     created = Batch.model_validate(batch(conn, lines).json())
     assert created.status == "validating" and created.output_file_id is None
     done = Batch.model_validate(call(conn, "GET", f"/v1/batches/{created.id}").json())
-    assert (
-        done.status == "completed"
-        and done.request_counts is not None
-        and done.request_counts.completed == 3
-    )
+    assert done.status == "completed" and done.request_counts is not None and done.request_counts.completed == 3
     assert done.error_file_id is None and done.output_file_id is not None
-    out = [
-        json.loads(x)
-        for x in call(conn, "GET", f"/v1/files/{done.output_file_id}/content").text.splitlines()
-    ]
+    out = [json.loads(x) for x in call(conn, "GET", f"/v1/files/{done.output_file_id}/content").text.splitlines()]
     assert [x["custom_id"] for x in out] == ["a", "b", "c"]
     for line, sent in zip(out, lines, strict=True):
         assert line["response"]["status_code"] == 200
-        assert line["response"]["body"]["usage"] == live_usage(
-            "chat", sent["body"], completion_tokens=9
-        )
+        assert line["response"]["body"]["usage"] == live_usage("chat", sent["body"], completion_tokens=9)
         assert usage_openai(line["response"]["body"]["usage"]) is not None
     assert [x["response"]["body"]["usage"]["completion_tokens"] for x in out] == [4, 9, 9]
     assert done.usage is not None and done.usage.output_tokens == 22
-    assert done.usage.input_tokens == sum(
-        x["response"]["body"]["usage"]["prompt_tokens"] for x in out
-    )
+    assert done.usage.input_tokens == sum(x["response"]["body"]["usage"]["prompt_tokens"] for x in out)
     cancelled = call(conn, "POST", f"/v1/batches/{created.id}/cancel")  # too late: it finished
     assert cancelled.json() == call(conn, "GET", f"/v1/batches/{created.id}").json()
 
@@ -156,17 +139,12 @@ def test_batch_failed_lines_validation_and_refusals() -> None:
         done.request_counts.failed,
     ) == (1, 1)
     assert done.usage is not None and done.usage.input_tokens == 7
-    [bad] = [
-        json.loads(x)
-        for x in call(conn, "GET", f"/v1/files/{done.error_file_id}/content").text.splitlines()
-    ]
+    [bad] = [json.loads(x) for x in call(conn, "GET", f"/v1/files/{done.error_file_id}/content").text.splitlines()]
     assert bad["custom_id"] == "bad" and bad["response"]["status_code"] == 400
 
     wrong = batch(conn, [chat_line("a"), {**chat_line("b"), "url": "/v1/embeddings"}]).json()
     failed = Batch.model_validate(call(conn, "GET", f"/v1/batches/{wrong['id']}").json())
-    assert (
-        failed.status == "failed" and failed.errors is not None and failed.errors.data is not None
-    )
+    assert failed.status == "failed" and failed.errors is not None and failed.errors.data is not None
     assert [e.line for e in failed.errors.data] == [2] and failed.output_file_id is None
     assert batch(conn, [chat_line("a")], "/v1/completions").status_code == 400
     no_file = call(
@@ -190,9 +168,7 @@ def test_message_batch_results_with_message_usage() -> None:
     r = call(conn, "POST", "/v1/messages/batches", body={"requests": requests})
     created = MessageBatch.model_validate(r.json())
     assert created.processing_status == "in_progress" and created.request_counts.processing == 3
-    ended = MessageBatch.model_validate(
-        call(conn, "GET", f"/v1/messages/batches/{created.id}").json()
-    )
+    ended = MessageBatch.model_validate(call(conn, "GET", f"/v1/messages/batches/{created.id}").json())
     assert (
         ended.processing_status == "ended"
         and ended.results_url
@@ -200,24 +176,16 @@ def test_message_batch_results_with_message_usage() -> None:
     )
     assert (ended.request_counts.succeeded, ended.request_counts.errored) == (2, 1)
     raw = call(conn, "GET", f"/v1/messages/batches/{created.id}/results").text.splitlines()
-    results = {
-        x.custom_id: x.result for x in map(MessageBatchIndividualResponse.model_validate_json, raw)
-    }
+    results = {x.custom_id: x.result for x in map(MessageBatchIndividualResponse.model_validate_json, raw)}
     assert results["bad"].type == "errored"
     a, b = results["a"], results["b"]
     assert a.type == "succeeded" and b.type == "succeeded"
     assert (a.message.usage.output_tokens, b.message.usage.output_tokens) == (5, 12)
     assert usage_anthropic(a.message.usage.model_dump()) is not None
-    assert (
-        call(conn, "POST", f"/v1/messages/batches/{created.id}/cancel").json()["processing_status"]
-        == "ended"
-    )
+    assert call(conn, "POST", f"/v1/messages/batches/{created.id}/cancel").json()["processing_status"] == "ended"
     refused = call(conn, "POST", "/v1/messages/batches", body={"requests": []})
     assert refused.status_code == 400 and refused.json()["type"] == "error"
-    assert (
-        call(conn, "GET", "/v1/messages/batches/msgbatch_nope").json()["error"]["type"]
-        == "not_found_error"
-    )
+    assert call(conn, "GET", "/v1/messages/batches/msgbatch_nope").json()["error"]["type"] == "not_found_error"
 
 
 def test_background_response_queued_then_completed() -> None:
@@ -227,19 +195,13 @@ def test_background_response_queued_then_completed() -> None:
     assert queued.status == "queued" and queued.usage is None and queued.background is True
     done = call(conn, "GET", f"/v1/responses/{queued.id}").json()
     assert Response.model_validate(done).status == "completed"
-    assert (
-        done["usage"] == live_usage("responses", body, completion_tokens=20)
-        and done["usage"]["output_tokens"] == 6
-    )
+    assert done["usage"] == live_usage("responses", body, completion_tokens=20) and done["usage"]["output_tokens"] == 6
     assert usage_responses(done) is not None
     assert call(conn, "POST", f"/v1/responses/{queued.id}/cancel").json() == done
     assert call(conn, "DELETE", f"/v1/responses/{queued.id}").json()["deleted"] is True
     assert call(conn, "GET", f"/v1/responses/{queued.id}").status_code == 404
     plain = call(conn, "POST", "/v1/responses", body={"model": "gpt-4o-mini", "input": "hi"}).json()
-    assert (
-        plain["status"] == "completed"
-        and call(conn, "GET", f"/v1/responses/{plain['id']}").status_code == 404
-    )
+    assert plain["status"] == "completed" and call(conn, "GET", f"/v1/responses/{plain['id']}").status_code == 404
 
 
 def test_video_queued_then_completed_with_billed_seconds() -> None:
@@ -256,14 +218,9 @@ def test_video_queued_then_completed_with_billed_seconds() -> None:
     done = Video.model_validate(call(conn, "GET", f"/v1/videos/{queued.id}").json())
     assert done.status == "completed" and done.progress == 100 and done.seconds == "8"
     content = call(conn, "GET", f"/v1/videos/{queued.id}/content")
-    assert content.headers["content-type"] == "video/mp4" and content.content.startswith(
-        b"\x00\x00\x00\x18ftyp"
-    )
+    assert content.headers["content-type"] == "video/mp4" and content.content.startswith(b"\x00\x00\x00\x18ftyp")
     assert (
-        call(conn, "GET", f"/v1/videos/{queued.id}/content?variant=thumbnail").headers[
-            "content-type"
-        ]
-        == "image/webp"
+        call(conn, "GET", f"/v1/videos/{queued.id}/content?variant=thumbnail").headers["content-type"] == "image/webp"
     )
     as_parts = call(conn, "POST", "/v1/videos", files={"prompt": (None, b"p"), "seconds": (None, "12")})
     assert as_parts.status_code == 200 and as_parts.json()["seconds"] == "12"
@@ -284,9 +241,7 @@ def test_a_job_created_in_one_process_is_read_in_another() -> None:
         f"r = asyncio.run(echo_jobs.send(conn, 'GET', '/v1/batches/{batch_id}'))\n"
         "print(json.dumps([r.status_code, r.json()]))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
-    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
     status, other = json.loads(out.stdout.strip().splitlines()[-1])
     assert status == 200 and other["status"] == "completed"
     assert other == call(conn, "GET", f"/v1/batches/{batch_id}").json()
@@ -298,10 +253,7 @@ def test_store_unavailable_and_unknown_paths_answer_in_the_provider_shape() -> N
         down = call(conn, "GET", "/v1/batches/batch_x")
         down_anthropic = call(conn, "GET", "/v1/messages/batches/msgbatch_x")
     assert down.status_code == 503 and down.json()["error"]["code"] == "unavailable"
-    assert (
-        down_anthropic.status_code == 503
-        and down_anthropic.json()["error"]["type"] == "overloaded_error"
-    )
+    assert down_anthropic.status_code == 503 and down_anthropic.json()["error"]["type"] == "overloaded_error"
     unknown = call(conn, "GET", "/v1/batches")
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_url"
 
@@ -316,7 +268,5 @@ def test_line_output_is_capped_by_its_own_ceiling_removal(monkeypatch: pytest.Mo
         return done["usage"]["output_tokens"]
 
     assert billed() == 3
-    monkeypatch.setattr(
-        echo, "usage_numbers", lambda opts, bound, ceiling: (1, int(opts["completion_tokens"]))
-    )
+    monkeypatch.setattr(echo, "usage_numbers", lambda opts, bound, ceiling: (1, int(opts["completion_tokens"])))
     assert billed() == 50  # without the cap a line bills past its ceiling

@@ -26,12 +26,30 @@ from usage.models import UsageRecord
 # The OpenAI cookbook's example ("How to count tokens with tiktoken"), with the prompt tokens the
 # API reported for it: 129 on cl100k_base models (gpt-3.5-turbo, gpt-4), 124 on gpt-4o/-mini.
 COOKBOOK = [
-    {"role": "system", "content": "You are a helpful, pattern-following assistant that translates corporate jargon into plain English."},
+    {
+        "role": "system",
+        "content": (
+            "You are a helpful, pattern-following assistant that translates corporate jargon into plain English."
+        ),
+    },
     {"role": "system", "name": "example_user", "content": "New synergies will help drive top-line growth."},
     {"role": "system", "name": "example_assistant", "content": "Things working well together will increase revenue."},
-    {"role": "system", "name": "example_user", "content": "Let's circle back when we have more bandwidth to touch base on opportunities for increased leverage."},
-    {"role": "system", "name": "example_assistant", "content": "Let's talk later when we're less busy about how to do better."},
-    {"role": "user", "content": "This late pivot means we don't have time to boil the ocean for the client deliverable."},
+    {
+        "role": "system",
+        "name": "example_user",
+        "content": (
+            "Let's circle back when we have more bandwidth to touch base on opportunities for increased leverage."
+        ),
+    },
+    {
+        "role": "system",
+        "name": "example_assistant",
+        "content": "Let's talk later when we're less busy about how to do better.",
+    },
+    {
+        "role": "user",
+        "content": "This late pivot means we don't have time to boil the ocean for the client deliverable.",
+    },
 ]
 
 
@@ -60,8 +78,10 @@ def test_count_equals_the_usage_the_api_documents(encoding, documented):
 _text = st.text(st.characters(codec="utf-8"), max_size=60)
 _part = st.fixed_dictionaries({"type": st.just("text"), "text": _text})
 _message = st.fixed_dictionaries(
-    {"role": st.sampled_from(["system", "developer", "user", "assistant"]),
-     "content": st.one_of(_text, st.lists(_part, min_size=1, max_size=4))},
+    {
+        "role": st.sampled_from(["system", "developer", "user", "assistant"]),
+        "content": st.one_of(_text, st.lists(_part, min_size=1, max_size=4)),
+    },
     optional={"name": st.from_regex(r"[A-Za-z0-9_-]{1,12}", fullmatch=True)},
 )
 
@@ -88,8 +108,14 @@ TRUE_NANO = TRUE_PROMPT * PRICE_IN + 1 * PRICE_OUT
 def counted(wired, settings):
     """gpt-test served by a model with a tokenizer; the fake upstream counts prompts like OpenAI."""
     provider = Provider.objects.create(slug="openai", name="OpenAI")
-    model = Model.objects.create(provider=provider, name="gpt-counted", input_usd_per_mtok=Decimal("1"),
-                                 output_usd_per_mtok=Decimal("2"), max_output_tokens=4096, tokenizer="o200k_base")
+    model = Model.objects.create(
+        provider=provider,
+        name="gpt-counted",
+        input_usd_per_mtok=Decimal("1"),
+        output_usd_per_mtok=Decimal("2"),
+        max_output_tokens=4096,
+        tokenizer="o200k_base",
+    )
     wired.route("gpt-test", wired.openai, model=model)
     return wired
 
@@ -97,9 +123,13 @@ def counted(wired, settings):
 def _burst(gateway, n: int, run: str) -> list[httpx.Response]:
     barrier = threading.Barrier(n)
     body = {"model": "gpt-test", "messages": MESSAGES, "max_tokens": 1}
-    headers = {"Authorization": f"Bearer {KEY}", "X-Capgate-Run": run,
-               "X-Capgate-Run-Budget-Usd": str(Decimal(10 * TRUE_NANO) / Decimal(10**9)),
-               "X-Upstream-count_prompt": "o200k_base", "X-Upstream-completion_tokens": "max"}
+    headers = {
+        "Authorization": f"Bearer {KEY}",
+        "X-Capgate-Run": run,
+        "X-Capgate-Run-Budget-Usd": str(Decimal(10 * TRUE_NANO) / Decimal(10**9)),
+        "X-Upstream-count_prompt": "o200k_base",
+        "X-Upstream-completion_tokens": "max",
+    }
 
     def call(_: int) -> httpx.Response:
         barrier.wait()
@@ -164,10 +194,17 @@ def test_missing_tokenizer_data_keeps_the_byte_bound(gateway, counted, settings,
 
 def test_anthropic_models_keep_the_byte_bound(gateway, wired):
     # given a blocking run cap and a model without a tokenizer
-    r = httpx.post(f"{gateway.url}/v1/messages", timeout=30,
-                   json={"model": "claude-test", "max_tokens": 10, "messages": MESSAGES},
-                   headers={"x-api-key": KEY, "anthropic-version": "2023-06-01", "X-Capgate-Run": "a-run",
-                            "X-Capgate-Run-Budget-Usd": "1"})
+    r = httpx.post(
+        f"{gateway.url}/v1/messages",
+        timeout=30,
+        json={"model": "claude-test", "max_tokens": 10, "messages": MESSAGES},
+        headers={
+            "x-api-key": KEY,
+            "anthropic-version": "2023-06-01",
+            "X-Capgate-Run": "a-run",
+            "X-Capgate-Run-Budget-Usd": "1",
+        },
+    )
     assert r.status_code == 200, r.text
     assert r.headers["x-capgate-input-bound"] == "bytes"
 

@@ -38,10 +38,16 @@ def test_upstream_validation_error_releases_and_records_zero_cost(gateway, wired
 
 
 def test_failover_on_connect_refused_and_5xx_counts_once_at_the_billing_attempt(gateway, wired, upstream):
-    dead = Connection.objects.create(organization=wired.org, name="dead", kind="openai",
-                                     base_url=f"http://127.0.0.1:{_dead_port()}/v1")
-    flaky = Connection.objects.create(organization=wired.org, name="flaky", kind="openai", base_url=upstream.url,
-                                      options={"forward_test_headers": True})
+    dead = Connection.objects.create(
+        organization=wired.org, name="dead", kind="openai", base_url=f"http://127.0.0.1:{_dead_port()}/v1"
+    )
+    flaky = Connection.objects.create(
+        organization=wired.org,
+        name="flaky",
+        kind="openai",
+        base_url=upstream.url,
+        options={"forward_test_headers": True},
+    )
     wired.route("gpt-test", dead, wired.openai)
     upstream.control(prompt_tokens=10, completion_tokens=10)
     assert post(gateway).status_code == 200
@@ -60,8 +66,9 @@ def test_failover_on_connect_refused_and_5xx_counts_once_at_the_billing_attempt(
 
 
 def test_a_connection_failing_repeatedly_is_ejected_before_admission(gateway, wired, upstream):
-    dead = Connection.objects.create(organization=wired.org, name="dead", kind="openai",
-                                     base_url=f"http://127.0.0.1:{_dead_port()}/v1")
+    dead = Connection.objects.create(
+        organization=wired.org, name="dead", kind="openai", base_url=f"http://127.0.0.1:{_dead_port()}/v1"
+    )
     wired.route("gpt-test", dead)
     for _ in range(3):
         assert post(gateway).status_code == 502
@@ -102,8 +109,13 @@ def test_client_disconnect_mid_stream_is_charged_at_worst_case(gateway, wired, u
 
 @pytest.mark.parametrize("fault", ["no_usage", "drop_mid_stream"])
 def test_stream_without_usage_is_charged_at_worst_case(gateway, wired, upstream, fault):
-    with httpx.stream("POST", gateway.url + "/v1/chat/completions", json={**CHAT, "stream": True},
-                      headers={**AUTH, "x-upstream-fail": fault}, timeout=30) as resp:
+    with httpx.stream(
+        "POST",
+        gateway.url + "/v1/chat/completions",
+        json={**CHAT, "stream": True},
+        headers={**AUTH, "x-upstream-fail": fault},
+        timeout=30,
+    ) as resp:
         assert resp.status_code == 200
         list(resp.iter_lines())
     wait_settled()
@@ -129,8 +141,9 @@ def test_stream_is_ended_at_the_requests_hard_lifetime(gateway, wired, upstream,
 
     settings.CAPGATE = {**settings.CAPGATE, "MAX_REQUEST_LIFETIME": timedelta(seconds=1)}
     upstream.control(chunks=100, chunk_delay_ms=100)  # would take 10 s
-    with httpx.stream("POST", gateway.url + "/v1/chat/completions", json={**CHAT, "stream": True},
-                      headers=AUTH, timeout=30) as resp:
+    with httpx.stream(
+        "POST", gateway.url + "/v1/chat/completions", json={**CHAT, "stream": True}, headers=AUTH, timeout=30
+    ) as resp:
         lines = list(resp.iter_lines())
     assert 0 < len([x for x in lines if x.startswith("data:")]) < 100
     wait_settled()

@@ -37,8 +37,9 @@ def test_concurrent_responses_share_inserts_and_each_waits_for_its_own_record(ga
     def one(_i: int) -> tuple[int, bool]:
         try:
             barrier.wait()
-            r = httpx.post(gateway.url + "/v1/chat/completions", json=BODY,
-                           headers={"authorization": f"Bearer {KEY}"}, timeout=60)
+            r = httpx.post(
+                gateway.url + "/v1/chat/completions", json=BODY, headers={"authorization": f"Bearer {KEY}"}, timeout=60
+            )
             # read at once, on this thread's own connection: the record must already exist
             there = UsageRecord.objects.filter(request_id=r.headers["x-capgate-request-id"]).exists()
             return r.status_code, there

@@ -83,10 +83,12 @@ def test_metrics_count_requests_by_endpoint_status_and_refusal_code(gateway, wir
     assert refused.status_code == 402 and unauthorized.status_code == 401
     assert after.headers["content-type"].startswith("text/plain")
     delta = {
-        labels: sample(after.text, "capgate_requests_total", **dict(labels)) - sample(before, "capgate_requests_total",
-                                                                                     **dict(labels))
-        for labels in [(("endpoint", "chat_completions"), ("status", "402"), ("code", "organization_budget")),
-                       (("endpoint", "models"), ("status", "401"), ("code", ""))]
+        labels: sample(after.text, "capgate_requests_total", **dict(labels))
+        - sample(before, "capgate_requests_total", **dict(labels))
+        for labels in [
+            (("endpoint", "chat_completions"), ("status", "402"), ("code", "organization_budget")),
+            (("endpoint", "models"), ("status", "401"), ("code", "")),
+        ]
     }
     assert list(delta.values()) == [1.0, 1.0]
     assert sample(after.text, "capgate_admission_latency_seconds_count") >= 1
@@ -98,10 +100,16 @@ def test_metrics_count_requests_by_endpoint_status_and_refusal_code(gateway, wir
 
 def test_metrics_report_live_reservations_and_upstream_calls(gateway, wired, upstream):
     # given: a held reservation (the reservation API) and one call to the fake OpenAI upstream
-    created = httpx.post(gateway.url + "/v1/reservations", headers={"Authorization": f"Bearer {KEY}"},
-                         json={"model": "echo-1", "amount_usd": "0.25"})
-    served = httpx.post(gateway.url + "/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
-                        json={**CHAT, "model": "gpt-test"})
+    created = httpx.post(
+        gateway.url + "/v1/reservations",
+        headers={"Authorization": f"Bearer {KEY}"},
+        json={"model": "echo-1", "amount_usd": "0.25"},
+    )
+    served = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {KEY}"},
+        json={**CHAT, "model": "gpt-test"},
+    )
     wait_until(lambda: Reservation.objects.count() == 1, timeout=10, what="the served call to settle")
     # when
     text = httpx.get(gateway.url + "/metrics").text
@@ -136,8 +144,11 @@ def _own_counts(multiproc_dir: Path, tmp: Path) -> dict[str, float]:
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=str(alone))
         counts[path.stem] = sum(
-            s.value for m in registry.collect() for s in m.samples
-            if s.name == "capgate_requests_total" and s.labels.get("endpoint") == "models")
+            s.value
+            for m in registry.collect()
+            for s in m.samples
+            if s.name == "capgate_requests_total" and s.labels.get("endpoint") == "models"
+        )
     return counts
 
 
@@ -148,14 +159,40 @@ def test_metrics_from_two_uvicorn_workers_count_both(tmp_path):
     multiproc.mkdir()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.base", "DATABASE_URL": database_url(),
-           "CAPGATE_DATA_DIR": str(tmp_path / "data"), "CAPGATE_DB_POOL_MIN": "1", "CAPGATE_DB_POOL_MAX": "6",
-           "CAPGATE_LOG_LEVEL": "WARNING", "PROMETHEUS_MULTIPROC_DIR": str(multiproc)}
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings.base",
+        "DATABASE_URL": database_url(),
+        "CAPGATE_DATA_DIR": str(tmp_path / "data"),
+        "CAPGATE_DB_POOL_MIN": "1",
+        "CAPGATE_DB_POOL_MAX": "6",
+        "CAPGATE_LOG_LEVEL": "WARNING",
+        "PROMETHEUS_MULTIPROC_DIR": str(multiproc),
+    }
     log = open(tmp_path / "uvicorn.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
-                             "--port", str(port), "--workers", "2", "--no-access-log", "--log-level", "warning"],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "config.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+            "--no-access-log",
+            "--log-level",
+            "warning",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
+
         def up() -> bool:
             assert proc.poll() is None, (tmp_path / "uvicorn.log").read_text()
             try:
@@ -166,8 +203,9 @@ def test_metrics_from_two_uvicorn_workers_count_both(tmp_path):
         wait_until(up, timeout=30, interval=0.2, what="uvicorn to listen")
 
         def unauthorized(_: int) -> int:  # a new connection each: the kernel picks the worker
-            return httpx.get(url + "/v1/models", headers={"Authorization": "Bearer nope", "Connection": "close"},
-                             timeout=10).status_code
+            return httpx.get(
+                url + "/v1/models", headers={"Authorization": "Bearer nope", "Connection": "close"}, timeout=10
+            ).status_code
 
         # when: 401s in concurrent bursts until both workers have answered some (at most 400)
         sent = 0

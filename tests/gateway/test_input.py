@@ -24,21 +24,24 @@ def assert_nothing_changed():
     assert not UsageRecord.objects.exists()
 
 
-@pytest.mark.parametrize("body,raw,param,code", [
-    (None, b"{not json", None, "invalid_request"),
-    (None, b"[1, 2]", None, "invalid_request"),
-    ({"messages": MSG}, None, "model", "invalid_request"),
-    ({"model": "echo-1"}, None, "messages", "invalid_request"),
-    ({"model": "echo-1", "messages": "hi"}, None, "messages", "invalid_request"),
-    ({"model": "echo-1", "messages": [{"content": "no role"}]}, None, "messages[0]", "invalid_request"),
-    ({"model": 7, "messages": MSG}, None, "model", "invalid_request"),
-    ({"model": "echo-1", "messages": MSG, "max_tokens": -1}, None, "max_tokens", "invalid_request"),
-    ({"model": "echo-1", "messages": MSG, "max_tokens": 10**12}, None, "max_tokens", "invalid_request"),
-    ({"model": "echo-1", "messages": MSG, "max_tokens": "100"}, None, "max_tokens", "invalid_request"),
-    ({"model": "echo-1", "messages": MSG, "n": 50}, None, "n", "invalid_request"),
-    ({"model": "echo-1", "messages": MSG, "stream": "yes"}, None, "stream", "invalid_request"),
-    ({"model": "echo-1", "messages": MSG, "frobnicate": 1}, None, "frobnicate", "unsupported_parameter"),
-])
+@pytest.mark.parametrize(
+    "body,raw,param,code",
+    [
+        (None, b"{not json", None, "invalid_request"),
+        (None, b"[1, 2]", None, "invalid_request"),
+        ({"messages": MSG}, None, "model", "invalid_request"),
+        ({"model": "echo-1"}, None, "messages", "invalid_request"),
+        ({"model": "echo-1", "messages": "hi"}, None, "messages", "invalid_request"),
+        ({"model": "echo-1", "messages": [{"content": "no role"}]}, None, "messages[0]", "invalid_request"),
+        ({"model": 7, "messages": MSG}, None, "model", "invalid_request"),
+        ({"model": "echo-1", "messages": MSG, "max_tokens": -1}, None, "max_tokens", "invalid_request"),
+        ({"model": "echo-1", "messages": MSG, "max_tokens": 10**12}, None, "max_tokens", "invalid_request"),
+        ({"model": "echo-1", "messages": MSG, "max_tokens": "100"}, None, "max_tokens", "invalid_request"),
+        ({"model": "echo-1", "messages": MSG, "n": 50}, None, "n", "invalid_request"),
+        ({"model": "echo-1", "messages": MSG, "stream": "yes"}, None, "stream", "invalid_request"),
+        ({"model": "echo-1", "messages": MSG, "frobnicate": 1}, None, "frobnicate", "unsupported_parameter"),
+    ],
+)
 def test_openai_bad_input_is_a_400_in_openai_shape(gateway, wired, body, raw, param, code):
     r = send(gateway, body, raw=raw)
     assert r.status_code == 400, r.text
@@ -49,12 +52,15 @@ def test_openai_bad_input_is_a_400_in_openai_shape(gateway, wired, body, raw, pa
     assert_nothing_changed()
 
 
-@pytest.mark.parametrize("body", [
-    {"model": "echo-1", "max_tokens": 10},
-    {"model": "echo-1", "max_tokens": 0, "messages": MSG},
-    {"model": "echo-1", "max_tokens": 10, "messages": MSG, "system": 5},
-    {"model": "echo-1", "max_tokens": 10, "messages": MSG, "n": 2},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "echo-1", "max_tokens": 10},
+        {"model": "echo-1", "max_tokens": 0, "messages": MSG},
+        {"model": "echo-1", "max_tokens": 10, "messages": MSG, "system": 5},
+        {"model": "echo-1", "max_tokens": 10, "messages": MSG, "n": 2},
+    ],
+)
 def test_anthropic_bad_input_is_a_400_in_anthropic_shape(gateway, wired, body):
     r = send(gateway, body, path="/v1/messages")
     assert r.status_code == 400
@@ -79,13 +85,21 @@ def test_unknown_model_is_404_and_disallowed_model_is_403(gateway, wired):
 
 
 def test_unknown_revoked_and_expired_keys_are_401(gateway, wired):
-    assert send(gateway, {"model": "echo-1", "messages": MSG}, headers={"authorization": "Bearer wrong"}).status_code == 401
+    assert (
+        send(gateway, {"model": "echo-1", "messages": MSG}, headers={"authorization": "Bearer wrong"}).status_code
+        == 401
+    )
     assert httpx.post(gateway.url + "/v1/chat/completions", json={}).status_code == 401
     ApiKey.objects.filter(pk=wired.key.pk).update(expires_at=timezone.now())
     r = send(gateway, {"model": "echo-1", "messages": MSG})
     assert r.status_code == 401 and r.json()["error"]["code"] == "expired_api_key"
     ApiKey.objects.filter(pk=wired.key.pk).update(expires_at=None, revoked_at=timezone.now())
-    r = send(gateway, {"model": "echo-1", "messages": MSG}, path="/v1/messages", headers={"authorization": "", "x-api-key": KEY})
+    r = send(
+        gateway,
+        {"model": "echo-1", "messages": MSG},
+        path="/v1/messages",
+        headers={"authorization": "", "x-api-key": KEY},
+    )
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
     assert_nothing_changed()
 
@@ -108,19 +122,28 @@ def test_unboundable_parts_are_refused_under_a_blocking_budget(gateway, wired):
     r = send(gateway, {"model": "echo-1", "messages": audio, "max_tokens": 10})
     assert r.status_code == 402 and r.json()["error"]["code"] == "unbounded_input_under_budget"
     # an image is bounded by the model's max image tokens, not its base64 size
-    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 100_000}}]}]
+    image = [
+        {
+            "role": "user",
+            "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 100_000}}],
+        }
+    ]
     assert send(gateway, {"model": "echo-1", "messages": image, "max_tokens": 10}).status_code == 200
 
 
 def test_end_customer_is_created_on_first_sight_and_gets_the_project_default_cap(gateway, wired):
     wired.project.default_customer_budget_nano = 20_000_000  # $0.02
     wired.project.save()
-    ok = send(gateway, {"model": "echo-1", "messages": MSG, "max_tokens": 100}, headers={"x-capgate-customer": "cust-1"})
+    ok = send(
+        gateway, {"model": "echo-1", "messages": MSG, "max_tokens": 100}, headers={"x-capgate-customer": "cust-1"}
+    )
     assert ok.status_code == 200
     customer = EndCustomer.objects.get(external_id="cust-1")
     budget = Budget.objects.get(end_customer=customer)
     assert (budget.amount_nano, budget.mode) == (20_000_000, "block")
-    big = send(gateway, {"model": "echo-1", "messages": MSG, "max_tokens": 4000}, headers={"x-capgate-customer": "cust-1"})
+    big = send(
+        gateway, {"model": "echo-1", "messages": MSG, "max_tokens": 4000}, headers={"x-capgate-customer": "cust-1"}
+    )
     assert big.status_code == 402 and big.json()["error"]["code"] == "customer_budget"
     bad = send(gateway, {"model": "echo-1", "messages": MSG}, headers={"x-capgate-customer": "a b/c"})
     assert bad.status_code == 400
@@ -135,10 +158,18 @@ def test_run_budget_is_created_by_the_first_call_and_conflicts_are_409(gateway, 
     assert r.status_code == 409 and r.json()["error"]["code"] == "run_budget_conflict"
     # the same amount again, or no amount, is fine
     assert send(gateway, {"model": "echo-1", "messages": MSG, "max_tokens": 10}, headers=h).status_code == 200
-    assert send(gateway, {"model": "echo-1", "messages": MSG, "max_tokens": 10},
-                headers={"x-capgate-run": "run-1"}).status_code == 200
+    assert (
+        send(
+            gateway, {"model": "echo-1", "messages": MSG, "max_tokens": 10}, headers={"x-capgate-run": "run-1"}
+        ).status_code
+        == 200
+    )
     for amount in ("abc", "-1", "0", "1e99", "NaN"):
-        r = send(gateway, {"model": "echo-1", "messages": MSG}, headers={"x-capgate-run": "r2", "x-capgate-run-budget-usd": amount})
+        r = send(
+            gateway,
+            {"model": "echo-1", "messages": MSG},
+            headers={"x-capgate-run": "r2", "x-capgate-run-budget-usd": amount},
+        )
         assert r.status_code == 400, amount
     # a run id without an amount uses the organization's default run budget
     wired.org.default_run_budget_nano = 1_000

@@ -20,8 +20,9 @@ def _boom(self, body, target):
 
 def test_an_internal_error_after_admission_is_recorded_at_worst_case(gateway, wired, monkeypatch):
     monkeypatch.setattr(proxy.ProxyCall, "upstream_body", _boom)
-    resp = httpx.post(gateway.url + "/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {KEY}"},
-                      timeout=30)
+    resp = httpx.post(
+        gateway.url + "/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {KEY}"}, timeout=30
+    )
     assert resp.status_code == 500
     wait_settled()
     rec = UsageRecord.objects.get()
@@ -39,8 +40,7 @@ def test_without_the_catch_the_reservation_is_left_held(gateway, wired, monkeypa
         return await real(self, outcome, target)
 
     monkeypatch.setattr(proxy.ProxyCall, "record", no_estimate)
-    httpx.post(gateway.url + "/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {KEY}"},
-               timeout=30)
+    httpx.post(gateway.url + "/v1/chat/completions", json=BODY, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
     with pytest.raises(AssertionError, match="not settled"):
         wait_settled(timeout=2)
     assert Reservation.objects.exists() and not UsageRecord.objects.exists()

@@ -42,8 +42,12 @@ def test_api_sets_and_clears_a_keys_output_ceiling_and_refuses_bad_values(client
 
 def test_outsider_cannot_touch_another_orgs_key_ceiling(client, acme, outsider):
     auth = {"HTTP_AUTHORIZATION": f"Bearer {_token(outsider)}"}
-    resp = client.patch(f"/api/orgs/{acme.org.slug}/keys/{acme.key.id}/", {"default_max_output_tokens": 5},
-                        content_type="application/json", **auth)
+    resp = client.patch(
+        f"/api/orgs/{acme.org.slug}/keys/{acme.key.id}/",
+        {"default_max_output_tokens": 5},
+        content_type="application/json",
+        **auth,
+    )
     assert resp.status_code in (403, 404)
     acme.key.refresh_from_db()
     assert acme.key.default_max_output_tokens is None
@@ -60,15 +64,26 @@ def test_dashboard_key_form_sets_the_ceiling_and_shows_a_form_error_for_a_bad_on
 
 
 def test_apply_declares_key_and_route_ceilings(db):
-    doc = {"organizations": [{
-        "slug": "decl", "name": "Decl",
-        "projects": [{"slug": "main", "name": "Main"}],
-        "keys": [{"name": "k", "project": "main", "default_max_output_tokens": 256}],
-        "connections": [{"name": "echo", "kind": "echo"}],
-        "routes": [{"name": "fast", "default_max_output_tokens": 128, "targets": [
-            {"connection": "echo", "model": "echo/echo-1"}]}],
-    }]}
+    doc = {
+        "organizations": [
+            {
+                "slug": "decl",
+                "name": "Decl",
+                "projects": [{"slug": "main", "name": "Main"}],
+                "keys": [{"name": "k", "project": "main", "default_max_output_tokens": 256}],
+                "connections": [{"name": "echo", "kind": "echo"}],
+                "routes": [
+                    {
+                        "name": "fast",
+                        "default_max_output_tokens": 128,
+                        "targets": [{"connection": "echo", "model": "echo/echo-1"}],
+                    }
+                ],
+            }
+        ]
+    }
     from catalog.prices import DEFAULT_CATALOG_PATH, load_catalog, read_catalog
+
     load_catalog(data=read_catalog(DEFAULT_CATALOG_PATH), overwrite=False)
     apply_config(data=doc)
     assert ApiKey.objects.get(name="k").default_max_output_tokens == 256
@@ -84,10 +99,18 @@ def test_api_sets_a_routes_output_ceiling(client, db):
     auth = {"HTTP_AUTHORIZATION": f"Bearer {_token(t)}"}
     route = Route.objects.create(organization=t.org, name="r")
     model = Model.objects.create(provider=Provider.objects.create(slug="p", name="P"), name="m")
-    RouteTarget.objects.create(route=route, model=model, position=0,
-                               connection=Connection.objects.create(organization=t.org, name="e", kind="echo"))
-    resp = client.patch(f"/api/orgs/{t.org.slug}/routes/{route.id}/", {"default_max_output_tokens": 64},
-                        content_type="application/json", **auth)
+    RouteTarget.objects.create(
+        route=route,
+        model=model,
+        position=0,
+        connection=Connection.objects.create(organization=t.org, name="e", kind="echo"),
+    )
+    resp = client.patch(
+        f"/api/orgs/{t.org.slug}/routes/{route.id}/",
+        {"default_max_output_tokens": 64},
+        content_type="application/json",
+        **auth,
+    )
     assert resp.status_code == 200, resp.content
     route.refresh_from_db()
     assert route.default_max_output_tokens == 64

@@ -80,8 +80,12 @@ def test_tokens_per_minute_counts_the_input_bound_plus_the_output_ceiling(gatewa
     assert big.json()["type"] == "error" and big.json()["error"]["type"] == "rate_limit_error"  # Anthropic shape
     assert big.headers["x-capgate-rate-limit"] == "tpm"
     # 300 + the input bound (the whole body in bytes, ~100) each: two fit in 1,000, the third does not
-    statuses = [httpx.post(gateway.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 300}, headers=AUTH,
-                           timeout=30).status_code for _ in range(3)]
+    statuses = [
+        httpx.post(
+            gateway.url + "/v1/chat/completions", json={**CHAT, "max_tokens": 300}, headers=AUTH, timeout=30
+        ).status_code
+        for _ in range(3)
+    ]
     assert statuses == [200, 200, 429]
     wait_settled()
     assert UsageRecord.objects.count() == 2

@@ -38,8 +38,11 @@ def test_reserve_settle_is_idempotent_and_frees_the_difference(gateway, wired):
 
 def test_reserve_from_a_chat_body_and_release(gateway, wired):
     wired.budget(amount="1")
-    r = call(gateway, "/v1/reservations", {"model": "echo-1", "messages": [{"role": "user", "content": "hi"}],
-                                           "max_tokens": 100})
+    r = call(
+        gateway,
+        "/v1/reservations",
+        {"model": "echo-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100},
+    )
     assert r.status_code == 201
     assert r.json()["amount_nano"] > 100 * 75_000
     rel = call(gateway, f"/v1/reservations/{r.json()['id']}/release")
@@ -52,8 +55,14 @@ def test_reservation_refused_over_the_cap_and_bad_input(gateway, wired):
     wired.budget(amount="0.10")
     r = call(gateway, "/v1/reservations", {"amount_usd": "0.20"})
     assert r.status_code == 402 and r.json()["error"]["code"] == "organization_budget"
-    for body in ({"amount_usd": 0.2}, {"amount_usd": "-1"}, {"amount_usd": "lots"}, {},
-                 {"amount_usd": "0.01", "ttl_seconds": 0}, {"model": "echo-1", "input_tokens": -5, "max_output_tokens": 1}):
+    for body in (
+        {"amount_usd": 0.2},
+        {"amount_usd": "-1"},
+        {"amount_usd": "lots"},
+        {},
+        {"amount_usd": "0.01", "ttl_seconds": 0},
+        {"model": "echo-1", "input_tokens": -5, "max_output_tokens": 1},
+    ):
         bad = call(gateway, "/v1/reservations", body)
         assert bad.status_code == 400, body
     assert call(gateway, "/v1/reservations/not-a-uuid/settle", {"cost_usd": "0"}).status_code == 404
@@ -67,7 +76,9 @@ def test_another_organizations_reservation_is_not_found(gateway, wired):
 
     ApiKey.objects.filter(pk=other.key.pk).update(key_hash=hash_key("cg_other"))
     theirs = {"authorization": "Bearer cg_other"}
-    assert call(gateway, f"/v1/reservations/{r.json()['id']}/settle", {"cost_usd": "0"}, headers=theirs).status_code == 404
+    assert (
+        call(gateway, f"/v1/reservations/{r.json()['id']}/settle", {"cost_usd": "0"}, headers=theirs).status_code == 404
+    )
     assert call(gateway, f"/v1/reservations/{r.json()['id']}/release", headers=theirs).status_code == 404
     assert Reservation.objects.count() == 1
 

@@ -33,7 +33,9 @@ def billed_response(model, response: dict) -> int:
     """What OpenAI bills for a Response: tokens at the model's rates and tier, plus searches."""
     u = response["usage"]
     mult = {"priority": model.priority_multiplier, "flex": model.flex_multiplier}.get(response.get("service_tier"), 1)
-    cost = (u["input_tokens"] * model.input_usd_per_mtok + u["output_tokens"] * model.output_usd_per_mtok) * Decimal(mult)
+    cost = (u["input_tokens"] * model.input_usd_per_mtok + u["output_tokens"] * model.output_usd_per_mtok) * Decimal(
+        mult
+    )
     searches = sum(1 for i in response["output"] if i["type"] == "web_search_call")
     return int((cost * NANO + searches * (model.web_search_usd_per_use or 0) * 10**9).to_integral_value())
 
@@ -52,6 +54,7 @@ def burst(gateway, body, n=30) -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=n, max_keepalive_connections=0)
         async with httpx.AsyncClient(timeout=60, limits=limits) as client:
             return await asyncio.gather(*[client.post(gateway.url + PATH, json=body, headers=AUTH) for _ in range(n)])
+
     return asyncio.run(go())
 
 
@@ -89,8 +92,9 @@ def test_thirty_responses_at_a_cap_worth_ten_bill_within_it(gateway, wired, upst
 def _continuation_burst(wired, gateway, upstream, gpt):  # noqa: F811
     # an earlier response with a large context, relayed by capgate before any cap exists
     upstream.control(prompt_tokens=3000, completion_tokens=50)
-    first = post(gateway, {"model": "gpt-real", "input": "Read this long document.", "max_output_tokens": 50},
-                 path=PATH).json()
+    first = post(
+        gateway, {"model": "gpt-real", "input": "Read this long document.", "max_output_tokens": 50}, path=PATH
+    ).json()
     wait_settled()
     UsageRecord.objects.all().delete()  # the calibration below is the only spend
     upstream.control(prompt_tokens=20, completion_tokens="max")
@@ -108,8 +112,13 @@ def test_continuations_are_bounded_by_the_context_capgate_relayed(gateway, wired
     assert_cap_holds(budget, sum(billed_response(gpt, r.json()) for r in ok), calibration)
 
 
-def test_without_the_stored_context_in_the_bound_continuations_bill_past_the_cap(gateway, wired, upstream,
-                                                                                   gpt, monkeypatch):  # noqa: F811
+def test_without_the_stored_context_in_the_bound_continuations_bill_past_the_cap(
+    gateway,
+    wired,
+    upstream,
+    gpt,  # noqa: F811
+    monkeypatch,
+):
     monkeypatch.setattr(stored_state, "context_tokens", lambda **kw: 0)
     budget, calibration, ok = _continuation_burst(wired, gateway, upstream, gpt)
     assert calibration + sum(billed_response(gpt, r.json()) for r in ok) > budget.amount_nano
@@ -123,8 +132,11 @@ def test_a_continuation_capgate_did_not_relay_is_refused_under_a_cap_only(gatewa
     resp = post(gateway, body, path=PATH)
     assert resp.status_code == 402
     assert resp.json()["error"]["code"] == "unknown_previous_response_id"
-    conv = post(gateway, {**{k: v for k, v in body.items() if k != "previous_response_id"},
-                          "conversation": "conv_unknown"}, path=PATH)
+    conv = post(
+        gateway,
+        {**{k: v for k, v in body.items() if k != "previous_response_id"}, "conversation": "conv_unknown"},
+        path=PATH,
+    )
     assert conv.json()["error"]["code"] == "unknown_conversation"
     assert not Window.objects.filter(budget=block, reserved_nano__gt=0).exists()
 
@@ -133,8 +145,11 @@ def test_another_organizations_response_id_does_not_bound_a_continuation(gateway
     other = make_tenant("globex")
     StoredResponse.objects.create(organization=other.org, response_id="resp_theirs", context_tokens=10)
     wired.budget(amount="5")
-    resp = post(gateway, {"model": "gpt-real", "input": "x", "max_output_tokens": 20,
-                          "previous_response_id": "resp_theirs"}, path=PATH)
+    resp = post(
+        gateway,
+        {"model": "gpt-real", "input": "x", "max_output_tokens": 20, "previous_response_id": "resp_theirs"},
+        path=PATH,
+    )
     assert resp.status_code == 402
 
 
@@ -144,16 +159,22 @@ def test_web_search_is_priced_per_call_and_bounded_by_max_tool_calls(gateway, wi
     gpt.save()
     upstream.control(prompt_tokens=30, search_result_tokens=100, completion_tokens="max")
     wired.budget(amount="5")
-    resp = post(gateway, {"model": "gpt-real", "input": "news?", "max_output_tokens": 40,
-                          "tools": [{"type": "web_search"}]}, path=PATH)
+    resp = post(
+        gateway,
+        {"model": "gpt-real", "input": "news?", "max_output_tokens": 40, "tools": [{"type": "web_search"}]},
+        path=PATH,
+    )
     assert resp.status_code == 200, resp.text
     assert upstream.last(PATH)["body"]["max_tool_calls"] == 5  # injected: the uses are bounded
     wait_settled()
     rec = UsageRecord.objects.get()
     assert rec.cost_nano == billed_response(gpt, resp.json()) <= rec.reserved_nano
     # a hosted tool capgate cannot price is refused under the cap
-    resp = post(gateway, {"model": "gpt-real", "input": "x", "tools": [{"type": "code_interpreter",
-                                                                         "container": {"type": "auto"}}]}, path=PATH)
+    resp = post(
+        gateway,
+        {"model": "gpt-real", "input": "x", "tools": [{"type": "code_interpreter", "container": {"type": "auto"}}]},
+        path=PATH,
+    )
     assert resp.json()["error"]["code"] == "code_interpreter_under_budget"
     # a background response is a provider job (jobs/): admitted like the foreground one, then held by the job
     resp = post(gateway, {"model": "gpt-real", "input": "x", "background": True, "max_output_tokens": 10}, path=PATH)
@@ -172,10 +193,12 @@ def test_stored_responses_are_reachable_by_their_owner_only(gateway, wired, upst
     # another organization's key: 404, and nothing reaches the provider
     other = make_tenant("globex")
     from tenants.models import ApiKey, hash_key
+
     ApiKey.objects.filter(pk=other.key.pk).update(key_hash=hash_key("cg_other_key_0123456789"))
     before = upstream.stats()["requests"]
-    resp = httpx.delete(f"{gateway.url}{PATH}/{rid}", headers={"Authorization": "Bearer cg_other_key_0123456789"},
-                        timeout=10)
+    resp = httpx.delete(
+        f"{gateway.url}{PATH}/{rid}", headers={"Authorization": "Bearer cg_other_key_0123456789"}, timeout=10
+    )
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found"
     assert upstream.stats()["requests"] == before
     assert StoredResponse.objects.filter(response_id=rid).exists()

@@ -19,8 +19,9 @@ def oa(gateway, **kw) -> openai.OpenAI:
 
 def test_openai_sdk_chat_through_capgate_to_an_openai_upstream(gateway, wired, upstream):
     upstream.control(prompt_tokens=1000, completion_tokens=200)
-    reply = oa(gateway).chat.completions.create(model="gpt-test", messages=[{"role": "user", "content": "hi"}],
-                                                max_tokens=300)
+    reply = oa(gateway).chat.completions.create(
+        model="gpt-test", messages=[{"role": "user", "content": "hi"}], max_tokens=300
+    )
     assert reply.choices[0].message.content
     assert reply.usage.prompt_tokens == 1000
     wait_settled()
@@ -32,8 +33,9 @@ def test_openai_sdk_chat_through_capgate_to_an_openai_upstream(gateway, wired, u
 
 def test_openai_sdk_stream_gets_usage_recorded_without_asking_for_it(gateway, wired, upstream):
     upstream.control(prompt_tokens=10, completion_tokens=20)
-    stream = oa(gateway).chat.completions.create(model="gpt-test", stream=True, max_tokens=50,
-                                                 messages=[{"role": "user", "content": "hi"}])
+    stream = oa(gateway).chat.completions.create(
+        model="gpt-test", stream=True, max_tokens=50, messages=[{"role": "user", "content": "hi"}]
+    )
     chunks = list(stream)
     assert any(c.choices and c.choices[0].delta.content for c in chunks)
     assert all(c.usage is None for c in chunks)  # the client did not ask for the usage chunk
@@ -46,9 +48,15 @@ def test_openai_sdk_stream_gets_usage_recorded_without_asking_for_it(gateway, wi
 
 def test_openai_stream_that_asked_for_usage_still_gets_it(gateway, wired, upstream):
     upstream.control(prompt_tokens=10, completion_tokens=20)
-    chunks = list(oa(gateway).chat.completions.create(
-        model="gpt-test", stream=True, max_tokens=50, stream_options={"include_usage": True},
-        messages=[{"role": "user", "content": "hi"}]))
+    chunks = list(
+        oa(gateway).chat.completions.create(
+            model="gpt-test",
+            stream=True,
+            max_tokens=50,
+            stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": "hi"}],
+        )
+    )
     assert chunks[-1].usage.completion_tokens == 20
 
 
@@ -58,8 +66,9 @@ def test_anthropic_sdk_messages_and_stream(gateway, wired, upstream):
     msg = client.messages.create(model="claude-test", max_tokens=64, messages=[{"role": "user", "content": "hi"}])
     assert msg.usage.output_tokens == 40
     assert upstream.last("/v1/messages")["headers"]["x-api-key"] == "sk-ant-up"
-    with client.messages.stream(model="claude-test", max_tokens=64,
-                                messages=[{"role": "user", "content": "hi"}]) as stream:
+    with client.messages.stream(
+        model="claude-test", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+    ) as stream:
         final = stream.get_final_message()
     assert final.usage.output_tokens == 40
     wait_settled()
@@ -69,8 +78,12 @@ def test_anthropic_sdk_messages_and_stream(gateway, wired, upstream):
 
 def test_echo_route_embeddings_and_models(gateway, wired):
     client = oa(gateway)
-    assert client.chat.completions.create(model="echo-1", messages=[{"role": "user", "content": "x"}],
-                                          max_tokens=5).choices[0].message.content == "echo"
+    assert (
+        client.chat.completions.create(model="echo-1", messages=[{"role": "user", "content": "x"}], max_tokens=5)
+        .choices[0]
+        .message.content
+        == "echo"
+    )
     wired.route("embed", wired.echo)
     emb = client.embeddings.create(model="embed", input=["a", "b"])
     assert len(emb.data) == 2
@@ -96,8 +109,11 @@ def test_a_budget_refusal_is_a_402_the_sdk_does_not_retry(gateway, wired):
     assert headers["x-capgate-request-id"].startswith("req_")
     assert not Reservation.objects.exists() and not UsageRecord.objects.exists()
     # Anthropic shape on /v1/messages
-    r = httpx.post(gateway.url + "/v1/messages", headers={"x-api-key": KEY},
-                   json={"model": "echo-1", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(
+        gateway.url + "/v1/messages",
+        headers={"x-api-key": KEY},
+        json={"model": "echo-1", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 402
     assert r.json()["type"] == "error" and r.json()["error"]["type"] == "budget_exceeded"
 
@@ -106,8 +122,11 @@ def test_output_ceiling_is_what_the_budget_affords_and_is_sent_upstream(gateway,
     # given: a $0.05 cap and no max_tokens: 0.05 USD at $75/M output affords ~666 tokens
     budget = wired.budget(amount="0.05")
     upstream.control(completion_tokens="max")
-    r = httpx.post(gateway.url + "/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"},
-                   json={"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        headers={"authorization": f"Bearer {KEY}"},
+        json={"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 200, r.text
     sent = upstream.last("/v1/chat/completions")["body"]["max_completion_tokens"]
     assert 600 < sent < 667
@@ -118,6 +137,9 @@ def test_output_ceiling_is_what_the_budget_affords_and_is_sent_upstream(gateway,
     # when the remaining room affords less than the floor (256 tokens), it refuses
     budget.amount_nano = rec.cost_nano + 256 * 75_000 - 1
     budget.save()
-    r = httpx.post(gateway.url + "/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"},
-                   json={"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]})
+    r = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        headers={"authorization": f"Bearer {KEY}"},
+        json={"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert r.status_code == 402 and r.json()["error"]["code"] == "organization_budget"

@@ -46,15 +46,11 @@ def _shape(model: str) -> Shape:
 
 
 def test_the_route_takes_the_most_expensive_target(opus, acme):
-    discounted = Connection(
-        organization=acme.org, name="d", kind="anthropic", output_usd_per_mtok=Decimal("50")
-    )
+    discounted = Connection(organization=acme.org, name="d", kind="anthropic", output_usd_per_mtok=Decimal("50"))
     listed = Connection(organization=acme.org, name="l", kind="anthropic")
     targets = [Target(connection=discounted, model=opus), Target(connection=listed, model=opus)]
     for proxied in (True, False):
-        sized = size(
-            key=acme.key, shape=_shape("opus"), targets=targets, budgets=[], proxied=proxied
-        )
+        sized = size(key=acme.key, shape=_shape("opus"), targets=targets, budgets=[], proxied=proxied)
         assert sized.worst_nano == worst_case_nano(
             bound=TokenBound(input_tokens=10, output_tokens=10), rates=rates_for(model=opus)
         )

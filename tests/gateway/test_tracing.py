@@ -51,8 +51,11 @@ def traced_app(settings, monkeypatch):
 
 def serve(app):
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on", log_level="warning",
-                                           timeout_graceful_shutdown=2))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host="127.0.0.1", port=port, lifespan="on", log_level="warning", timeout_graceful_shutdown=2
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 15
@@ -71,10 +74,17 @@ def test_enabled_a_gateway_request_gets_a_server_span_with_route_and_status(trac
         # when: a chat call (key in Authorization, and again in x-api-key), a settle of a reservation
         # id that does not exist, and a probe
         body = {"model": "echo-1", "messages": [{"role": "user", "content": SECRET_WORD}], "max_tokens": 20}
-        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=30,
-                       headers={"authorization": f"Bearer {KEY}", "x-api-key": KEY, "x-capgate-customer": "acme-c1"})
-        missing = httpx.post(url + "/v1/reservations/0e7c1f5e-0000-4000-8000-000000000000/release",
-                             headers={"authorization": f"Bearer {KEY}"}, timeout=30)
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            json=body,
+            timeout=30,
+            headers={"authorization": f"Bearer {KEY}", "x-api-key": KEY, "x-capgate-customer": "acme-c1"},
+        )
+        missing = httpx.post(
+            url + "/v1/reservations/0e7c1f5e-0000-4000-8000-000000000000/release",
+            headers={"authorization": f"Bearer {KEY}"},
+            timeout=30,
+        )
         probe = httpx.get(url + "/healthz", timeout=30)
         wait_settled()
     finally:
@@ -95,8 +105,12 @@ def test_enabled_a_gateway_request_gets_a_server_span_with_route_and_status(trac
     assert chat.attributes["http.request.header.authorization"] == ("[REDACTED]",)
     assert chat.attributes["http.request.header.x_api_key"] == ("[REDACTED]",)
     # and no span (server, receive or send) carries the key or the body anywhere
-    every = repr([(s.name, dict(s.attributes or {}), [dict(e.attributes or {}) for e in s.events])
-                  for s in exporter.get_finished_spans()])
+    every = repr(
+        [
+            (s.name, dict(s.attributes or {}), [dict(e.attributes or {}) for e in s.events])
+            for s in exporter.get_finished_spans()
+        ]
+    )
     assert KEY not in every and SECRET_WORD not in every
 
 
@@ -104,4 +118,6 @@ def test_dashboard_pages_get_a_span_named_by_method_only():
     # Django's paths carry slugs and ids: the span name stays bounded.
     assert tracing.span_details({"method": "GET", "path": "/o/acme/keys/17/"}) == ("GET", {})
     assert tracing.span_details({"method": "POST", "path": "/v1/responses/resp_abc/cancel"}) == (
-        "POST /v1/responses/{id}/cancel", {"http.route": "/v1/responses/{id}/cancel"})
+        "POST /v1/responses/{id}/cancel",
+        {"http.route": "/v1/responses/{id}/cancel"},
+    )

@@ -30,8 +30,13 @@ PER_TENANT = 16
 @pytest.fixture
 def small_process(settings):
     """A gateway process with 64 upstream sockets, 16 per organization and per connection."""
-    settings.CAPGATE = {**settings.CAPGATE, "UPSTREAM_MAX_CONNECTIONS": 64, "UPSTREAM_MAX_PER_ORGANIZATION": PER_TENANT,
-                        "UPSTREAM_MAX_PER_CONNECTION": PER_TENANT, "UPSTREAM_POOL_TIMEOUT": 2.0}
+    settings.CAPGATE = {
+        **settings.CAPGATE,
+        "UPSTREAM_MAX_CONNECTIONS": 64,
+        "UPSTREAM_MAX_PER_ORGANIZATION": PER_TENANT,
+        "UPSTREAM_MAX_PER_CONNECTION": PER_TENANT,
+        "UPSTREAM_POOL_TIMEOUT": 2.0,
+    }
     guarded._clients.clear()
     yield
     guarded._clients.clear()
@@ -41,8 +46,14 @@ def small_process(settings):
 def tenant_b(wired, upstream):
     t = make_tenant("beta")
     ApiKey.objects.filter(pk=t.key.pk).update(key_hash=hash_key(KEY_B))
-    conn = Connection.objects.create(organization=t.org, name="oa", kind="openai", base_url=upstream.url + "/v1",
-                                     secret="sk-b", options={"forward_test_headers": True})
+    conn = Connection.objects.create(
+        organization=t.org,
+        name="oa",
+        kind="openai",
+        base_url=upstream.url + "/v1",
+        secret="sk-b",
+        options={"forward_test_headers": True},
+    )
     route = t.org.routes.create(name="gpt-test")
     RouteTarget.objects.create(route=route, connection=conn, model=wired.model, position=0)
     return t
@@ -53,14 +64,17 @@ def p99(latencies: list[float]) -> float:
     return ordered[int(0.99 * (len(ordered) - 1))]
 
 
-async def _b_round(client: httpx.AsyncClient, url: str, n: int = 40, concurrency: int = 4) -> tuple[list[int], list[float]]:
+async def _b_round(
+    client: httpx.AsyncClient, url: str, n: int = 40, concurrency: int = 4
+) -> tuple[list[int], list[float]]:
     gate = asyncio.Semaphore(concurrency)
 
     async def one() -> tuple[int, float]:
         async with gate:
             t0 = time.monotonic()
-            r = await client.post(url, json=CHAT, headers={"authorization": f"Bearer {KEY_B}",
-                                                            "x-upstream-delay-ms": "100"})
+            r = await client.post(
+                url, json=CHAT, headers={"authorization": f"Bearer {KEY_B}", "x-upstream-delay-ms": "100"}
+            )
             return r.status_code, time.monotonic() - t0
 
     results = await asyncio.gather(*(one() for _ in range(n)))
@@ -75,8 +89,9 @@ async def _starve(gateway, upstream) -> dict:
 
         async def a_call() -> None:
             try:
-                r = await client.post(url, json=CHAT,
-                                      headers={"authorization": f"Bearer {KEY}", "x-upstream-fail": "stall"})
+                r = await client.post(
+                    url, json=CHAT, headers={"authorization": f"Bearer {KEY}", "x-upstream-fail": "stall"}
+                )
             except httpx.HTTPError:  # answered by a dropped connection: still answered
                 a_statuses.append(0)
                 return
@@ -94,8 +109,13 @@ async def _starve(gateway, upstream) -> dict:
         for task in hung:
             task.cancel()
         await asyncio.gather(*hung, return_exceptions=True)
-    return {"unloaded": unloaded, "loaded": loaded, "b_statuses": b_statuses, "a_statuses": a_statuses,
-            "a_in_flight": in_flight}
+    return {
+        "unloaded": unloaded,
+        "loaded": loaded,
+        "b_statuses": b_statuses,
+        "a_statuses": a_statuses,
+        "a_in_flight": in_flight,
+    }
 
 
 def test_hung_calls_from_one_tenant_do_not_starve_another(gateway, wired, tenant_b, upstream, small_process):
@@ -113,8 +133,9 @@ def test_hung_calls_from_one_tenant_do_not_starve_another(gateway, wired, tenant
     assert not Reservation.objects.exists()
 
 
-def test_without_the_limits_hung_calls_starve_the_other_tenant(gateway, wired, tenant_b, upstream, small_process,
-                                                               monkeypatch):
+def test_without_the_limits_hung_calls_starve_the_other_tenant(
+    gateway, wired, tenant_b, upstream, small_process, monkeypatch
+):
     # The guard-removal test of the one above: with no per-organization or per-connection limit,
     # A's hung calls take the whole pool and B's calls time out waiting for it.
     monkeypatch.setattr(Slots, "limits", staticmethod(lambda: (10**9, 10**9)))
@@ -127,10 +148,18 @@ def test_without_the_limits_hung_calls_starve_the_other_tenant(gateway, wired, t
 def test_slots_are_given_back_when_calls_end(gateway, wired, upstream, small_process):
     # Each call's slot lives as long as its response (here: answered, and failed upstream).
     for fail in ("", "500"):
-        r = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, timeout=30,
-                       headers={"authorization": f"Bearer {KEY}", "x-upstream-fail": fail})
+        r = httpx.post(
+            gateway.url + "/v1/chat/completions",
+            json=CHAT,
+            timeout=30,
+            headers={"authorization": f"Bearer {KEY}", "x-upstream-fail": fail},
+        )
         assert r.status_code in (200, 500)
-    stream = httpx.post(gateway.url + "/v1/chat/completions", json={**CHAT, "stream": True}, timeout=30,
-                        headers={"authorization": f"Bearer {KEY}"})
+    stream = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        json={**CHAT, "stream": True},
+        timeout=30,
+        headers={"authorization": f"Bearer {KEY}"},
+    )
     assert stream.status_code == 200
     assert slots.by_organization == {} and slots.by_connection == {}

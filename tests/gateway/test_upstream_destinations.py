@@ -28,13 +28,27 @@ def public_only(settings):
     guard._clients.clear()
 
 
-@pytest.mark.parametrize("address, reason", [
-    ("127.0.0.1", "loopback"), ("::1", "loopback"), ("10.1.2.3", "private"), ("192.168.0.1", "private"),
-    ("172.16.5.4", "private"), ("169.254.169.254", "link-local"), ("fe80::1", "link-local"),
-    ("100.64.0.1", "not public"), ("100.100.100.200", "not public"), ("fd00:ec2::254", "private"),
-    ("224.0.0.1", "multicast"), ("ff02::1", "multicast"), ("0.0.0.0", "unspecified"),
-    ("::ffff:127.0.0.1", "loopback"), ("2002:7f00:1::1", "loopback"), ("240.0.0.1", "reserved"),
-])
+@pytest.mark.parametrize(
+    "address, reason",
+    [
+        ("127.0.0.1", "loopback"),
+        ("::1", "loopback"),
+        ("10.1.2.3", "private"),
+        ("192.168.0.1", "private"),
+        ("172.16.5.4", "private"),
+        ("169.254.169.254", "link-local"),
+        ("fe80::1", "link-local"),
+        ("100.64.0.1", "not public"),
+        ("100.100.100.200", "not public"),
+        ("fd00:ec2::254", "private"),
+        ("224.0.0.1", "multicast"),
+        ("ff02::1", "multicast"),
+        ("0.0.0.0", "unspecified"),
+        ("::ffff:127.0.0.1", "loopback"),
+        ("2002:7f00:1::1", "loopback"),
+        ("240.0.0.1", "reserved"),
+    ],
+)
 def test_internal_addresses_are_refused(public_only, address, reason):
     assert guard.refusal_reason(address) == reason
 
@@ -101,8 +115,11 @@ def _server_counting_connections() -> tuple[socket.socket, list[int]]:
 
 def _fetch(url: str) -> httpx.Response:
     async def go() -> httpx.Response:
-        async with httpx.AsyncClient(transport=guard.GuardedTransport(
-                limits=httpx.Limits(max_connections=4), ssl_context=httpx.create_ssl_context())) as c:
+        async with httpx.AsyncClient(
+            transport=guard.GuardedTransport(
+                limits=httpx.Limits(max_connections=4), ssl_context=httpx.create_ssl_context()
+            )
+        ) as c:
             return await c.get(url)
 
     return asyncio.run(go())

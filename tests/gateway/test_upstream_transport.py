@@ -37,8 +37,11 @@ def _server(answer: bool) -> tuple[socket.socket, list[bytes]]:
 
 def _post(url: str) -> httpx.Response:
     async def go() -> httpx.Response:
-        async with httpx.AsyncClient(transport=guard.GuardedTransport(
-                limits=httpx.Limits(max_connections=4), ssl_context=httpx.create_ssl_context())) as c:
+        async with httpx.AsyncClient(
+            transport=guard.GuardedTransport(
+                limits=httpx.Limits(max_connections=4), ssl_context=httpx.create_ssl_context()
+            )
+        ) as c:
             return await c.post(url, content=b'{"model": "m"}')
 
     return asyncio.run(go())

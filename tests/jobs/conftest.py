@@ -26,10 +26,21 @@ def an(gw) -> anthropic.Anthropic:
 
 
 def batch_file(lines: int, *, model: str = "gpt-test", max_tokens: int = LINE_MAX_TOKENS) -> io.BytesIO:
-    rows = [json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-                        "body": {"model": model, "max_tokens": max_tokens,
-                                 "messages": [{"role": "user", "content": f"question {i}"}]}})
-            for i in range(lines)]
+    rows = [
+        json.dumps(
+            {
+                "custom_id": f"r{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {
+                    "model": model,
+                    "max_tokens": max_tokens,
+                    "messages": [{"role": "user", "content": f"question {i}"}],
+                },
+            }
+        )
+        for i in range(lines)
+    ]
     return io.BytesIO(("\n".join(rows) + "\n").encode())
 
 

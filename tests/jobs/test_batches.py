@@ -207,11 +207,14 @@ def test_ids_of_another_organization_are_404(gateway, jobs_org, outsider):
     raw, prefix, digest = ApiKey.generate()
     ApiKey.objects.create(organization=outsider.org, project=outsider.project, name="x", prefix=prefix, key_hash=digest)
     other = openai.OpenAI(api_key=raw, base_url=gateway.url + "/v1", max_retries=0)
-    for call in (lambda: other.batches.retrieve(batch.id), lambda: other.batches.cancel(batch.id),
-                 lambda: other.files.retrieve(f.id), lambda: other.files.content(f.id),
-                 lambda: other.files.delete(f.id),
-                 lambda: other.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions",
-                                              completion_window="24h")):
+    for call in (
+        lambda: other.batches.retrieve(batch.id),
+        lambda: other.batches.cancel(batch.id),
+        lambda: other.files.retrieve(f.id),
+        lambda: other.files.content(f.id),
+        lambda: other.files.delete(f.id),
+        lambda: other.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"),
+    ):
         with pytest.raises(openai.NotFoundError):
             call()
     assert client.batches.retrieve(batch.id).id == batch.id

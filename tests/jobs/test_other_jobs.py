@@ -36,9 +36,13 @@ def _poll_until(state: str, tries: int = 5) -> Job:
 
 
 def _requests(n: int, model: str = "claude-test") -> list[dict]:
-    return [{"custom_id": f"m{i}", "params": {"model": model, "max_tokens": 500,
-                                             "messages": [{"role": "user", "content": f"hello {i}"}]}}
-            for i in range(n)]
+    return [
+        {
+            "custom_id": f"m{i}",
+            "params": {"model": model, "max_tokens": 500, "messages": [{"role": "user", "content": f"hello {i}"}]},
+        }
+        for i in range(n)
+    ]
 
 
 def test_message_batch_is_admitted_held_and_settled_per_line(gateway, jobs_org, upstream):
@@ -52,8 +56,10 @@ def test_message_batch_is_admitted_held_and_settled_per_line(gateway, jobs_org, 
     job = _poll_until(Job.State.SETTLED)
     rec = UsageRecord.objects.get(request_id=job.request_id)
     billed = upstream.jobs()[0]["billed"]
-    assert billed["lines"] == 3 and (rec.input_tokens, rec.output_tokens) == (billed["input_tokens"],
-                                                                             billed["output_tokens"])
+    assert billed["lines"] == 3 and (rec.input_tokens, rec.output_tokens) == (
+        billed["input_tokens"],
+        billed["output_tokens"],
+    )
     assert 0 < rec.cost_nano <= res.amount_nano
     results = list(client.messages.batches.results(batch.id))
     assert len(results) == 3
@@ -78,8 +84,11 @@ def test_message_batch_of_another_organization_is_404(gateway, jobs_org, outside
     raw, prefix, digest = ApiKey.generate()
     ApiKey.objects.create(organization=outsider.org, project=outsider.project, name="x", prefix=prefix, key_hash=digest)
     other = anthropic.Anthropic(api_key=raw, base_url=gateway.url, max_retries=0)
-    for call in (lambda: other.messages.batches.retrieve(batch.id), lambda: other.messages.batches.cancel(batch.id),
-                 lambda: list(other.messages.batches.results(batch.id))):
+    for call in (
+        lambda: other.messages.batches.retrieve(batch.id),
+        lambda: other.messages.batches.cancel(batch.id),
+        lambda: list(other.messages.batches.results(batch.id)),
+    ):
         with pytest.raises(anthropic.NotFoundError):
             call()
 
@@ -96,8 +105,10 @@ def test_background_response_is_held_by_its_job_and_settled_from_its_usage(gatew
     job = _poll_until(Job.State.SETTLED)
     rec = UsageRecord.objects.get(request_id=job.request_id)
     billed = upstream.jobs()[0]["billed"]
-    assert rec.status == "served" and (rec.input_tokens, rec.output_tokens) == (billed["input_tokens"],
-                                                                               billed["output_tokens"])
+    assert rec.status == "served" and (rec.input_tokens, rec.output_tokens) == (
+        billed["input_tokens"],
+        billed["output_tokens"],
+    )
     assert 0 < rec.cost_nano <= res.amount_nano
     wait_settled()
     _clean()
@@ -119,8 +130,9 @@ def test_video_is_priced_per_second_and_settled_from_billed_seconds(gateway, job
     upstream.job(video.id, "completed")
     job = _poll_until(Job.State.SETTLED)
     rec = UsageRecord.objects.get(request_id=job.request_id)
-    assert rec.cost_nano == video_nano(model=jobs_org.model, seconds=upstream.jobs()[0]["billed"]["seconds"],
-                                       worst=False)
+    assert rec.cost_nano == video_nano(
+        model=jobs_org.model, seconds=upstream.jobs()[0]["billed"]["seconds"], worst=False
+    )
     assert client.videos.retrieve(video.id).status == "completed"
     wait_settled()
     _clean()

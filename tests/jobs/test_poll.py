@@ -59,7 +59,10 @@ def test_claim_guard_removal_polls_twice(gateway, jobs_org, upstream, monkeypatc
 
 def test_bad_batch_input_is_refused_and_nothing_is_kept(gateway, jobs_org, upstream):
     client = oa(gateway)
-    bad = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}}\n{"custom_id": "a"}\n'
+    bad = (
+        b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", '
+        b'"body": {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}}\n{"custom_id": "a"}\n'
+    )
     with pytest.raises(openai.BadRequestError) as err:
         client.files.create(file=("b.jsonl", bad), purpose="batch")
     assert "line 2" in err.value.body["message"]

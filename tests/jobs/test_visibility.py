@@ -21,9 +21,18 @@ from tests.dashboard.test_dashboard import browser
 def _job(org: Org, request_id: str, provider_id: str, worst: int) -> Job:
     admitted = org.tenant.admit(request_id=request_id, worst_nano=worst)
     deadline = timezone.now() + timedelta(hours=26)
-    job = Job.objects.create(organization=org.tenant.org, kind=Job.Kind.BATCH, provider_job_id=provider_id,
-                             route="echo-1", api_key=org.tenant.key, request_id=request_id, worst_nano=worst,
-                             provider_status="in_progress", deadline_at=deadline, next_poll_at=timezone.now())
+    job = Job.objects.create(
+        organization=org.tenant.org,
+        kind=Job.Kind.BATCH,
+        provider_job_id=provider_id,
+        route="echo-1",
+        api_key=org.tenant.key,
+        request_id=request_id,
+        worst_nano=worst,
+        provider_status="in_progress",
+        deadline_at=deadline,
+        next_poll_at=timezone.now(),
+    )
     hand_to_job(request_id=request_id, job_id=provider_id, deadline_at=deadline)
     assert admitted.reservation.amount_nano == worst
     return job
@@ -58,8 +67,9 @@ def test_dashboard_lists_live_jobs_and_the_request_log_links_the_settled_one(org
     # settled: the request's usage record carries the job, and the request log shows it
     from budgets.models import Reservation
 
-    record(reservation=Reservation.objects.get(request_id="req_a2"), outcome=Outcome(status="served",
-                                                                                     cost_nano=1_000_000))
+    record(
+        reservation=Reservation.objects.get(request_id="req_a2"), outcome=Outcome(status="served", cost_nano=1_000_000)
+    )
     drain(request_ids=["req_a2"])
     Job.objects.filter(request_id="req_a2").update(state=Job.State.SETTLED, cost_nano=1_000_000)
     assert RequestLogEntry.objects.get(request_id="req_a2").job_id == "batch_a2"

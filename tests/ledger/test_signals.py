@@ -54,22 +54,16 @@ def test_the_drain_sends_windows_changed_after_commit_with_the_charged_windows(
 
 
 @pytest.mark.django_db
-def test_usage_connects_the_threshold_check_to_windows_changed(
-    acme, django_capture_on_commit_callbacks, monkeypatch
-):
+def test_usage_connects_the_threshold_check_to_windows_changed(acme, django_capture_on_commit_callbacks, monkeypatch):
     monkeypatch.setattr("usage.alerts._queue_email", lambda event_id: None)  # no broker here
     budget = acme.budget(amount="1")
     with django_capture_on_commit_callbacks(execute=True):
         spend(acme, usd("0.60"))
-    assert list(
-        AlertEvent.objects.filter(window=window_of(budget)).values_list("threshold", flat=True)
-    ) == [50]
+    assert list(AlertEvent.objects.filter(window=window_of(budget)).values_list("threshold", flat=True)) == [50]
 
 
 @pytest.mark.django_db
-def test_without_usage_s_receiver_the_drain_raises_no_alert(
-    acme, django_capture_on_commit_callbacks, monkeypatch
-):
+def test_without_usage_s_receiver_the_drain_raises_no_alert(acme, django_capture_on_commit_callbacks, monkeypatch):
     # given: the connection made in usage/apps.py removed
     monkeypatch.setattr("usage.alerts._queue_email", lambda event_id: None)
     assert windows_changed.disconnect(dispatch_uid="usage.alerts.on_windows_changed")
@@ -111,6 +105,4 @@ def test_without_the_ledger_s_receiver_the_deleted_project_s_name_is_lost(acme):
     finally:
         from ledger.recording import freeze_subject_name
 
-        subject_deleting.connect(
-            freeze_subject_name, dispatch_uid="ledger.recording.freeze_subject_name"
-        )
+        subject_deleting.connect(freeze_subject_name, dispatch_uid="ledger.recording.freeze_subject_name")

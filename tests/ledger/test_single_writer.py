@@ -38,9 +38,7 @@ WRITES = {
     "save_base",
 }
 SQL_WRITE = re.compile(
-    r"\b(INSERT\s+INTO|UPDATE|DELETE\s+FROM|TRUNCATE(\s+TABLE)?)\s+\"?("
-    + "|".join(TABLES)
-    + r")\b",
+    r"\b(INSERT\s+INTO|UPDATE|DELETE\s+FROM|TRUNCATE(\s+TABLE)?)\s+\"?(" + "|".join(TABLES) + r")\b",
     re.I,
 )
 SQL_VERB = re.compile(r"\b(INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s*$", re.I)
@@ -121,10 +119,7 @@ class _Scan(ast.NodeVisitor):
                 isinstance(call, ast.Call)
                 and isinstance(call.func, ast.Attribute)
                 and call.func.attr == "get_model"
-                and any(
-                    isinstance(a, ast.Constant) and str(a.value).lower() in GET_MODEL_NAMES
-                    for a in call.args
-                )
+                and any(isinstance(a, ast.Constant) and str(a.value).lower() in GET_MODEL_NAMES for a in call.args)
             ):
                 return True
         return False
@@ -164,14 +159,8 @@ class _Scan(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Call(self, node: ast.Call) -> None:
-        if (
-            isinstance(node.func, ast.Attribute)
-            and node.func.attr in WRITES
-            and self._is_guarded_expr(node.func.value)
-        ):
-            self.found.append(
-                (node.lineno, f"ORM .{node.func.attr}() on {ast.unparse(node.func.value)[:80]}")
-            )
+        if isinstance(node.func, ast.Attribute) and node.func.attr in WRITES and self._is_guarded_expr(node.func.value):
+            self.found.append((node.lineno, f"ORM .{node.func.attr}() on {ast.unparse(node.func.value)[:80]}"))
         self.generic_visit(node)
 
     def visit_Constant(self, node: ast.Constant) -> None:
@@ -252,14 +241,11 @@ def test_a_write_added_outside_the_ledger_fails_the_scan(tmp_path, monkeypatch):
     # given: the tree as it is, plus one module outside the ledger that bumps a window
     rogue = ROOT / "usage" / "_rogue_writer_for_test.py"
     rogue.write_text(
-        "from budgets.models import Window\n\n\ndef bump():\n"
-        "    Window.objects.filter(id=1).update(spent_nano=0)\n",
+        "from budgets.models import Window\n\n\ndef bump():\n    Window.objects.filter(id=1).update(spent_nano=0)\n",
         encoding="utf-8",
     )
     try:
         # then
-        assert outside_writers() == [
-            "usage/_rogue_writer_for_test.py:5: ORM .update() on Window.objects.filter(id=1)"
-        ]
+        assert outside_writers() == ["usage/_rogue_writer_for_test.py:5: ORM .update() on Window.objects.filter(id=1)"]
     finally:
         rogue.unlink()

@@ -126,20 +126,13 @@ def test_write_token_lists_creates_updates_and_deletes(org_a: Org, org_b: Org):
 @pytest.mark.parametrize("who", ["read_token", "viewer"])
 @pytest.mark.django_db
 def test_read_token_and_viewer_read_but_cannot_write(org_a: Org, role_users, who):
-    c = (
-        client(token=org_a.token_read)
-        if who == "read_token"
-        else client(user=role_users["viewer"][0])
-    )
+    c = client(token=org_a.token_read) if who == "read_token" else client(user=role_users["viewer"][0])
     limit = org_limit(org_a)
     before = limits()
     assert c.get(base(org_a)).json()["results"][0]["id"] == limit.id
     r = c.post(base(org_a), {"scope": "organization", "requests_per_minute": 5}, format="json")
     assert r.status_code == 403 and r.json()["code"] == "permission_denied", r.json()
-    assert (
-        c.patch(f"{base(org_a)}{limit.id}/", {"requests_per_minute": 5}, format="json").status_code
-        == 403
-    )
+    assert c.patch(f"{base(org_a)}{limit.id}/", {"requests_per_minute": 5}, format="json").status_code == 403
     assert c.delete(f"{base(org_a)}{limit.id}/").status_code == 403
     assert limits() == before
 
@@ -162,17 +155,9 @@ def test_outsider_gets_404_and_changes_nothing(org_a: Org, org_b: Org, who):
     limit = org_limit(org_a)
     before = limits()
     assert c.get(base(org_a)).status_code == 404
-    assert (
-        c.post(
-            base(org_a), {"scope": "organization", "requests_per_minute": 5}, format="json"
-        ).status_code
-        == 404
-    )
+    assert c.post(base(org_a), {"scope": "organization", "requests_per_minute": 5}, format="json").status_code == 404
     assert c.get(f"{base(org_a)}{limit.id}/").status_code == 404
-    assert (
-        c.patch(f"{base(org_a)}{limit.id}/", {"requests_per_minute": 5}, format="json").status_code
-        == 404
-    )
+    assert c.patch(f"{base(org_a)}{limit.id}/", {"requests_per_minute": 5}, format="json").status_code == 404
     assert c.delete(f"{base(org_a)}{limit.id}/").status_code == 404
     assert limits() == before
 
@@ -183,10 +168,7 @@ def test_another_orgs_limit_is_404_under_your_own_org(org_a: Org, org_b: Org):
     c = client(token=org_a.token_write)
     before = limits()
     assert c.get(f"{base(org_a)}{theirs.id}/").status_code == 404
-    assert (
-        c.patch(f"{base(org_a)}{theirs.id}/", {"requests_per_minute": 5}, format="json").status_code
-        == 404
-    )
+    assert c.patch(f"{base(org_a)}{theirs.id}/", {"requests_per_minute": 5}, format="json").status_code == 404
     assert c.delete(f"{base(org_a)}{theirs.id}/").status_code == 404
     assert limits() == before
 
@@ -195,12 +177,8 @@ def test_another_orgs_limit_is_404_under_your_own_org(org_a: Org, org_b: Org):
 def test_another_orgs_limit_guard_removed_is_changed(org_a: Org, org_b: Org, monkeypatch):
     # The removal test of the one above: the organization filter on the queryset is the guard.
     theirs = org_limit(org_b)
-    monkeypatch.setattr(
-        ratelimit_api.RateLimitViewSet, "get_queryset", lambda self: RateLimit.objects.all()
-    )
-    r = client(token=org_a.token_write).patch(
-        f"{base(org_a)}{theirs.id}/", {"requests_per_minute": 5}, format="json"
-    )
+    monkeypatch.setattr(ratelimit_api.RateLimitViewSet, "get_queryset", lambda self: RateLimit.objects.all())
+    r = client(token=org_a.token_write).patch(f"{base(org_a)}{theirs.id}/", {"requests_per_minute": 5}, format="json")
     assert r.status_code == 200
     theirs.refresh_from_db()
     assert theirs.requests_per_minute == 5
@@ -234,9 +212,7 @@ def test_bad_rate_limit_is_a_field_error_and_nothing_changes(org_a: Org, payload
     before = limits()
     r = client(token=org_a.token_write).post(base(org_a), payload, format="json")
     assert r.status_code == 400, r.json()
-    assert r.json()["code"] == "invalid" and r.json()["detail"] and field in r.json()["errors"], (
-        r.json()
-    )
+    assert r.json()["code"] == "invalid" and r.json()["detail"] and field in r.json()["errors"], r.json()
     assert limits() == before
 
 
@@ -249,9 +225,7 @@ def test_bad_update_is_a_field_error_and_nothing_changes(org_a: Org):
         ({"tokens_per_minute": -1}, "tokens_per_minute"),
         ({"requests_per_minute": None}, "requests_per_minute"),
     ]:
-        r = client(token=org_a.token_write).patch(
-            f"{base(org_a)}{limit.id}/", payload, format="json"
-        )
+        r = client(token=org_a.token_write).patch(f"{base(org_a)}{limit.id}/", payload, format="json")
         assert r.status_code == 400 and field in r.json()["errors"], (payload, r.json())
     assert limits() == before
 
@@ -292,12 +266,8 @@ def test_zero_limit_with_both_checks_removed_meets_the_database_constraint(org_a
     assert r.status_code == 409 and r.json()["code"] == "conflict", r.json()
     assert not RateLimit.objects.exists()
     # and the constraint is the last guard: without the checks a PATCH to 0 meets it too
-    limit = RateLimit.objects.create(
-        organization=org_a.tenant.org, scope="organization", requests_per_minute=5
-    )
-    r = client(token=org_a.token_write).patch(
-        f"{base(org_a)}{limit.id}/", {"requests_per_minute": 0}, format="json"
-    )
+    limit = RateLimit.objects.create(organization=org_a.tenant.org, scope="organization", requests_per_minute=5)
+    r = client(token=org_a.token_write).patch(f"{base(org_a)}{limit.id}/", {"requests_per_minute": 0}, format="json")
     assert r.status_code == 409 and r.json()["code"] == "conflict", r.json()
     limit.refresh_from_db()
     assert limit.requests_per_minute == 5
@@ -316,9 +286,7 @@ def test_subject_from_another_org_is_invalid_and_nothing_changes(org_a: Org, org
     r = client(token=org_a.token_write).post(
         base(org_a), {"scope": scope, field: theirs.id, "requests_per_minute": 5}, format="json"
     )
-    assert r.status_code == 400 and r.json()["code"] == "invalid" and field in r.json()["errors"], (
-        r.json()
-    )
+    assert r.status_code == 400 and r.json()["code"] == "invalid" and field in r.json()["errors"], r.json()
     assert limits() == before
 
 
@@ -328,13 +296,9 @@ def test_subject_from_another_org_guards_removed(org_a: Org, org_b: Org, monkeyp
     c = client(token=org_a.token_write)
     payload = {"scope": "key", "api_key": org_b.tenant.key.id, "requests_per_minute": 5}
     # the serializer's organization filter gone: the service still says no such key
-    monkeypatch.setattr(
-        OrgRelatedField, "get_queryset", lambda self: super(OrgRelatedField, self).get_queryset()
-    )
+    monkeypatch.setattr(OrgRelatedField, "get_queryset", lambda self: super(OrgRelatedField, self).get_queryset())
     r = c.post(base(org_a), payload, format="json")
-    assert r.status_code == 400 and r.json()["errors"] == {"api_key": ["No such api key."]}, (
-        r.json()
-    )
+    assert r.status_code == 400 and r.json()["errors"] == {"api_key": ["No such api key."]}, r.json()
     assert not RateLimit.objects.exists()
     # and the service's check gone too: acme now limits globex's key
     monkeypatch.setattr(services, "_check_subject", lambda organization, scope, subject: None)

@@ -94,12 +94,7 @@ def test_declared_rate_limits_are_created(tmp_path):
         ("whole-org", "organization", None, None, None, 6000, None),
     ]
     assert set(RateLimit.objects.values_list("organization", flat=True)) == {org.id}
-    assert (
-        AuditLogEntry.objects.filter(
-            object_type="ratelimit", action="create", actor="apply"
-        ).count()
-        == 4
-    )
+    assert AuditLogEntry.objects.filter(object_type="ratelimit", action="create", actor="apply").count() == 4
 
 
 @pytest.mark.django_db
@@ -169,9 +164,7 @@ def test_bad_entry_is_named_and_nothing_changes(tmp_path, changes, message):
 def test_a_subject_is_fixed_once_created(tmp_path):
     run(write(tmp_path, config()))
     before = state()
-    with pytest.raises(
-        CommandError, match=r"rate_limits\[1\]\.project: Scope and subject are fixed"
-    ):
+    with pytest.raises(CommandError, match=r"rate_limits\[1\]\.project: Scope and subject are fixed"):
         run(
             write(
                 tmp_path,
@@ -211,8 +204,11 @@ def test_named_path_guard_removed_is_a_bare_database_error(tmp_path, monkeypatch
     # The removal test of the service's check: without it the constraint still refuses the row,
     # but as a bare IntegrityError that names no item.
     # The serializer's bound (the API's rule, which apply now meets first) goes too.
-    monkeypatch.setitem(ratelimit_api.RateLimitSerializer._declared_fields, "requests_per_minute",
-                        serializers.IntegerField(required=False, allow_null=True))
+    monkeypatch.setitem(
+        ratelimit_api.RateLimitSerializer._declared_fields,
+        "requests_per_minute",
+        serializers.IntegerField(required=False, allow_null=True),
+    )
     monkeypatch.setattr(services, "_check_fields", lambda fields, current=None: None)
     with pytest.raises(IntegrityError, match="rate_limit_positive"):
         run(write(tmp_path, config(_2={"requests_per_minute": 0})))

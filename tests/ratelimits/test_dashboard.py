@@ -56,9 +56,7 @@ def test_owner_creates_a_rate_limit_and_sees_it(org_a: Org):
     ) == (org_a.tenant.org, "key", org_a.tenant.key, 120, 250_000)
     page = c.get(url(org_a, "rate_limits")).content.decode()
     assert "ci-key" in page and "120" in page and "250000" in page and org_a.tenant.key.name in page
-    assert AuditLogEntry.objects.filter(
-        object_type="ratelimit", action="create", actor="owner@acme.test"
-    ).exists()
+    assert AuditLogEntry.objects.filter(object_type="ratelimit", action="create", actor="owner@acme.test").exists()
 
 
 @pytest.mark.django_db
@@ -136,9 +134,7 @@ def test_a_subject_from_another_org_is_a_form_error(org_a: Org, org_b: Org):
         url(org_a, "rate_limit_new"),
         {"scope": "key", "api_key": org_b.tenant.key.id, "requests_per_minute": "5"},
     )
-    assert (
-        r.status_code == 200 and "Select a valid choice." in r.context["form"].errors["api_key"][0]
-    )
+    assert r.status_code == 200 and "Select a valid choice." in r.context["form"].errors["api_key"][0]
     assert limits() == before
 
 
@@ -152,16 +148,10 @@ def test_viewer_sees_the_page_but_cannot_create_edit_or_delete(org_a: Org, role_
     assert url(org_a, "rate_limit_new") not in page.content.decode()
     assert c.get(url(org_a, "rate_limit_new")).status_code == 403
     assert (
-        c.post(
-            url(org_a, "rate_limit_new"), {"scope": "organization", "requests_per_minute": "5"}
-        ).status_code
-        == 403
+        c.post(url(org_a, "rate_limit_new"), {"scope": "organization", "requests_per_minute": "5"}).status_code == 403
     )
     assert c.get(url(org_a, "rate_limit_edit", limit.id)).status_code == 403
-    assert (
-        c.post(url(org_a, "rate_limit_edit", limit.id), {"requests_per_minute": "5"}).status_code
-        == 403
-    )
+    assert c.post(url(org_a, "rate_limit_edit", limit.id), {"requests_per_minute": "5"}).status_code == 403
     assert c.post(url(org_a, "rate_limit_delete", limit.id)).status_code == 403
     assert limits() == before
 
@@ -210,9 +200,7 @@ def test_outsider_guard_removed_creates_in_acme(org_a: Org, org_b: Org, monkeypa
         )
 
     monkeypatch.setattr(dashboard_access, "access_for_user", anyone_is_owner)
-    r = browser(org_b.owner).post(
-        url(org_a, "rate_limit_new"), {"scope": "organization", "requests_per_minute": "1"}
-    )
+    r = browser(org_b.owner).post(url(org_a, "rate_limit_new"), {"scope": "organization", "requests_per_minute": "1"})
     assert r.status_code == 302
     assert RateLimit.objects.filter(organization=org_a.tenant.org).count() == 1
 
@@ -223,10 +211,7 @@ def test_another_orgs_limit_is_404_under_your_own_org(org_a: Org, org_b: Org):
     theirs = org_limit(org_b, name="theirs")
     before = limits()
     assert c.get(url(org_a, "rate_limit_edit", theirs.id)).status_code == 404
-    assert (
-        c.post(url(org_a, "rate_limit_edit", theirs.id), {"requests_per_minute": "1"}).status_code
-        == 404
-    )
+    assert c.post(url(org_a, "rate_limit_edit", theirs.id), {"requests_per_minute": "1"}).status_code == 404
     assert c.post(url(org_a, "rate_limit_delete", theirs.id)).status_code == 404
     assert limits() == before
 
@@ -237,8 +222,6 @@ def test_another_orgs_limit_guard_removed_is_deleted(org_a: Org, org_b: Org, mon
     from django.shortcuts import get_object_or_404
 
     theirs = org_limit(org_b, name="theirs")
-    monkeypatch.setattr(
-        views, "get_object_or_404", lambda model, pk, organization: get_object_or_404(model, pk=pk)
-    )
+    monkeypatch.setattr(views, "get_object_or_404", lambda model, pk, organization: get_object_or_404(model, pk=pk))
     assert browser(org_a.owner).post(url(org_a, "rate_limit_delete", theirs.id)).status_code == 302
     assert not RateLimit.objects.filter(pk=theirs.pk).exists()

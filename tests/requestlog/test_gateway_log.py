@@ -78,6 +78,7 @@ def test_served_refused_and_rate_limited_requests_each_get_their_row(gateway, wi
 def test_every_request_of_a_concurrent_burst_at_a_cap_has_exactly_one_row(gateway, wired):
     # given: room for a few calls at a $0.025 cap
     budget = wired.budget(amount="0.025")
+
     # when: 24 at once, released by a barrier
     def call(_: int) -> httpx.Response:
         return httpx.post(gateway.url + "/v1/chat/completions", json=chat(), headers=AUTH, timeout=60)
@@ -117,8 +118,9 @@ def test_guard_removed_an_admitted_failure_would_be_logged_twice(gateway, wired,
     monkeypatch.setattr(buffer, "SKIP_ADMITTED", False)
     wired.budget(amount="1")
     # when
-    r = httpx.post(gateway.url + "/v1/chat/completions", json=chat(),
-                   headers={**AUTH, "x-capgate-echo-fail": "500"}, timeout=30)
+    r = httpx.post(
+        gateway.url + "/v1/chat/completions", json=chat(), headers={**AUTH, "x-capgate-echo-fail": "500"}, timeout=30
+    )
     wait_settled()
     request_id = r.headers["x-capgate-request-id"]
     deadline = time.monotonic() + 10
@@ -126,7 +128,9 @@ def test_guard_removed_an_admitted_failure_would_be_logged_twice(gateway, wired,
         time.sleep(0.05)
     # then: the same request twice in the log
     assert sorted(e.status for e in RequestLogEntry.objects.filter(request_id=request_id)) == [
-        "failed_upstream", "rejected"]
+        "failed_upstream",
+        "rejected",
+    ]
 
 
 def buffer_flush_seconds() -> float:
@@ -167,8 +171,9 @@ def test_an_unknown_key_is_not_logged_and_a_revoked_key_is(gateway, wired):
     ApiKey.objects.filter(pk=other.pk).update(key_hash=hash_key("cg_revoked_key_0000"), revoked_at=timezone.now())
     # when
     bad = httpx.post(gateway.url + "/v1/chat/completions", json=chat(), headers={"authorization": "Bearer nope"})
-    revoked = httpx.post(gateway.url + "/v1/chat/completions", json=chat(),
-                         headers={"authorization": "Bearer cg_revoked_key_0000"})
+    revoked = httpx.post(
+        gateway.url + "/v1/chat/completions", json=chat(), headers={"authorization": "Bearer cg_revoked_key_0000"}
+    )
     # then
     assert (bad.status_code, revoked.status_code) == (401, 401)
     rows = wait_logged([revoked.headers["x-capgate-request-id"]])
@@ -183,9 +188,21 @@ def test_the_buffer_is_bounded_and_counts_what_it_drops(settings):
     b = buffer.Buffer()
 
     def pending(i: int) -> buffer.Pending:
-        return buffer.Pending(request_id=f"r{i}", key_hash="h", customer="", run_id="", model="m", endpoint="chat",
-                              status="refused", code="c", http_status=402, budget_id=None, reserved_nano=0,
-                              latency_ms=1, message="")
+        return buffer.Pending(
+            request_id=f"r{i}",
+            key_hash="h",
+            customer="",
+            run_id="",
+            model="m",
+            endpoint="chat",
+            status="refused",
+            code="c",
+            http_status=402,
+            budget_id=None,
+            reserved_nano=0,
+            latency_ms=1,
+            message="",
+        )
 
     # when: 5 noted, then a failed write's batch comes back while 2 newer wait
     for i in range(5):
@@ -212,9 +229,23 @@ def test_concurrent_notes_and_takes_lose_nothing_under_the_bound():
     t = threading.Thread(target=taker)
     t.start()
     for i in range(2000):
-        b.add(buffer.Pending(request_id=f"r{i}", key_hash="h", customer="", run_id="", model="m", endpoint="chat",
-                             status="refused", code="c", http_status=402, budget_id=None, reserved_nano=0,
-                             latency_ms=1, message=""))
+        b.add(
+            buffer.Pending(
+                request_id=f"r{i}",
+                key_hash="h",
+                customer="",
+                run_id="",
+                model="m",
+                endpoint="chat",
+                status="refused",
+                code="c",
+                http_status=402,
+                budget_id=None,
+                reserved_nano=0,
+                latency_ms=1,
+                message="",
+            )
+        )
     done.set()
     t.join()
     assert sorted(seen) == sorted(f"r{i}" for i in range(2000)) and b.dropped == 0
@@ -235,8 +266,12 @@ def test_reservation_api_refusals_are_logged_off_the_admission_path(gateway, wir
     try:
         # when: one over the cap, one malformed, one that fits
         started = time.monotonic()
-        refused = httpx.post(gateway.url + "/v1/reservations", headers=headers, timeout=10,
-                             json={"model": "echo-1", "amount_usd": "0.20", "request_id": "job-3-a"})
+        refused = httpx.post(
+            gateway.url + "/v1/reservations",
+            headers=headers,
+            timeout=10,
+            json={"model": "echo-1", "amount_usd": "0.20", "request_id": "job-3-a"},
+        )
         answered_in = time.monotonic() - started
         bad = httpx.post(gateway.url + "/v1/reservations", json={"amount_usd": "lots"}, headers=AUTH, timeout=10)
         admitted = httpx.post(gateway.url + "/v1/reservations", json={"amount_usd": "0.01"}, headers=AUTH, timeout=10)

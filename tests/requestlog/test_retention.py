@@ -20,10 +20,17 @@ pytestmark = pytest.mark.django_db
 
 def make(acme: Tenant, request_id: str, days_ago: float) -> None:
     at = timezone.now() - timedelta(days=days_ago)
-    Refusal.objects.create(request_id=request_id, organization=acme.org, status="refused", code="organization_budget",
-                           http_status=402, created_at=at)
-    UsageRecord.objects.create(request_id=f"u-{request_id}", organization=acme.org, status="served",
-                               admitted_at=at, applied=True)
+    Refusal.objects.create(
+        request_id=request_id,
+        organization=acme.org,
+        status="refused",
+        code="organization_budget",
+        http_status=402,
+        created_at=at,
+    )
+    UsageRecord.objects.create(
+        request_id=f"u-{request_id}", organization=acme.org, status="served", admitted_at=at, applied=True
+    )
 
 
 def test_purge_deletes_only_expired_refusals_in_batches(acme: Tenant, settings):

@@ -21,14 +21,36 @@ from tests.api.test_isolation import state
 pytestmark = pytest.mark.django_db
 
 
-def refusal(o: Org, request_id: str, *, code: str = "organization_budget", status: str = "refused",
-            customer=None, run_id: str = "", minutes_ago: int = 1, **kw) -> Refusal:
+def refusal(
+    o: Org,
+    request_id: str,
+    *,
+    code: str = "organization_budget",
+    status: str = "refused",
+    customer=None,
+    run_id: str = "",
+    minutes_ago: int = 1,
+    **kw,
+) -> Refusal:
     return Refusal.objects.create(
-        request_id=request_id, organization=o.tenant.org, project=o.tenant.project, api_key=o.tenant.key,
-        end_customer=customer, run_id=run_id, model="echo-1", endpoint="chat", status=status, code=code,
-        http_status=402 if status == "refused" else 429, budget=o.budget if status == "refused" else None,
-        reserved_nano=7_500_000, latency_ms=3, message="Refused by organization budget",
-        created_at=timezone.now() - timedelta(minutes=minutes_ago), **kw)
+        request_id=request_id,
+        organization=o.tenant.org,
+        project=o.tenant.project,
+        api_key=o.tenant.key,
+        end_customer=customer,
+        run_id=run_id,
+        model="echo-1",
+        endpoint="chat",
+        status=status,
+        code=code,
+        http_status=402 if status == "refused" else 429,
+        budget=o.budget if status == "refused" else None,
+        reserved_nano=7_500_000,
+        latency_ms=3,
+        message="Refused by organization budget",
+        created_at=timezone.now() - timedelta(minutes=minutes_ago),
+        **kw,
+    )
 
 
 @pytest.fixture
@@ -52,20 +74,31 @@ def test_api_lists_usage_and_refusals_as_one_log(logged: Org):
     assert sorted(ids) == ["acme-u0", "acme-u1", "req_limited_1", "req_refused_1", "req_refused_2"]
     row = next(x for x in r.json()["results"] if x["request_id"] == "req_refused_1")
     assert (row["status"], row["code"], row["http_status"], row["budget"]) == (
-        "refused", "organization_budget", 402, logged.budget.id)
+        "refused",
+        "organization_budget",
+        402,
+        logged.budget.id,
+    )
     assert (row["customer"], row["run_id"], row["reserved_usd"], row["cost_usd"]) == (
-        "cust-1", "run-9", "0.007500000", "0.000000000")
+        "cust-1",
+        "run-9",
+        "0.007500000",
+        "0.000000000",
+    )
 
 
-@pytest.mark.parametrize("query, expected", [
-    ("?status=refused", ["req_refused_1", "req_refused_2"]),
-    ("?code=rate_limit_exceeded", ["req_limited_1"]),
-    ("?request_id=req_refused_2", ["req_refused_2"]),
-    ("?customer=cust-1", ["acme-u1", "req_refused_1"]),
-    ("?run=run-9", ["req_refused_1"]),
-    ("?status=served&model=echo-1", ["acme-u0", "acme-u1"]),
-    ("?request_id=req_globex_1", []),
-])
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ("?status=refused", ["req_refused_1", "req_refused_2"]),
+        ("?code=rate_limit_exceeded", ["req_limited_1"]),
+        ("?request_id=req_refused_2", ["req_refused_2"]),
+        ("?customer=cust-1", ["acme-u1", "req_refused_1"]),
+        ("?run=run-9", ["req_refused_1"]),
+        ("?status=served&model=echo-1", ["acme-u0", "acme-u1"]),
+        ("?request_id=req_globex_1", []),
+    ],
+)
 def test_api_filters(logged: Org, query: str, expected: list[str]):
     r = api(logged, query)
     assert r.status_code == 200, r.json()
@@ -73,7 +106,9 @@ def test_api_filters(logged: Org, query: str, expected: list[str]):
 
 
 def test_api_filters_by_project_and_key_of_the_org_only(logged: Org, org_b: Org):
-    assert len(api(logged, f"?project={logged.tenant.project.id}&api_key={logged.tenant.key.id}").json()["results"]) == 5
+    assert (
+        len(api(logged, f"?project={logged.tenant.project.id}&api_key={logged.tenant.key.id}").json()["results"]) == 5
+    )
     r = api(logged, f"?project={org_b.tenant.project.id}")
     assert r.status_code == 400 and r.json()["code"] == "invalid" and "project" in r.json()["errors"]
 
@@ -105,8 +140,18 @@ def test_outsider_gets_404_from_the_api_and_changes_nothing(logged: Org, org_b: 
 def test_the_filters_are_in_the_openapi_schema(logged: Org):
     schema = client(token=logged.token_read).get("/api/schema/?format=json").json()
     params = {p["name"] for p in schema["paths"]["/api/orgs/{org_slug}/requests/"]["get"]["parameters"]}
-    assert {"request_id", "customer", "run", "status", "code", "model", "project", "api_key", "since",
-            "until"} <= params
+    assert {
+        "request_id",
+        "customer",
+        "run",
+        "status",
+        "code",
+        "model",
+        "project",
+        "api_key",
+        "since",
+        "until",
+    } <= params
 
 
 def browser(user) -> Client:
@@ -167,10 +212,10 @@ def test_overview_counts_refused_requests_by_code(logged: Org):
     refusal(logged, "req_refused_3")
     refusal(logged, "req_old", minutes_ago=60 * 24 * 8)  # older than the panel's week
     page = browser(logged.owner).get(reverse("dashboard:overview", args=[logged.slug])).content.decode()
-    panel = page[page.index('id="refusals"'):]
-    panel = panel[:panel.index("</table>")]
-    assert "<code>organization_budget</code></a></td><td>refused</td><td class=\"num\">3</td>" in panel
-    assert "<code>rate_limit_exceeded</code></a></td><td>rate_limited</td><td class=\"num\">1</td>" in panel
+    panel = page[page.index('id="refusals"') :]
+    panel = panel[: panel.index("</table>")]
+    assert '<code>organization_budget</code></a></td><td>refused</td><td class="num">3</td>' in panel
+    assert '<code>rate_limit_exceeded</code></a></td><td>rate_limited</td><td class="num">1</td>' in panel
 
 
 def test_the_view_has_one_row_per_request(logged: Org):

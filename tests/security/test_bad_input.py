@@ -21,7 +21,12 @@ DEEP = ("[" * 2500 + "]" * 2500).encode()
 
 def deep_body(levels: int) -> bytes:
     # A well-formed request whose `metadata` nests `levels` - 1 levels below the top object.
-    return b'{"model": "echo-1", "max_tokens": 5, "messages": [], "metadata": ' + b"[" * (levels - 1) + b"]" * (levels - 1) + b"}"
+    return (
+        b'{"model": "echo-1", "max_tokens": 5, "messages": [], "metadata": '
+        + b"[" * (levels - 1)
+        + b"]" * (levels - 1)
+        + b"}"
+    )
 
 
 def without_depth_guard(monkeypatch) -> None:
@@ -63,8 +68,7 @@ OPENAI_PATHS = ["/v1/chat/completions", "/v1/embeddings", "/v1/reservations", "/
 
 
 def post(gateway, path: str, raw: bytes) -> httpx.Response:
-    return httpx.post(gateway.url + path, content=raw, headers={**AUTH, "content-type": "application/json"},
-                      timeout=30)
+    return httpx.post(gateway.url + path, content=raw, headers={**AUTH, "content-type": "application/json"}, timeout=30)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -93,10 +97,23 @@ def test_deep_json_is_a_400_in_anthropic_shape(gateway, wired, raw):
 @pytest.mark.django_db(transaction=True)
 def test_a_real_nested_request_still_passes(gateway, wired):
     # A tool schema nested a few levels is ordinary: served, not refused.
-    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "array",
-              "items": {"type": "object", "properties": {"c": {"type": "string"}}}}}}}}
-    body = {"model": "echo-1", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
-            "tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}]}
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {
+                "type": "object",
+                "properties": {
+                    "b": {"type": "array", "items": {"type": "object", "properties": {"c": {"type": "string"}}}}
+                },
+            }
+        },
+    }
+    body = {
+        "model": "echo-1",
+        "max_tokens": 5,
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}],
+    }
     r = httpx.post(gateway.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=30)
     assert r.status_code == 200, r.text
 
@@ -122,8 +139,9 @@ def api_post(org_a, raw: bytes) -> object:
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("raw", [DEEP, b'{"name": "x", "recipients": ' + b"[" * 100 + b"]" * 100 + b"}"],
-                         ids=["2500-levels", "100-levels"])
+@pytest.mark.parametrize(
+    "raw", [DEEP, b'{"name": "x", "recipients": ' + b"[" * 100 + b"]" * 100 + b"}"], ids=["2500-levels", "100-levels"]
+)
 def test_deep_json_is_a_400_in_the_api_shape(org_a, raw):
     before = Budget.objects.count()
     r = api_post(org_a, raw)

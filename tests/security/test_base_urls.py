@@ -46,9 +46,7 @@ def _store(wired, template: str, upstream) -> None:
 
 @pytest.mark.parametrize("template", STORED)
 @pytest.mark.django_db(transaction=True)
-def test_a_query_or_fragment_in_a_stored_base_url_leaves_the_path_intact(
-    gateway, wired, upstream, template
-):
+def test_a_query_or_fragment_in_a_stored_base_url_leaves_the_path_intact(gateway, wired, upstream, template):
     _store(wired, template, upstream)
     # when
     chat = httpx.post(gateway.url + "/v1/chat/completions", json=CHAT, headers=AUTH, timeout=30)
@@ -62,9 +60,7 @@ def test_a_query_or_fragment_in_a_stored_base_url_leaves_the_path_intact(
 
 @pytest.mark.parametrize("template", STORED)
 @pytest.mark.django_db(transaction=True)
-def test_join_guard_removed_turns_the_path_into_a_query(
-    gateway, wired, upstream, template, monkeypatch
-):
+def test_join_guard_removed_turns_the_path_into_a_query(gateway, wired, upstream, template, monkeypatch):
     # The removal test of the one above: joined as strings, the endpoint's path lands in the
     # query (or the fragment, which is never sent) and the upstream never sees it.
     monkeypatch.setattr(providers, "connection_url", naive_join)
@@ -92,9 +88,7 @@ ESCAPED = ["{up}/v1%3F", "{up}/x%3Fq=", "{up}/x%23frag/v1/"]
 
 @pytest.mark.parametrize("template", ESCAPED)
 @pytest.mark.django_db(transaction=True)
-def test_an_escaped_query_or_fragment_in_the_path_stays_in_the_path(
-    gateway, wired, upstream, template
-):
+def test_an_escaped_query_or_fragment_in_the_path_stays_in_the_path(gateway, wired, upstream, template):
     # A base URL the save-time check accepts (its `?`/`#` are part of the path): the endpoint's
     # path is appended to that path, still escaped, and the call goes out.
     _store(wired, template, upstream)
@@ -154,16 +148,12 @@ def _post(org: Org, base_url: str):
 
 
 def _connections(org: Org) -> list:
-    return sorted(
-        Connection.objects.filter(organization=org.tenant.org).values_list("id", "name", "base_url")
-    )
+    return sorted(Connection.objects.filter(organization=org.tenant.org).values_list("id", "name", "base_url"))
 
 
 @pytest.mark.parametrize(("base_url", "reason"), BAD)
 @pytest.mark.django_db
-def test_bad_base_url_is_a_400_naming_it_and_nothing_is_saved(
-    org_a: Org, public_only, base_url, reason
-):
+def test_bad_base_url_is_a_400_naming_it_and_nothing_is_saved(org_a: Org, public_only, base_url, reason):
     before = _connections(org_a)
     r = _post(org_a, base_url)
     assert r.status_code == 400, r.json()

@@ -22,16 +22,20 @@ def management_calls(url: str, slug: str, token: str) -> list[int]:
     def call(i: int) -> int:
         if i % 2:  # gateway traffic keeps its threads busy at the same time
             httpx.get(url + "/v1/models", headers={"authorization": "Bearer cg_unknown"}, timeout=10)
-        return httpx.get(f"{url}/api/orgs/{slug}/budgets/", headers={"authorization": f"Bearer {token}"},
-                         timeout=10).status_code
+        return httpx.get(
+            f"{url}/api/orgs/{slug}/budgets/", headers={"authorization": f"Bearer {token}"}, timeout=10
+        ).status_code
 
     with ThreadPoolExecutor(CONCURRENT) as pool:
         return list(pool.map(call, range(CONCURRENT)))
 
 
 def run(org_a, tmp_path, web_connections: int) -> list[int]:
-    env = {"CAPGATE_DB_POOL_MAX": "8", "CAPGATE_DB_WEB_CONNECTIONS": str(web_connections),
-           "CAPGATE_DB_POOL_TIMEOUT": "1"}
+    env = {
+        "CAPGATE_DB_POOL_MAX": "8",
+        "CAPGATE_DB_WEB_CONNECTIONS": str(web_connections),
+        "CAPGATE_DB_POOL_TIMEOUT": "1",
+    }
     with gateway_process(database=database_url(), data_dir=tmp_path, env=env) as gw:
         return management_calls(gw.url, org_a.slug, org_a.token_read)
 

@@ -35,7 +35,10 @@ def test_alert_emails_go_to_mailpit_by_default():
 
 
 def test_dockerignore_keeps_secrets_and_local_state_out_of_the_image():
-    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")}
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     assert {".git", ".venv", ".env", "var", "**/__pycache__"} <= ignored
     assert "!.env.example" in ignored

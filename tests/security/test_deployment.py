@@ -16,9 +16,11 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from config import deploychecks
 
 ROOT = Path(__file__).resolve().parents[2]
-GOOD = {"DJANGO_SECRET_KEY": "k" * 20 + "-django-secret-for-tests-only-0123456789",
-        "CAPGATE_SECRET_KEY": "c" * 12 + "-capgate-secret-for-tests",
-        "DJANGO_ALLOWED_HOSTS": "capgate.example.com"}
+GOOD = {
+    "DJANGO_SECRET_KEY": "k" * 20 + "-django-secret-for-tests-only-0123456789",
+    "CAPGATE_SECRET_KEY": "c" * 12 + "-capgate-secret-for-tests",
+    "DJANGO_ALLOWED_HOSTS": "capgate.example.com",
+}
 
 
 def load_prod(monkeypatch, **env: str | None):
@@ -47,16 +49,19 @@ def test_good_settings_load_with_hsts_and_secure_cookies(monkeypatch):
     assert prod.ALLOWED_HOSTS == ["capgate.example.com"]
 
 
-@pytest.mark.parametrize("env,message", [
-    ({"DJANGO_SECRET_KEY": None}, "DJANGO_SECRET_KEY is not set"),
-    ({"DJANGO_SECRET_KEY": "dev-insecure-change-me"}, "DJANGO_SECRET_KEY is a published default"),
-    ({"DJANGO_SECRET_KEY": "change-me"}, "DJANGO_SECRET_KEY is a published default"),
-    ({"DJANGO_SECRET_KEY": "short"}, "shorter than 50"),
-    ({"CAPGATE_SECRET_KEY": None}, "CAPGATE_SECRET_KEY is not set"),
-    ({"CAPGATE_SECRET_KEY": "change-me-too"}, "CAPGATE_SECRET_KEY is a published default"),
-    ({"CAPGATE_SECRET_KEY": GOOD["CAPGATE_SECRET_KEY"] + ",change-me-too"}, "published default"),
-    ({"DJANGO_ALLOWED_HOSTS": "*"}, "DJANGO_ALLOWED_HOSTS"),
-])
+@pytest.mark.parametrize(
+    "env,message",
+    [
+        ({"DJANGO_SECRET_KEY": None}, "DJANGO_SECRET_KEY is not set"),
+        ({"DJANGO_SECRET_KEY": "dev-insecure-change-me"}, "DJANGO_SECRET_KEY is a published default"),
+        ({"DJANGO_SECRET_KEY": "change-me"}, "DJANGO_SECRET_KEY is a published default"),
+        ({"DJANGO_SECRET_KEY": "short"}, "shorter than 50"),
+        ({"CAPGATE_SECRET_KEY": None}, "CAPGATE_SECRET_KEY is not set"),
+        ({"CAPGATE_SECRET_KEY": "change-me-too"}, "CAPGATE_SECRET_KEY is a published default"),
+        ({"CAPGATE_SECRET_KEY": GOOD["CAPGATE_SECRET_KEY"] + ",change-me-too"}, "published default"),
+        ({"DJANGO_ALLOWED_HOSTS": "*"}, "DJANGO_ALLOWED_HOSTS"),
+    ],
+)
 def test_prod_refuses_to_load(monkeypatch, env, message):
     with pytest.raises(ImproperlyConfigured, match=message):
         load_prod(monkeypatch, **env)
@@ -72,8 +77,9 @@ def test_without_the_check_prod_would_start_on_the_dev_key(monkeypatch):
 def test_a_process_with_prod_settings_and_no_secret_does_not_start():
     env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SECRET_KEY", "CAPGATE_SECRET_KEY")}
     env["DJANGO_SETTINGS_MODULE"] = "config.settings.prod"
-    r = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode != 0
     assert "DJANGO_SECRET_KEY is not set" in r.stderr
 

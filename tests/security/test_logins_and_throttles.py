@@ -72,8 +72,10 @@ def test_without_axes_forty_wrong_passwords_then_the_right_one_logs_in(alice_log
 @pytest.fixture
 def low_rates(settings):
     caches["throttle"].clear()
-    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK,
-                               "DEFAULT_THROTTLE_RATES": {"api": "5/minute", "api_anon": "3/minute"}}
+    settings.REST_FRAMEWORK = {
+        **settings.REST_FRAMEWORK,
+        "DEFAULT_THROTTLE_RATES": {"api": "5/minute", "api_anon": "3/minute"},
+    }
     yield
     caches["throttle"].clear()
 
@@ -107,8 +109,9 @@ def test_a_signed_in_user_is_throttled_per_user(org_a, low_rates):
 
 
 def test_anonymous_callers_are_throttled_by_address_ignoring_forwarded_for(low_rates):
-    statuses = [api(addr="10.9.9.9").get("/api/schema/", HTTP_X_FORWARDED_FOR=f"1.2.3.{i}").status_code
-                for i in range(4)]
+    statuses = [
+        api(addr="10.9.9.9").get("/api/schema/", HTTP_X_FORWARDED_FOR=f"1.2.3.{i}").status_code for i in range(4)
+    ]
     assert statuses == [200, 200, 200, 429]
 
 

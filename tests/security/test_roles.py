@@ -36,8 +36,11 @@ def test_an_admin_cannot_promote_themself_or_demote_or_remove_an_owner(org_a, ro
     r = c.patch(f"{base}{admin.id}/", {"role": "owner"}, format="json")
     # then: refused in the API's shape, nothing changed
     assert r.status_code == 403
-    assert r.json() == {"code": "permission_denied", "detail": "Only an owner can grant or revoke the owner role.",
-                        "errors": {"role": ["Only an owner can grant or revoke the owner role."]}}
+    assert r.json() == {
+        "code": "permission_denied",
+        "detail": "Only an owner can grant or revoke the owner role.",
+        "errors": {"role": ["Only an owner can grant or revoke the owner role."]},
+    }
     assert role(admin) == "admin"
     assert c.patch(f"{base}{second.id}/", {"role": "member"}, format="json").status_code == 403
     assert c.delete(f"{base}{second.id}/").status_code == 403
@@ -51,8 +54,9 @@ def test_an_admin_cannot_promote_themself_or_demote_or_remove_an_owner(org_a, ro
 @pytest.mark.django_db
 def test_a_write_token_cannot_grant_owner(org_a, role_users):
     _, admin = role_users["admin"]
-    r = client(token=org_a.token_write).patch(f"/api/orgs/{org_a.slug}/members/{admin.id}/", {"role": "owner"},
-                                              format="json")
+    r = client(token=org_a.token_write).patch(
+        f"/api/orgs/{org_a.slug}/members/{admin.id}/", {"role": "owner"}, format="json"
+    )
     assert r.status_code == 403 and role(admin) == "admin"
 
 

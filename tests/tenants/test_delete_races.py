@@ -28,10 +28,18 @@ def _race(acme, customer) -> dict:
     def admission() -> None:
         try:
             with transaction.atomic():
-                admit(request=AdmissionRequest(
-                    subject=Subject(organization_id=acme.org.id, project_id=acme.project.id, api_key_id=acme.key.id,
-                                    end_customer_id=customer.id),
-                    request_id="in-flight", worst_nano=1000))
+                admit(
+                    request=AdmissionRequest(
+                        subject=Subject(
+                            organization_id=acme.org.id,
+                            project_id=acme.project.id,
+                            api_key_id=acme.key.id,
+                            end_customer_id=customer.id,
+                        ),
+                        request_id="in-flight",
+                        worst_nano=1000,
+                    )
+                )
                 admitted.set()
                 commit_now.wait(10)
             result["admission"] = "committed"

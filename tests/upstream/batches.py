@@ -38,9 +38,7 @@ def page(ex: Any, items: list[dict[str, Any]], anthropic: bool = False) -> dict[
 # -- OpenAI ---------------------------------------------------------------------------------
 
 
-def _parse_input(
-    content: bytes, endpoint: str
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _parse_input(content: bytes, endpoint: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(request lines, validation errors) of a batch input file."""
     lines: list[dict[str, Any]] = []
     errors: list[dict[str, Any]] = []
@@ -62,9 +60,7 @@ def _parse_input(
         elif not isinstance(item.get("body"), dict):
             problem = "body must be a JSON object"
         if problem:
-            errors.append(
-                {"code": "invalid_request", "line": number, "message": problem, "param": None}
-            )
+            errors.append({"code": "invalid_request", "line": number, "message": problem, "param": None})
         else:
             assert isinstance(item, dict)
             seen.add(item["custom_id"])
@@ -94,9 +90,7 @@ async def create(store: JobStore, ex: Any) -> None:
     input_id = body.get("input_file_id")
     f = store.files.files.get(str(input_id))
     if f is None or f.deleted or f.purpose != "batch":
-        raise ApiError(
-            400, f"input_file_id {input_id!r} is not an uploaded file with purpose 'batch'"
-        )
+        raise ApiError(400, f"input_file_id {input_id!r} is not an uploaded file with purpose 'batch'")
     requests, errors = _parse_input(f.content, endpoint)
     job = Job(
         id=f"batch_{uuid.uuid4().hex[:24]}",
@@ -110,20 +104,14 @@ async def create(store: JobStore, ex: Any) -> None:
         job.finish("failed")
     else:
         for item in requests:
-            job.lines.append(
-                await store.run_line(endpoint, item["body"], ex.knobs, item["custom_id"])
-            )
+            job.lines.append(await store.run_line(endpoint, item["body"], ex.knobs, item["custom_id"]))
         job.data["model"] = requests[0]["body"].get("model")
     store.add(job)
     await ex.json(200, store.render(job, "create"))
 
 
 def _output_line(job: Job, i: int, line: Line, error: dict[str, Any] | None = None) -> str:
-    response = (
-        None
-        if error
-        else {"status_code": line.status, "request_id": f"req_{job.id}_{i}", "body": line.body}
-    )
+    response = None if error else {"status_code": line.status, "request_id": f"req_{job.id}_{i}", "body": line.body}
     return (
         json.dumps(
             {
@@ -169,17 +157,13 @@ def render(store: JobStore, job: Job, when: str) -> dict[str, Any]:
         cut = {"code": code, "message": f"The request was not executed: the batch was {job.state}."}
         if ok:
             content = "".join(_output_line(job, i, x) for i, x in ok).encode()
-            out_id = store.files.add(
-                f"{job.id}_output.jsonl", "batch_output", content, f"file-{job.id}-output"
-            ).id
+            out_id = store.files.add(f"{job.id}_output.jsonl", "batch_output", content, f"file-{job.id}-output").id
         if bad or n < len(job.lines):
             content = "".join(
                 [_output_line(job, i, x) for i, x in bad]
                 + [_output_line(job, i, x, cut) for i, x in enumerate(job.lines) if i >= n]
             ).encode()
-            err_id = store.files.add(
-                f"{job.id}_error.jsonl", "batch_output", content, f"file-{job.id}-error"
-            ).id
+            err_id = store.files.add(f"{job.id}_error.jsonl", "batch_output", content, f"file-{job.id}-error").id
         counts = {"total": len(job.lines), "completed": len(ok), "failed": len(job.lines) - len(ok)}
     u = _usage(job.billed())
     errors = job.errors or [
@@ -236,9 +220,7 @@ async def cancel(store: JobStore, ex: Any, job_id: str) -> None:
 
 
 async def listing(store: JobStore, ex: Any) -> None:
-    jobs = [
-        j for j in reversed(store.jobs.values()) if j.kind == "batch" and not (j.gone or j.deleted)
-    ]
+    jobs = [j for j in reversed(store.jobs.values()) if j.kind == "batch" and not (j.gone or j.deleted)]
     await ex.json(200, page(ex, [store.render(j) for j in jobs]))
 
 
@@ -246,9 +228,7 @@ async def listing(store: JobStore, ex: Any) -> None:
 
 
 def _rfc3339(ts: int | None) -> str | None:
-    return (
-        None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
-    )
+    return None if ts is None else datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
 async def create_messages(store: JobStore, ex: Any) -> None:
@@ -336,9 +316,7 @@ def render_messages(store: JobStore, job: Job, when: str) -> dict[str, Any]:
         "ended_at": _rfc3339(job.ended_at) if ended else None,
         "archived_at": None,
         "cancel_initiated_at": _rfc3339(job.cancel_at),
-        "results_url": f"{job.data['base']}/v1/messages/batches/{job.id}/results"
-        if ended
-        else None,
+        "results_url": f"{job.data['base']}/v1/messages/batches/{job.id}/results" if ended else None,
     }
 
 
@@ -356,20 +334,14 @@ async def cancel_messages(store: JobStore, ex: Any, job_id: str) -> None:
 async def results_messages(store: JobStore, ex: Any, job_id: str) -> None:
     job = store.read(job_id, "message_batch")
     if job.state not in FINAL:
-        raise ApiError(
-            400, f"Message batch {job_id} has not ended; its results are not available yet."
-        )
+        raise ApiError(400, f"Message batch {job_id} has not ended; its results are not available yet.")
     data = "".join(json.dumps(r) + "\n" for r in _results(job)).encode()
     await ex.start(200, "application/x-jsonl", (b"content-length", b"%d" % len(data)))
     await ex.body_chunk(data)
 
 
 async def listing_messages(store: JobStore, ex: Any) -> None:
-    jobs = [
-        j
-        for j in reversed(store.jobs.values())
-        if j.kind == "message_batch" and not (j.gone or j.deleted)
-    ]
+    jobs = [j for j in reversed(store.jobs.values()) if j.kind == "message_batch" and not (j.gone or j.deleted)]
     await ex.json(200, page(ex, [store.render(j) for j in jobs], anthropic=True))
 
 

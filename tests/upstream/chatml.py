@@ -35,7 +35,9 @@ def markup(name: str) -> tiktoken.Encoding:
     base = tiktoken.get_encoding(name)
     first = _FIRST_FREE_ID[name]
     return tiktoken.Encoding(
-        name=f"{name}_chatml", pat_str=base._pat_str, mergeable_ranks=base._mergeable_ranks,
+        name=f"{name}_chatml",
+        pat_str=base._pat_str,
+        mergeable_ranks=base._mergeable_ranks,
         special_tokens={**base._special_tokens, **{s: first + i for i, s in enumerate(_SPECIALS)}},
     )
 
@@ -57,8 +59,11 @@ def render(body: dict[str, Any], joiner: str = "\n") -> tuple[str, str]:
             head += "<|im_name|>" + message["name"]
         content = message.get("content")
         if isinstance(content, list):
-            texts = [p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text"
-                     and isinstance(p.get("text"), str)]
+            texts = [
+                p["text"]
+                for p in content
+                if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            ]
             content = joiner.join(texts)
         text = content if isinstance(content, str) else ""
         out.append(f"<|im_start|>{head}<|im_sep|>{text}<|im_end|>")

@@ -26,9 +26,7 @@ class ApiError(Exception):
         self.status = status
 
 
-def parse_multipart(
-    raw: bytes, content_type: str
-) -> tuple[dict[str, str], dict[str, tuple[str, bytes]]]:
+def parse_multipart(raw: bytes, content_type: str) -> tuple[dict[str, str], dict[str, tuple[str, bytes]]]:
     """(form fields, uploads as name -> (filename, bytes)); ValueError when malformed."""
     if "boundary=" not in content_type:
         raise ValueError("multipart body without a boundary")
@@ -79,9 +77,7 @@ class FileStore:
     def __init__(self) -> None:
         self.files: dict[str, StoredFile] = {}
 
-    def add(
-        self, filename: str, purpose: str, content: bytes, file_id: str | None = None
-    ) -> StoredFile:
+    def add(self, filename: str, purpose: str, content: bytes, file_id: str | None = None) -> StoredFile:
         f = StoredFile(
             id=file_id or f"file-{uuid.uuid4().hex[:24]}",
             filename=filename,

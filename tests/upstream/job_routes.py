@@ -52,7 +52,5 @@ def route(store: JobStore, method: str, path: str) -> Callable[[Any], Awaitable[
     return None
 
 
-def _call(
-    handler: Callable[..., Awaitable[None]], store: JobStore, ids: tuple[str, ...], ex: Any
-) -> Awaitable[None]:
+def _call(handler: Callable[..., Awaitable[None]], store: JobStore, ids: tuple[str, ...], ex: Any) -> Awaitable[None]:
     return handler(store, ex, *ids)

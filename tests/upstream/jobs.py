@@ -126,9 +126,7 @@ class JobStore:
         self.files = FileStore()
         self.jobs: dict[str, Job] = {}
 
-    async def run_line(
-        self, url: str, body: dict[str, Any], knobs: dict[str, Any], custom_id: str
-    ) -> Line:
+    async def run_line(self, url: str, body: dict[str, Any], knobs: dict[str, Any], custom_id: str) -> Line:
         handler = self.routes.get(("POST", url))
         if handler is None:
             raise ApiError(400, f"unsupported url {url!r}")

@@ -159,9 +159,7 @@ async def video_content(store: JobStore, ex: Any, job_id: str) -> None:
     if variant not in VARIANTS:
         raise ApiError(400, f"variant must be one of {sorted(VARIANTS)}")
     if job.state != "completed":
-        raise ApiError(
-            400, f"Video {job_id} is not ready: its status is {store.render(job)['status']}."
-        )
+        raise ApiError(400, f"Video {job_id} is not ready: its status is {store.render(job)['status']}.")
     content_type, magic = VARIANTS[variant]
     data = magic + job.id.encode()
     await ex.start(200, content_type, (b"content-length", b"%d" % len(data)))
@@ -174,9 +172,7 @@ async def delete_video(store: JobStore, ex: Any, job_id: str) -> None:
 
 
 async def list_videos(store: JobStore, ex: Any) -> None:
-    jobs = [
-        j for j in reversed(store.jobs.values()) if j.kind == "video" and not (j.gone or j.deleted)
-    ]
+    jobs = [j for j in reversed(store.jobs.values()) if j.kind == "video" and not (j.gone or j.deleted)]
     await ex.json(200, page(ex, [store.render(j) for j in jobs]))
 
 

@@ -243,8 +243,11 @@ def _served_tier(knobs: dict[str, Any], body: dict[str, Any], dialect: str) -> s
 def _web_searches(body: dict[str, Any]) -> int:
     """Like a provider whose model searches as often as it may: every allowed use."""
     tools = body.get("tools") or []
-    return sum(int(t.get("max_uses") or 0) for t in tools
-               if isinstance(t, dict) and str(t.get("type", "")).startswith("web_search"))
+    return sum(
+        int(t.get("max_uses") or 0)
+        for t in tools
+        if isinstance(t, dict) and str(t.get("type", "")).startswith("web_search")
+    )
 
 
 def _wants_1h_cache(body: dict[str, Any]) -> bool:
@@ -273,10 +276,7 @@ async def _chat(ex: _Exchange) -> None:
 
     if not body.get("stream"):
         message = {"role": "assistant", "content": "".join(pieces), "refusal": None}
-        choices = [
-            {"index": i, "message": message, "logprobs": None, "finish_reason": "stop"}
-            for i in range(n)
-        ]
+        choices = [{"index": i, "message": message, "logprobs": None, "finish_reason": "stop"} for i in range(n)]
         await ex.respond({**head("chat.completion"), "choices": choices, "usage": usage})
         return
 
@@ -340,10 +340,7 @@ async def _messages(ex: _Exchange) -> None:
         {"type": "message_start", "message": start},
         {"type": "content_block_start", "index": 0, "content_block": text_block},
         {"type": "ping"},  # the real API sends one here; clients must tolerate it
-        *(
-            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}}
-            for p in pieces
-        ),
+        *({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}} for p in pieces),
         {"type": "content_block_stop", "index": 0},
         stop,
         {"type": "message_stop"},
@@ -360,9 +357,11 @@ async def _responses(ex: _Exchange) -> None:
     """The Responses API: like the provider, a continuation (previous_response_id) is billed
     for the whole earlier context it stored, and web searches use every allowed tool call."""
     body, knobs = ex.body, ex.knobs
-    searches = int(body.get("max_tool_calls") or 0) if any(
-        isinstance(t, dict) and str(t.get("type", "")).startswith("web_search") for t in body.get("tools") or []
-    ) else 0
+    searches = (
+        int(body.get("max_tool_calls") or 0)
+        if any(isinstance(t, dict) and str(t.get("type", "")).startswith("web_search") for t in body.get("tools") or [])
+        else 0
+    )
     earlier = STORED_RESPONSES.get(str(body.get("previous_response_id")), 0)
     context = knobs["prompt_tokens"] + earlier + searches * knobs["search_result_tokens"]
     input_tokens, output = context * (searches + 1), _completion_tokens(knobs, body)
@@ -370,16 +369,34 @@ async def _responses(ex: _Exchange) -> None:
     if body.get("store") is not False:
         STORED_RESPONSES[rid] = input_tokens + output
     pieces = _pieces(knobs["chunks"])
-    items: list[dict[str, Any]] = [{"type": "web_search_call", "id": f"ws_{i}", "status": "completed",
-                                    "action": {"type": "search", "query": "q"}} for i in range(searches)]
-    items.append({"type": "message", "id": f"msg_{rid}", "status": "completed", "role": "assistant",
-                  "content": [{"type": "output_text", "text": "".join(pieces), "annotations": []}]})
+    items: list[dict[str, Any]] = [
+        {"type": "web_search_call", "id": f"ws_{i}", "status": "completed", "action": {"type": "search", "query": "q"}}
+        for i in range(searches)
+    ]
+    items.append(
+        {
+            "type": "message",
+            "id": f"msg_{rid}",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "".join(pieces), "annotations": []}],
+        }
+    )
     response: dict[str, Any] = {
-        "id": rid, "object": "response", "created_at": int(time.time()), "status": "completed",
-        "model": body.get("model", "fake-model"), "output": items, "service_tier": _served_tier(knobs, body, "openai"),
-        "usage": {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
-                  "output_tokens": output, "output_tokens_details": {"reasoning_tokens": 0},
-                  "total_tokens": input_tokens + output},
+        "id": rid,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "completed",
+        "model": body.get("model", "fake-model"),
+        "output": items,
+        "service_tier": _served_tier(knobs, body, "openai"),
+        "usage": {
+            "input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": output,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": input_tokens + output,
+        },
     }
     if ex.fail == "no_usage":
         response.pop("usage")
@@ -390,16 +407,48 @@ async def _responses(ex: _Exchange) -> None:
         await ex.respond(response)
         return
     events: list[dict[str, Any]] = [
-        {"type": "response.created", "sequence_number": 0,
-         "response": {**response, "status": "in_progress", "output": [], "usage": None}},
-        {"type": "response.output_item.added", "sequence_number": 1, "output_index": 0,
-         "item": {"type": "message", "id": f"msg_{rid}", "status": "in_progress", "role": "assistant", "content": []}},
-        {"type": "response.content_part.added", "sequence_number": 2, "item_id": f"msg_{rid}", "output_index": 0,
-         "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}},
-        *({"type": "response.output_text.delta", "sequence_number": i + 3, "item_id": f"msg_{rid}", "output_index": 0,
-           "content_index": 0, "delta": p, "logprobs": []} for i, p in enumerate(pieces)),
-        {"type": "response.completed", "sequence_number": len(pieces) + 3, "response": {
-            **response, "output": [items[-1], *items[:-1]]}},  # the message first, as streamed
+        {
+            "type": "response.created",
+            "sequence_number": 0,
+            "response": {**response, "status": "in_progress", "output": [], "usage": None},
+        },
+        {
+            "type": "response.output_item.added",
+            "sequence_number": 1,
+            "output_index": 0,
+            "item": {
+                "type": "message",
+                "id": f"msg_{rid}",
+                "status": "in_progress",
+                "role": "assistant",
+                "content": [],
+            },
+        },
+        {
+            "type": "response.content_part.added",
+            "sequence_number": 2,
+            "item_id": f"msg_{rid}",
+            "output_index": 0,
+            "content_index": 0,
+            "part": {"type": "output_text", "text": "", "annotations": []},
+        },
+        *(
+            {
+                "type": "response.output_text.delta",
+                "sequence_number": i + 3,
+                "item_id": f"msg_{rid}",
+                "output_index": 0,
+                "content_index": 0,
+                "delta": p,
+                "logprobs": [],
+            }
+            for i, p in enumerate(pieces)
+        ),
+        {
+            "type": "response.completed",
+            "sequence_number": len(pieces) + 3,
+            "response": {**response, "output": [items[-1], *items[:-1]]},
+        },  # the message first, as streamed
     ]
     frames = [f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events]
     await ex.stream(frames, drop_at=5)  # after created, the item and part, and two deltas
@@ -641,9 +690,7 @@ class UpstreamHandle:
 def run_in_thread(port: int = 0, host: str = "127.0.0.1", timeout: float = 10.0) -> UpstreamHandle:
     """Serve a fresh ``UpstreamApp`` in a daemon thread; port 0 picks a free port."""
     upstream = UpstreamApp()
-    server = uvicorn.Server(
-        uvicorn.Config(upstream, host=host, port=port, lifespan="off", log_level="warning")
-    )
+    server = uvicorn.Server(uvicorn.Config(upstream, host=host, port=port, lifespan="off", log_level="warning"))
     thread = threading.Thread(target=server.run, name=f"fake-upstream-{port}", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout

@@ -50,9 +50,7 @@ def upload(oai: openai.OpenAI, lines: list[dict[str, Any]]) -> str:
 
 
 def batch(oai: openai.OpenAI, lines: list[dict[str, Any]], endpoint: Any = CHAT) -> Any:
-    return oai.batches.create(
-        input_file_id=upload(oai, lines), endpoint=endpoint, completion_window="24h"
-    )
+    return oai.batches.create(input_file_id=upload(oai, lines), endpoint=endpoint, completion_window="24h")
 
 
 def jsonl(oai: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
@@ -105,11 +103,7 @@ def test_batch_lifecycle_completed_bills_every_line_as_plain_requests_would(
     assert created.status == "validating" and created.request_counts is not None
     assert created.request_counts.total == 2 and created.output_file_id is None
     running = oai.batches.retrieve(created.id)
-    assert (
-        running.status == "in_progress"
-        and running.usage is not None
-        and running.usage.input_tokens == 0
-    )
+    assert running.status == "in_progress" and running.usage is not None and running.usage.input_tokens == 0
 
     done = upstream.job(created.id, "completed")
     assert done["status"] == "completed"
@@ -120,9 +114,7 @@ def test_batch_lifecycle_completed_bills_every_line_as_plain_requests_would(
     out = jsonl(oai, finished.output_file_id)
     assert [line["custom_id"] for line in out] == ["a", "b"]
     assert all(line["response"]["status_code"] == 200 and line["error"] is None for line in out)
-    plain = oai.chat.completions.create(
-        model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], max_tokens=7
-    )
+    plain = oai.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}], max_tokens=7)
     assert plain.usage is not None
     assert (
         out[0]["response"]["body"]["usage"]
@@ -157,10 +149,7 @@ def test_batch_usage_for_responses_and_embeddings_and_failed_lines(
     assert resp.status == "completed" and resp.usage is not None
     assert (resp.usage.input_tokens, resp.usage.output_tokens) == (12, 3)
     [line] = jsonl(oai, resp.output_file_id)
-    assert (
-        line["response"]["body"]["object"] == "response"
-        and line["response"]["body"]["status"] == "completed"
-    )
+    assert line["response"]["body"]["object"] == "response" and line["response"]["body"]["status"] == "completed"
 
     emb = [
         {
@@ -209,18 +198,12 @@ def test_batch_cancel_keeps_cancelling_until_the_provider_reports_what_it_billed
     ) == (30, 15)
     assert [x["custom_id"] for x in jsonl(oai, cancelled.output_file_id)] == ["l0", "l1", "l2"]
     [cut] = jsonl(oai, cancelled.error_file_id)
-    assert (
-        cut["custom_id"] == "l3"
-        and cut["response"] is None
-        and cut["error"]["code"] == "batch_cancelled"
-    )
+    assert cut["custom_id"] == "l3" and cut["response"] is None and cut["error"]["code"] == "batch_cancelled"
     assert oai.batches.cancel(created.id).status == "cancelled"  # a finished batch stays as it is
     assert upstream.jobs()[0]["billed"]["lines"] == 3
 
 
-def test_batch_cancelled_and_expired_default_to_nothing_billed(
-    oai: openai.OpenAI, upstream: UpstreamHandle
-) -> None:
+def test_batch_cancelled_and_expired_default_to_nothing_billed(oai: openai.OpenAI, upstream: UpstreamHandle) -> None:
     a, b = (
         batch(oai, [chat_line("x"), chat_line("y")]),
         batch(oai, [chat_line("x"), chat_line("y")]),
@@ -230,9 +213,7 @@ def test_batch_cancelled_and_expired_default_to_nothing_billed(
     cancelled, expired = oai.batches.retrieve(a.id), oai.batches.retrieve(b.id)
     assert cancelled.status == "cancelled" and cancelled.output_file_id is None
     assert cancelled.usage is not None and cancelled.usage.total_tokens == 0
-    assert [x["error"]["code"] for x in jsonl(oai, cancelled.error_file_id)] == [
-        "batch_cancelled"
-    ] * 2
+    assert [x["error"]["code"] for x in jsonl(oai, cancelled.error_file_id)] == ["batch_cancelled"] * 2
     assert expired.status == "expired" and expired.expired_at is not None
     assert expired.usage is not None and expired.usage.total_tokens == 15
     assert [x["error"]["code"] for x in jsonl(oai, expired.error_file_id)] == ["batch_expired"]
@@ -245,11 +226,7 @@ def test_batch_failed_gone_and_back(oai: openai.OpenAI, upstream: UpstreamHandle
     upstream.job(created.id, "failed")
     failed = oai.batches.retrieve(created.id)
     assert failed.status == "failed" and failed.errors is not None and failed.errors.data
-    assert (
-        failed.output_file_id is None
-        and failed.usage is not None
-        and failed.usage.total_tokens == 0
-    )
+    assert failed.output_file_id is None and failed.usage is not None and failed.usage.total_tokens == 0
     upstream.job(created.id, "gone")
     with pytest.raises(openai.NotFoundError):
         oai.batches.retrieve(created.id)
@@ -267,9 +244,7 @@ def test_batch_validation_fails_the_batch_or_refuses_the_request(oai: openai.Ope
     wrong_url = {**chat_line("x"), "url": "/v1/embeddings"}
     created = batch(oai, [chat_line("ok"), wrong_url, chat_line("ok")])
     failed = oai.batches.retrieve(created.id)
-    assert (
-        failed.status == "failed" and failed.errors is not None and failed.errors.data is not None
-    )
+    assert failed.status == "failed" and failed.errors is not None and failed.errors.data is not None
     assert [(e.line, e.code) for e in failed.errors.data] == [
         (2, "invalid_request"),
         (3, "invalid_request"),
@@ -305,17 +280,12 @@ def test_control_plane_refusals(oai: openai.OpenAI, upstream: UpstreamHandle) ->
     assert httpx.post(f"{base}/batch_nope", json={"state": "completed"}).status_code == 404
     assert httpx.post(f"{base}/{created.id}", json={"state": "done"}).status_code == 400
     for done in (-1, "2", True):
-        assert (
-            httpx.post(
-                f"{base}/{created.id}", json={"state": "cancelled", "done": done}
-            ).status_code
-            == 400
-        )
+        assert httpx.post(f"{base}/{created.id}", json={"state": "cancelled", "done": done}).status_code == 400
     assert httpx.get(f"{base}/{created.id}").json()["state"] == "in_progress"
     assert (
-        httpx.post(f"{upstream.url}/_control", json={"job_auto_complete": "yes"}).json()[
-            "settings"
-        ]["job_auto_complete"]
+        httpx.post(f"{upstream.url}/_control", json={"job_auto_complete": "yes"}).json()["settings"][
+            "job_auto_complete"
+        ]
         is True
     )
 
@@ -327,9 +297,7 @@ def test_message_batch_completed_results_carry_message_usage(
     ant: anthropic.Anthropic, upstream: UpstreamHandle
 ) -> None:
     upstream.control(completion_tokens="max")
-    created = ant.messages.batches.create(
-        requests=[msg_request("a", max_tokens=9), msg_request("b")]
-    )
+    created = ant.messages.batches.create(requests=[msg_request("a", max_tokens=9), msg_request("b")])
     assert created.processing_status == "in_progress" and created.results_url is None
     assert created.request_counts.processing == 2
     assert ant.messages.batches.retrieve(created.id).processing_status == "in_progress"
@@ -350,9 +318,7 @@ def test_message_batch_completed_results_carry_message_usage(
     assert (row["billed"]["input_tokens"], row["billed"]["output_tokens"]) == (20, 73)
 
 
-def test_message_batch_cancel_expire_fail_errored_lines(
-    ant: anthropic.Anthropic, upstream: UpstreamHandle
-) -> None:
+def test_message_batch_cancel_expire_fail_errored_lines(ant: anthropic.Anthropic, upstream: UpstreamHandle) -> None:
     created = ant.messages.batches.create(requests=[msg_request(f"r{i}") for i in range(3)])
     canceling = ant.messages.batches.cancel(created.id)
     assert canceling.processing_status == "canceling" and canceling.cancel_initiated_at is not None
@@ -381,9 +347,7 @@ def test_message_batch_cancel_expire_fail_errored_lines(
     assert billed == {created.id: 1, expiring.id: 1, failing.id: 0}
 
 
-def test_message_batch_gone_auto_list_and_refusals(
-    ant: anthropic.Anthropic, upstream: UpstreamHandle
-) -> None:
+def test_message_batch_gone_auto_list_and_refusals(ant: anthropic.Anthropic, upstream: UpstreamHandle) -> None:
     created = ant.messages.batches.create(requests=[msg_request("x")])
     upstream.job(created.id, "gone")
     with pytest.raises(anthropic.NotFoundError):
@@ -415,29 +379,19 @@ def test_background_response_queued_then_completed_with_the_usage_of_a_plain_req
     assert done.status == "completed" and done.output_text and done.usage is not None
     plain = oai.responses.create(model="gpt-4o-mini", input="hi")
     assert plain.usage is not None
-    assert (
-        (done.usage.input_tokens, done.usage.output_tokens)
-        == (plain.usage.input_tokens, 4)
-        == (21, 4)
-    )
+    assert (done.usage.input_tokens, done.usage.output_tokens) == (plain.usage.input_tokens, 4) == (21, 4)
     [row] = upstream.jobs()
     assert row["kind"] == "response" and row["billed"]["input_tokens"] == 21
 
 
-def test_background_response_cancel_expire_fail_gone(
-    oai: openai.OpenAI, upstream: UpstreamHandle
-) -> None:
+def test_background_response_cancel_expire_fail_gone(oai: openai.OpenAI, upstream: UpstreamHandle) -> None:
     first = oai.responses.create(model="gpt-4o-mini", input="hi", background=True)
     cancelled = oai.responses.cancel(first.id)
     assert cancelled.status == "cancelled" and cancelled.usage is None
     assert oai.responses.retrieve(first.id).status == "cancelled"
     upstream.job(first.id, "cancelled", done=1)  # the provider billed what it had run
     billed = oai.responses.retrieve(first.id)
-    assert (
-        billed.status == "cancelled"
-        and billed.usage is not None
-        and billed.usage.total_tokens == 15
-    )
+    assert billed.status == "cancelled" and billed.usage is not None and billed.usage.total_tokens == 15
 
     second = oai.responses.create(model="gpt-4o-mini", input="hi", background=True)
     upstream.job(second.id, "expired")
@@ -454,9 +408,7 @@ def test_background_response_cancel_expire_fail_gone(
     assert billed_lines == {first.id: 1, second.id: 0}
 
 
-def test_background_response_auto_complete_and_delete(
-    oai: openai.OpenAI, upstream: UpstreamHandle
-) -> None:
+def test_background_response_auto_complete_and_delete(oai: openai.OpenAI, upstream: UpstreamHandle) -> None:
     upstream.control(job_auto_complete=True)
     queued = oai.responses.create(model="gpt-4o-mini", input="hi", background=True)
     assert queued.status == "queued"
@@ -471,9 +423,7 @@ def test_background_response_auto_complete_and_delete(
 # -- videos ---------------------------------------------------------------------------------
 
 
-def test_video_lifecycle_bills_seconds_when_completed(
-    oai: openai.OpenAI, upstream: UpstreamHandle
-) -> None:
+def test_video_lifecycle_bills_seconds_when_completed(oai: openai.OpenAI, upstream: UpstreamHandle) -> None:
     queued = oai.videos.create(model="sora-2", prompt="a fox", seconds="8", size="1280x720")
     assert queued.status == "queued" and queued.progress == 0 and queued.seconds == "8"
     running = oai.videos.retrieve(queued.id)

@@ -93,9 +93,7 @@ def test_chat_stream_without_include_usage(client: httpx.Client) -> None:
 def test_anthropic_non_stream(client: httpx.Client) -> None:
     client.post("/_control", json={"completion_tokens": "max", "overbill": 2})
     body = client.post(MESSAGES, json=anthropic_body()).json()
-    assert (
-        body["type"] == "message" and body["role"] == "assistant" and body["model"] == "claude-test"
-    )
+    assert body["type"] == "message" and body["role"] == "assistant" and body["model"] == "claude-test"
     assert body["content"][0]["type"] == "text" and body["stop_reason"] == "end_turn"
     assert body["usage"] == {"input_tokens": 10, "output_tokens": 128,
                              "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
@@ -105,9 +103,7 @@ def test_anthropic_non_stream(client: httpx.Client) -> None:
 
 
 def test_anthropic_stream_event_sequence(client: httpx.Client) -> None:
-    r = client.post(
-        MESSAGES, json=anthropic_body(stream=True), headers={"X-Upstream-Completion-Tokens": "7"}
-    )
+    r = client.post(MESSAGES, json=anthropic_body(stream=True), headers={"X-Upstream-Completion-Tokens": "7"})
     events = []
     for block in r.text.strip().split("\n\n"):
         name_line, data_line = block.split("\n")
@@ -146,9 +142,7 @@ def test_drop_mid_stream_has_no_done(client: httpx.Client) -> None:
     received: list[str] = []
     body = chat_body(stream=True, stream_options={"include_usage": True})
     with pytest.raises(httpx.RemoteProtocolError):
-        with client.stream(
-            "POST", CHAT, json=body, headers={"X-Upstream-Fail": "drop_mid_stream"}
-        ) as r:
+        with client.stream("POST", CHAT, json=body, headers={"X-Upstream-Fail": "drop_mid_stream"}) as r:
             assert r.status_code == 200
             for line in r.iter_lines():
                 received.append(line)
@@ -159,9 +153,7 @@ def test_drop_mid_stream_has_no_done(client: httpx.Client) -> None:
 
 def test_no_usage_stream_ends_normally(client: httpx.Client) -> None:
     client.post("/_control", json={"fail": "no_usage"})
-    data = sse_data(
-        client.post(CHAT, json=chat_body(stream=True, stream_options={"include_usage": True})).text
-    )
+    data = sse_data(client.post(CHAT, json=chat_body(stream=True, stream_options={"include_usage": True})).text)
     assert data[-1] == "[DONE]" and all(json.loads(d)["choices"] for d in data[:-1])
     text = client.post(MESSAGES, json=anthropic_body(stream=True)).text
     assert "message_stop" in text and "output_tokens" not in text
@@ -199,9 +191,7 @@ def test_stats_counts(client: httpx.Client) -> None:
 
 def test_header_overrides_global_knob(client: httpx.Client) -> None:
     client.post("/_control", json={"completion_tokens": 100, "fail": "500"})
-    r = client.post(
-        CHAT, json=chat_body(), headers={"X-Upstream-Completion-Tokens": "3", "X-Upstream-Fail": ""}
-    )
+    r = client.post(CHAT, json=chat_body(), headers={"X-Upstream-Completion-Tokens": "3", "X-Upstream-Fail": ""})
     assert r.status_code == 200
     assert r.json()["usage"]["completion_tokens"] == 3
     r = client.post(CHAT, json=chat_body(), headers={"X-Upstream-Fail": "nonsense"})
@@ -210,9 +200,7 @@ def test_header_overrides_global_knob(client: httpx.Client) -> None:
 
 def test_delay_and_max_tokens_knobs(client: httpx.Client) -> None:
     client.post("/_control", json={"completion_tokens": "max", "ignore_max_tokens": True})
-    r = client.post(
-        CHAT, json=chat_body(max_completion_tokens=20), headers={"X-Upstream-Delay-Ms": "50"}
-    )
+    r = client.post(CHAT, json=chat_body(max_completion_tokens=20), headers={"X-Upstream-Delay-Ms": "50"})
     assert r.json()["usage"]["completion_tokens"] == 80
     assert r.elapsed.total_seconds() >= 0.05
 
@@ -240,12 +228,8 @@ def test_embeddings(client: httpx.Client) -> None:
 def test_openai_sdk(upstream: UpstreamHandle) -> None:
     upstream.reset()
     sdk = openai.OpenAI(base_url=upstream.url + "/v1", api_key="x", max_retries=0)
-    done = sdk.chat.completions.create(
-        model="gpt-test", messages=[{"role": "user", "content": "hi"}]
-    )
-    assert (
-        done.choices[0].message.content and done.usage is not None and done.usage.total_tokens == 15
-    )
+    done = sdk.chat.completions.create(model="gpt-test", messages=[{"role": "user", "content": "hi"}])
+    assert done.choices[0].message.content and done.usage is not None and done.usage.total_tokens == 15
     stream = sdk.chat.completions.create(
         model="gpt-test", messages=[{"role": "user", "content": "hi"}], stream=True,
         stream_options={"include_usage": True},

@@ -75,19 +75,27 @@ def _webhook(tenant, url: str, **kw) -> tuple[AlertChannel, str]:
     from tenants.audit import Actor
     from usage.channels import create_channel
 
-    return create_channel(organization=tenant.org, actor=Actor(label="test"), name=kw.pop("name", "ops hook"),
-                          kind="webhook", url=url, **kw)
+    return create_channel(
+        organization=tenant.org,
+        actor=Actor(label="test"),
+        name=kw.pop("name", "ops hook"),
+        kind="webhook",
+        url=url,
+        **kw,
+    )
 
 
 def _verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
-    expected = hmac.new(secret.encode(), headers["x-capgate-timestamp"].encode() + b"." + body,
-                        hashlib.sha256).hexdigest()
+    expected = hmac.new(
+        secret.encode(), headers["x-capgate-timestamp"].encode() + b"." + body, hashlib.sha256
+    ).hexdigest()
     return hmac.compare_digest(headers["x-capgate-signature"], f"sha256={expected}")
 
 
 @pytest.mark.django_db
-def test_a_signed_webhook_is_retried_after_a_500_and_then_delivered(acme, receiver, captured,
-                                                                      django_capture_on_commit_callbacks):
+def test_a_signed_webhook_is_retried_after_a_500_and_then_delivered(
+    acme, receiver, captured, django_capture_on_commit_callbacks
+):
     # given: a webhook channel, and a $1 cap at 60% (the 50% threshold)
     channel, secret = _webhook(acme, receiver.url)
     budget = acme.budget(amount="1", name="Org cap")
@@ -181,8 +189,9 @@ def test_run_budgets_do_not_alert_unless_the_organization_opts_in(acme, captured
 
 
 @pytest.mark.django_db
-def test_a_budget_created_mid_period_fires_only_the_highest_threshold_crossed(acme, captured,
-                                                                            django_capture_on_commit_callbacks):
+def test_a_budget_created_mid_period_fires_only_the_highest_threshold_crossed(
+    acme, captured, django_capture_on_commit_callbacks
+):
     # given: 85 cents already spent this month, then a $1 budget with 10/50/80/100%
     spend(acme, usd("0.85"))
     budget = acme.budget(amount="1", thresholds=[10, 50, 80, 100])
@@ -200,7 +209,8 @@ def test_a_budget_created_mid_period_fires_only_the_highest_threshold_crossed(ac
 
 @pytest.mark.django_db
 def test_refusals_alert_once_per_window_per_hour_with_a_count_and_what_tipped_it(
-        acme, captured, monkeypatch, django_capture_on_commit_callbacks):
+    acme, captured, monkeypatch, django_capture_on_commit_callbacks
+):
     # given: a full $0.10 cap
     budget = acme.budget(amount="0.10")
     acme.admit(worst_nano=usd("0.10"), now=NOV)
@@ -239,8 +249,11 @@ def test_channels_api_validates_hides_the_secret_and_keeps_outsiders_out(acme, o
     bad = owner.post(base, {"name": "x", "kind": "webhook", "url": "http://127.0.0.1:9/hook"}, format="json")
     assert bad.status_code == 400 and "url" in bad.json()["errors"]
     # a public one: the secret is shown once
-    made = owner.post(base, {"name": "ops", "kind": "webhook", "url": "https://hooks.example.com/capgate",
-                             "payload_format": "slack"}, format="json")
+    made = owner.post(
+        base,
+        {"name": "ops", "kind": "webhook", "url": "https://hooks.example.com/capgate", "payload_format": "slack"},
+        format="json",
+    )
     assert made.status_code == 201 and made.json()["secret"].startswith("whsec_")
     listed = owner.get(base).json()
     rows = listed["results"] if isinstance(listed, dict) else listed

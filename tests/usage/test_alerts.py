@@ -99,9 +99,7 @@ class dropped_constraint:  # noqa: N801 (a context manager read as a phrase)
             cursor.execute(f"ALTER TABLE {self.table} ADD CONSTRAINT {self.name} {self.definition}")
 
 
-def spend(
-    tenant, cost_nano: int, *, worst_nano: int | None = None, now: datetime = NOV, **kw
-) -> None:
+def spend(tenant, cost_nano: int, *, worst_nano: int | None = None, now: datetime = NOV, **kw) -> None:
     r = tenant.admit(worst_nano=cost_nano if worst_nano is None else worst_nano, now=now, **kw)
     record(reservation=r.reservation, outcome=Outcome(status="served", cost_nano=cost_nano))
     drain_all()
@@ -147,11 +145,7 @@ def inbox(settings):
 
 
 def thresholds_of(window: Window) -> list[int]:
-    return sorted(
-        AlertEvent.objects.filter(window=window, kind="threshold").values_list(
-            "threshold", flat=True
-        )
-    )
+    return sorted(AlertEvent.objects.filter(window=window, kind="threshold").values_list("threshold", flat=True))
 
 
 # --- creating events ------------------------------------------------------------------------
@@ -346,9 +340,7 @@ def _bodies(message: EmailMessage) -> tuple[str, str]:
 
 
 @pytest.mark.django_db
-def test_the_email_says_which_budget_how_much_of_what_the_period_and_links_the_dashboard(
-    acme, owners, inbox
-):
+def test_the_email_says_which_budget_how_much_of_what_the_period_and_links_the_dashboard(acme, owners, inbox):
     # given: $0.60 spent of a $1 monthly blocking cap: the 50% event
     event = _event(acme)
     # when
@@ -403,9 +395,7 @@ def test_a_refusal_email_says_what_was_refused(acme, owners, inbox):
     note_refusal(window_id=refused.value.window_id)
     send_alert_email(AlertEvent.objects.get(budget=budget).id)
     [message] = inbox.wait_for(1)
-    assert (
-        message["Subject"] == "[capgate] Acme: Tight cap refused a request ($0.00 of $0.10 spent)"
-    )
+    assert message["Subject"] == "[capgate] Acme: Tight cap refused a request ($0.00 of $0.10 spent)"
     text, _ = _bodies(message)
     assert "Reserved: $0.08 held by requests in flight" in text
 
@@ -421,9 +411,7 @@ def test_sending_is_idempotent(acme, owners, inbox):
 
 
 @pytest.mark.django_db
-def test_smtp_down_records_the_failure_loses_nothing_and_a_later_send_succeeds(
-    acme, owners, settings
-):
+def test_smtp_down_records_the_failure_loses_nothing_and_a_later_send_succeeds(acme, owners, settings):
     # given: no SMTP server listening yet
     box = SmtpInbox()
     use_smtp(settings, box.port)
@@ -449,9 +437,7 @@ def test_smtp_down_records_the_failure_loses_nothing_and_a_later_send_succeeds(
 
 
 @pytest.mark.django_db
-def test_the_task_retries_with_backoff_then_leaves_the_event_to_the_catch_up(
-    acme, owners, settings
-):
+def test_the_task_retries_with_backoff_then_leaves_the_event_to_the_catch_up(acme, owners, settings):
     use_smtp(settings, free_port())  # nothing listens there
     event = _event(acme)
     assert send_alert_email.max_retries == 5

@@ -55,16 +55,12 @@ def busy_history(acme):
     ]
     for i in range(6):
         r = acme.admit(worst_nano=WORST, key=key if i % 2 else None)
-        record(
-            reservation=r.reservation, outcome=Outcome(status="served", cost_nano=usd("0.012") + i)
-        )
+        record(reservation=r.reservation, outcome=Outcome(status="served", cost_nano=usd("0.012") + i))
     drain_all()
     release(reservation=acme.admit(worst_nano=WORST).reservation)
     lapsed = acme.admit(worst_nano=WORST, lease=timedelta(microseconds=1), key=key).reservation
     expire()
-    record(
-        reservation=lapsed, outcome=Outcome(status="served", cost_nano=usd("0.010"))
-    )  # late report
+    record(reservation=lapsed, outcome=Outcome(status="served", cost_nano=usd("0.010")))  # late report
     over = acme.admit(worst_nano=WORST).reservation
     record(reservation=over, outcome=Outcome(status="served", cost_nano=3 * WORST))
     drain_all()
@@ -94,9 +90,7 @@ def test_a_clean_history_passes(acme):
 
 
 @pytest.mark.django_db
-def test_a_counter_bumped_by_hand_is_drift_that_is_stored_alerted_and_fails_the_command(
-    acme, caplog
-):
+def test_a_counter_bumped_by_hand_is_drift_that_is_stored_alerted_and_fails_the_command(acme, caplog):
     # given: a clean history, then one nano-USD added to a counter behind the rows' back
     budget = busy_history(acme)[0]
     window = window_of(budget)

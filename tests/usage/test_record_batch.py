@@ -41,8 +41,9 @@ def test_a_batch_is_one_statement_and_a_second_report_keeps_the_first(acme):
     budget = acme.budget(amount="1")
     reservations = _admitted(acme, 5)
     # when: their outcomes are recorded together
-    out, sent = _statements(lambda: record_many(
-        items=[(r, Outcome(status="served", cost_nano=7)) for r in reservations]))
+    out, sent = _statements(
+        lambda: record_many(items=[(r, Outcome(status="served", cost_nano=7)) for r in reservations])
+    )
     # then: one statement (SET LOCAL + INSERT in one simple query), five records
     assert len(sent) == 1
     assert [type(r) for r in out] == [UsageRecord] * 5
@@ -86,7 +87,11 @@ def test_without_splitting_a_refused_batch_one_bad_record_loses_them_all(acme, m
 
 def test_a_negative_cost_is_refused_for_its_own_record_only(acme):
     reservations = _admitted(acme, 2)
-    out = record_many(items=[(reservations[0], Outcome(status="served", cost_nano=-1)),
-                             (reservations[1], Outcome(status="served", cost_nano=7))])
+    out = record_many(
+        items=[
+            (reservations[0], Outcome(status="served", cost_nano=-1)),
+            (reservations[1], Outcome(status="served", cost_nano=7)),
+        ]
+    )
     assert isinstance(out[0], ValueError) and isinstance(out[1], UsageRecord)
     assert list(UsageRecord.objects.values_list("request_id", flat=True)) == [reservations[1].request_id]

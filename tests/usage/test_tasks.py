@@ -79,9 +79,7 @@ def test_renew_and_expire_keeps_live_owners_and_charges_the_dead_at_worst_case(a
     lapsed = now - timedelta(seconds=200)  # admitted then: lease (120 s) ran out 80 s ago
     mine = acme.admit(worst_nano=WORST, now=lapsed, owner_id=alive.id).reservation
     theirs = acme.admit(worst_nano=WORST, now=lapsed, owner_id=dead.id).reservation
-    too_old = acme.admit(
-        worst_nano=WORST, now=now - timedelta(hours=3), owner_id=alive.id
-    ).reservation
+    too_old = acme.admit(worst_nano=WORST, now=now - timedelta(hours=3), owner_id=alive.id).reservation
     # when
     result = renew_and_expire()
     # then: the live owner's lease runs again; the other two are charged at worst case
@@ -96,9 +94,7 @@ def test_renew_and_expire_keeps_live_owners_and_charges_the_dead_at_worst_case(a
 
 def _lapsed_reservations(acme, n: int) -> list[Reservation]:
     # Admitted now with a lease that lapses at once (not an hour ago: that could be last month).
-    return [
-        acme.admit(worst_nano=WORST, lease=timedelta(microseconds=1)).reservation for _ in range(n)
-    ]
+    return [acme.admit(worst_nano=WORST, lease=timedelta(microseconds=1)).reservation for _ in range(n)]
 
 
 def _widen_expiry_race(monkeypatch):
@@ -322,9 +318,6 @@ def test_manage_py_drain_settles_the_outbox_and_optionally_lapsed_leases(acme):
     acme.admit(worst_nano=WORST, lease=timedelta(microseconds=1))
     out = StringIO()
     call_command("drain", "--expire", stdout=out)
-    assert (
-        out.getvalue().strip()
-        == "1 lapsed reservations charged at worst case, 1 other records applied"
-    )
+    assert out.getvalue().strip() == "1 lapsed reservations charged at worst case, 1 other records applied"
     w = window_of(budget)
     assert (w.spent_nano, w.reserved_nano) == (usd("0.01") + WORST, 0)

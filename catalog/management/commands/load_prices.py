@@ -12,7 +12,15 @@ from catalog.prices import (
     read_catalog,
 )
 
-_SHOWN_ON_CREATE = ("input", "output", "cache_read", "cache_write", "max_output_tokens", "context_window", "max_image_tokens")
+_SHOWN_ON_CREATE = (
+    "input",
+    "output",
+    "cache_read",
+    "cache_write",
+    "max_output_tokens",
+    "context_window",
+    "max_image_tokens",
+)
 
 
 def _fmt(value) -> str:
@@ -30,9 +38,12 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--file", default=str(DEFAULT_CATALOG_PATH), help="catalog JSON file (default: %(default)s)")
         parser.add_argument(
-            "--overwrite", action="store_true",
+            "--file", default=str(DEFAULT_CATALOG_PATH), help="catalog JSON file (default: %(default)s)"
+        )
+        parser.add_argument(
+            "--overwrite",
+            action="store_true",
             help="replace the prices and limits of existing models with the catalog's (operator edits are lost)",
         )
         parser.add_argument("--dry-run", action="store_true", help="report what would change and save nothing")

@@ -25,8 +25,9 @@ class Command(BaseCommand):
             # Every bad item, one a line, each with its path in the file.
             if len(exc.problems) == 1:
                 raise CommandError(f"{exc} (nothing was changed)") from exc
-            raise CommandError(f"{len(exc.problems)} errors (nothing was changed):\n  "
-                               + str(exc).replace("\n", "\n  ")) from exc
+            raise CommandError(
+                f"{len(exc.problems)} errors (nothing was changed):\n  " + str(exc).replace("\n", "\n  ")
+            ) from exc
         for change in result.changes:
             self.stdout.write(str(change))
         for label, secret in result.secrets:

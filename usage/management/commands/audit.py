@@ -20,12 +20,8 @@ class Command(BaseCommand):
     help = "Audit budget window counters against holds and applied usage; exit 1 on drift."
 
     def add_arguments(self, parser):
-        parser.add_argument(
-            "--drift-only", action="store_true", help="list only windows that drift"
-        )
-        parser.add_argument(
-            "--json", action="store_true", dest="as_json", help="print the report as JSON"
-        )
+        parser.add_argument("--drift-only", action="store_true", help="list only windows that drift")
+        parser.add_argument("--json", action="store_true", dest="as_json", help="print the report as JSON")
         parser.add_argument(
             "--no-record",
             action="store_true",
@@ -53,7 +49,9 @@ class Command(BaseCommand):
             )
 
     def _table(self, report: AuditReport, *, drift_only: bool) -> None:
-        header = f"{'window':>7}  {'budget':<32} {'spent':>20} {'expected':>20} {'reserved':>20} {'expected':>20}  status"
+        header = (
+            f"{'window':>7}  {'budget':<32} {'spent':>20} {'expected':>20} {'reserved':>20} {'expected':>20}  status"
+        )
         self.stdout.write(header)
         self.stdout.write("-" * len(header))
         for c in report.checks:
@@ -61,12 +59,14 @@ class Command(BaseCommand):
                 continue
             status = "ok" if c.ok else "DRIFT"
             self.stdout.write(
-                f"{c.window_id:>7}  {c.budget_label[:32]:<32} {_usd(c.spent_nano):>20} {_usd(c.expected_spent_nano):>20}"
+                f"{c.window_id:>7}  {c.budget_label[:32]:<32} {_usd(c.spent_nano):>20} "
+                f"{_usd(c.expected_spent_nano):>20}"
                 f" {_usd(c.reserved_nano):>20} {_usd(c.expected_reserved_nano):>20}  {status}"
             )
         for rd in report.request_drifts:
-            self.stdout.write(f"request {rd.request_id}: recorded {_usd(rd.recorded_nano)}, "
-                              f"reported {_usd(rd.reported_nano)}  DRIFT")
+            self.stdout.write(
+                f"request {rd.request_id}: recorded {_usd(rd.recorded_nano)}, reported {_usd(rd.reported_nano)}  DRIFT"
+            )
         summary = (
             f"{report.windows_checked} live windows checked, "
             f"{len({d.window_id for d in report.drifts})} drifting; "

@@ -23,6 +23,4 @@ class Command(BaseCommand):
         expired = expire() if options["expire"] else 0
         applied = drain_all()
         # expire() applies its own records; `applied` counts the rest of the outbox.
-        self.stdout.write(
-            f"{expired} lapsed reservations charged at worst case, {applied} other records applied"
-        )
+        self.stdout.write(f"{expired} lapsed reservations charged at worst case, {applied} other records applied")
