@@ -5,7 +5,6 @@ upload by jobs/sizing.py) through one admission, before the provider sees it."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 
@@ -16,7 +15,7 @@ from gateway import proxy, runtime
 from gateway.errors import bad_request
 from gateway.estimate import parse_json
 from gateway.http import Request
-from jobs import service
+from jobs import listing, service
 from jobs.http import endpoint, upstream_failed
 from jobs.models import Job
 from jobs.sizing import BATCH_ENDPOINTS
@@ -99,48 +98,17 @@ async def cancel(req: Request, key: ApiKey, match: re.Match[str]) -> None:
 @endpoint("openai")
 async def list_batches(req: Request, key: ApiKey, match: re.Match[str]) -> None:
     """The organization's own batches, newest first, each as the provider reports it now."""
-    query = dict(p.split("=", 1) for p in req.scope.get("query_string", b"").decode().split("&") if "=" in p)
-    try:
-        limit = max(1, min(int(query.get("limit", "20")), 100))
-    except ValueError:
-        raise bad_request("'limit' must be an integer.", param="limit") from None
-    jobs = await runtime.db(
-        service.owned_jobs,
-        organization_id=key.organization_id,
-        kind=Job.Kind.BATCH,
-        after=query.get("after"),
-        limit=limit + 1,
-    )
+    page = await listing.page(req, key, kind=Job.Kind.BATCH, after="after", path="/v1/batches", last_known=_last_known)
+    await req.respond(200, json.dumps({"object": "list", **page}).encode())
 
-    async def one(job: Job) -> dict:
-        try:
-            resp = await send(proxy.client(), job.connection, "GET", f"/v1/batches/{job.provider_job_id}")
-            data = loads(resp.content)
-            if resp.status_code == 200 and isinstance(data, dict):
-                return data
-        except httpx.HTTPError:
-            pass
-        return {
-            "id": job.provider_job_id,
-            "object": "batch",
-            "status": job.provider_status or "unknown",
-            "endpoint": "",
-            "input_file_id": job.input_file_id,
-            "completion_window": "24h",
-            "created_at": int(job.created_at.timestamp()),
-        }
 
-    page = [j for j in jobs[:limit] if j.connection is not None]
-    data = await asyncio.gather(*(one(j) for j in page))
-    await req.respond(
-        200,
-        json.dumps(
-            {
-                "object": "list",
-                "data": data,
-                "first_id": data[0]["id"] if data else None,
-                "last_id": data[-1]["id"] if data else None,
-                "has_more": len(jobs) > limit,
-            }
-        ).encode(),
-    )
+def _last_known(job: Job) -> dict:
+    return {
+        "id": job.provider_job_id,
+        "object": "batch",
+        "status": job.provider_status or "unknown",
+        "endpoint": "",
+        "input_file_id": job.input_file_id,
+        "completion_window": "24h",
+        "created_at": int(job.created_at.timestamp()),
+    }

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 
@@ -13,7 +12,7 @@ from gateway import proxy, runtime
 from gateway.errors import bad_request
 from gateway.estimate import parse_json
 from gateway.http import Request
-from jobs import service, sizing
+from jobs import listing, service, sizing
 from jobs.http import endpoint, upstream_failed
 from jobs.models import Job
 from jobs.submit import Submission, submit
@@ -101,39 +100,17 @@ async def cancel(req: Request, key: ApiKey, match: re.Match[str]) -> None:
 
 @endpoint("anthropic")
 async def list_batches(req: Request, key: ApiKey, match: re.Match[str]) -> None:
-    query = dict(p.split("=", 1) for p in req.scope.get("query_string", b"").decode().split("&") if "=" in p)
-    try:
-        limit = max(1, min(int(query.get("limit", "20")), 100))
-    except ValueError:
-        raise bad_request("'limit' must be an integer.", param="limit") from None
-    jobs = await runtime.db(
-        service.owned_jobs,
-        organization_id=key.organization_id,
+    """The organization's own message batches, newest first, each as the provider reports it now."""
+    page = await listing.page(
+        req,
+        key,
         kind=Job.Kind.MESSAGE_BATCH,
-        after=query.get("after_id"),
-        limit=limit + 1,
+        after="after_id",
+        path="/v1/messages/batches",
+        last_known=lambda job: {
+            "id": job.provider_job_id,
+            "type": "message_batch",
+            "processing_status": job.provider_status,
+        },
     )
-
-    async def one(job: Job) -> dict:
-        try:
-            resp = await send(proxy.client(), job.connection, "GET", f"/v1/messages/batches/{job.provider_job_id}")
-            data = loads(resp.content)
-            if resp.status_code == 200 and isinstance(data, dict):
-                return data
-        except httpx.HTTPError:
-            pass
-        return {"id": job.provider_job_id, "type": "message_batch", "processing_status": job.provider_status}
-
-    page = [j for j in jobs[:limit] if j.connection is not None]
-    data = await asyncio.gather(*(one(j) for j in page))
-    await req.respond(
-        200,
-        json.dumps(
-            {
-                "data": data,
-                "has_more": len(jobs) > limit,
-                "first_id": data[0]["id"] if data else None,
-                "last_id": data[-1]["id"] if data else None,
-            }
-        ).encode(),
-    )
+    await req.respond(200, json.dumps(page).encode())

@@ -3,6 +3,8 @@ counted past the request's lease, settlement from per-line usage, cancel, expiry
 
 from __future__ import annotations
 
+import logging
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -12,6 +14,7 @@ import pytest
 from django.utils import timezone
 
 from budgets.models import Reservation, Window
+from catalog.models import Connection
 from jobs import service, settle
 from jobs.models import Job, JobFile
 from jobs.poll import poll_jobs
@@ -266,3 +269,20 @@ def test_output_file_of_a_finished_batch_is_the_owners_only(gateway, jobs_org, u
     other = openai.OpenAI(api_key=raw, base_url=gateway.url + "/v1", max_retries=0)
     with pytest.raises(openai.NotFoundError):
         other.files.content(done.output_file_id)
+
+
+def test_list_shows_a_batch_its_provider_cannot_answer_for_as_last_known_and_logs_it(
+    gateway, jobs_org, upstream, caplog
+):
+    client = oa(gateway)
+    batch = _submit(client, 1)
+    job = Job.objects.get()
+    with socket.socket() as s:  # a port nothing listens on: the provider's read fails to connect
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    Connection.objects.filter(pk=jobs_org.openai.pk).update(base_url=f"http://127.0.0.1:{closed}/v1")
+    with caplog.at_level(logging.WARNING, logger="capgate.jobs"):
+        [listed] = client.batches.list().data
+    assert listed.id == batch.id and listed.status == (job.provider_status or "unknown")
+    assert listed.input_file_id == job.input_file_id
+    assert f"listing job {job.id} ({batch.id}): its provider could not be read (ConnectError)" in caplog.text
