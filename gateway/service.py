@@ -14,8 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.db import transaction
-
 from budgets.models import Budget, Reservation
 from core.errors import CapgateError
 from gateway.errors import GatewayError
@@ -23,7 +21,7 @@ from gateway.estimate import Shape
 from gateway.limits import enforce_limits
 from gateway.routing import Target, authenticate, resolve_route
 from gateway.sizing import Sized, bound_tokens, size
-from gateway.subjects import Payer, create_run_budget, payer
+from gateway.subjects import Payer, creating_run_budget, payer
 from ledger.admission import AdmissionRequest, admit, matching_budgets
 from tenants.models import ApiKey
 
@@ -62,27 +60,7 @@ def reserve(
     A run's first call creates the run's budget in the same transaction as its admission: a
     refused first call leaves no budget behind for the audit to carry.
     """
-    if payer.new_run_nano is None:
-        return _prepare(
-            payer=payer,
-            request_id=request_id,
-            model=model,
-            shape=shape,
-            targets=targets or [],
-            amount_nano=amount_nano,
-            proxied=proxied,
-            owner_id=owner_id,
-            lease=lease,
-            origin=origin,
-        )
-    assert payer.run_id is not None
-    with transaction.atomic():
-        create_run_budget(
-            key=payer.key,
-            run_id=payer.run_id,
-            amount_nano=payer.new_run_nano,
-            explicit=payer.run_amount_explicit,
-        )
+    with creating_run_budget(payer):
         return _prepare(
             payer=payer,
             request_id=request_id,

@@ -9,6 +9,8 @@ request whose customer or run already has its budget pays one indexed read for i
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -155,3 +157,19 @@ def create_run_budget(*, key: ApiKey, run_id: str, amount_nano: int, explicit: b
     except IntegrityError:  # a concurrent first call created it: compare with that one
         existing = Budget.objects.get(organization_id=key.organization_id, scope=Budget.Scope.RUN, run_id=run_id)
         _check_run_amount(existing, run_id=run_id, amount_nano=amount_nano if explicit else None)
+
+
+@contextmanager
+def creating_run_budget(who: Payer) -> Iterator[None]:
+    """Admit inside this. For a run's first call (its budget still to create) it is one
+    transaction that creates the run's budget and then admits, so a refused first call leaves no
+    budget behind for the audit to carry; any other call gets no transaction of its own."""
+    if who.new_run_nano is None:
+        yield
+        return
+    assert who.run_id is not None
+    with transaction.atomic():
+        create_run_budget(
+            key=who.key, run_id=who.run_id, amount_nano=who.new_run_nano, explicit=who.run_amount_explicit
+        )
+        yield

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from budgets.models import Budget, Reservation
 from gateway.errors import GatewayError
-from gateway.subjects import create_run_budget, payer
+from gateway.subjects import creating_run_budget, payer
 from jobs.models import Job, JobFile
 from ledger.admission import (
     AdmissionRequest,
@@ -52,8 +52,7 @@ def admit_job(
     with something a live request would be refused for (refused_code) is refused with that code."""
     who = payer(key=key, customer_id=customer_id, run_id=run_id, run_budget_usd=run_budget_usd)
     subject = who.subject
-
-    def go() -> Admitted:
+    with creating_run_budget(who):  # a run's first call creates its budget with this admission
         budgets = matching_budgets(subject)
         if refused_code and any(b.mode == Budget.Mode.BLOCK for b in budgets):
             raise GatewayError(
@@ -73,13 +72,6 @@ def admit_job(
                 budgets=budgets,
             )
         )
-
-    if who.new_run_nano is None:
-        return go()
-    assert run_id is not None
-    with transaction.atomic():
-        create_run_budget(key=key, run_id=run_id, amount_nano=who.new_run_nano, explicit=who.run_amount_explicit)
-        return go()
 
 
 def deadline_for(kind: str) -> timedelta:
