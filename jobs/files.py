@@ -56,14 +56,7 @@ async def upload(req: Request, key: ApiKey, match: re.Match[str]) -> None:
         )
     filename, content = fields["file"]
     sized, rewritten = await runtime.db(sizing.size_openai_file, key=key, raw=content)
-    connection = sized.target.connection
-    if connection.kind not in ("openai", "echo"):
-        raise bad_request(
-            f"The model '{sized.route}' is not served by an OpenAI connection; batches run on the "
-            "provider's batch API.",
-            param="model",
-            code="batch_unsupported_connection",
-        )
+    connection = sizing.batch_connection(sized, "openai")
     try:
         resp = await send(
             proxy.client(),

@@ -9,7 +9,6 @@ import re
 import httpx
 
 from gateway import proxy, runtime
-from gateway.errors import bad_request
 from gateway.estimate import parse_json
 from gateway.http import Request
 from jobs import listing, service, sizing
@@ -28,14 +27,7 @@ def _status(data: dict) -> str:
 async def create(req: Request, key: ApiKey, match: re.Match[str]) -> None:
     body = parse_json(await req.body(sizing.max_file_bytes()))
     sized, requests = await runtime.db(sizing.size_message_batch, key=key, body=body)
-    connection = sized.target.connection
-    if connection.kind not in ("anthropic", "echo"):
-        raise bad_request(
-            f"The model '{sized.route}' is not served by an Anthropic connection; message batches "
-            "run on the provider's batch API.",
-            param="model",
-            code="batch_unsupported_connection",
-        )
+    connection = sizing.batch_connection(sized, "anthropic")
     await submit(
         req,
         key,

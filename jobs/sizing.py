@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 
+from catalog.models import Connection
 from catalog.pricing import UnpricedFeature, UnpricedModel, batch_rates, rates_for, worst_case_nano
 from core.errors import CapgateError
 from gateway import responses
@@ -45,6 +46,25 @@ class SizedLines:
     @property
     def worst_nano(self) -> int:
         return sum(self.bounds)
+
+
+# The batch APIs by connection kind: the provider's name and what its batches are called.
+_BATCH_APIS = {"openai": ("OpenAI", "batches"), "anthropic": ("Anthropic", "message batches")}
+
+
+def batch_connection(sized: SizedLines, kind: str) -> Connection:
+    """The connection a batch's lines route to, which runs the batch: one of `kind` ("openai" or
+    "anthropic", the batch API called), or echo, which answers both."""
+    connection = sized.target.connection
+    if connection.kind not in (kind, "echo"):
+        provider, batches = _BATCH_APIS[kind]
+        raise bad_request(
+            f"The model '{sized.route}' is not served by an {provider} connection; {batches} run on the "
+            "provider's batch API.",
+            param="model",
+            code="batch_unsupported_connection",
+        )
+    return connection
 
 
 def _line_error(where: str, exc: CapgateError) -> CapgateError:

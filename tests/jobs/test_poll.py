@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
+import anthropic
 import openai
 import pytest
 from django.db import connection
@@ -14,7 +15,7 @@ from django.utils import timezone
 from jobs import poll
 from jobs.models import Job, JobFile
 from tests.gateway.conftest import wait_settled
-from tests.jobs.conftest import oa, upload
+from tests.jobs.conftest import an, oa, upload
 from usage.audit import audit_counters
 from usage.models import UsageRecord
 
@@ -71,6 +72,27 @@ def test_bad_batch_input_is_refused_and_nothing_is_kept(gateway, jobs_org, upstr
     assert err.value.body["code"] == "unsupported_purpose"
     with pytest.raises(openai.NotFoundError):
         client.batches.create(input_file_id="file-nope", endpoint="/v1/chat/completions", completion_window="24h")
+    assert not JobFile.objects.exists() and not Job.objects.exists()
+    assert not [j for j in upstream.jobs()]
+
+
+def test_a_batch_routed_to_the_other_providers_connection_is_refused_and_nothing_is_kept(gateway, jobs_org, upstream):
+    with pytest.raises(openai.BadRequestError) as err:
+        upload(oa(gateway), 1, model="claude-test")
+    assert err.value.body["code"] == "batch_unsupported_connection"
+    assert "'claude-test' is not served by an OpenAI connection; batches run on" in err.value.body["message"]
+    request = {
+        "custom_id": "m",
+        "params": {"model": "gpt-test", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]},
+    }
+    with pytest.raises(anthropic.BadRequestError) as aerr:
+        an(gateway).messages.batches.create(requests=[request])
+    assert isinstance(aerr.value.body, dict)
+    assert aerr.value.body["error"]["code"] == "batch_unsupported_connection"
+    assert (
+        "'gpt-test' is not served by an Anthropic connection; message batches run on"
+        in aerr.value.body["error"]["message"]
+    )
     assert not JobFile.objects.exists() and not Job.objects.exists()
     assert not [j for j in upstream.jobs()]
 
