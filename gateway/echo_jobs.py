@@ -3,15 +3,7 @@
 Entry point (for the jobs app; it mirrors how gateway/proxy.py calls `echo.echo_response`
 instead of sending HTTP when a target's connection is of kind "echo"):
 
-    def _route(method: str, path: str) -> tuple[Handler, tuple[str, ...]]:
-    for verb, pattern, handler in ROUTES:
-        match = pattern.fullmatch(path)
-        if verb == method and match:
-            return handler, match.groups()
-    raise GatewayError(f"echo has no endpoint {method} {path}", code="unknown_url", status=404)
-
-
-async def send(connection, method, path, *, body=None, files=None, data=None) -> httpx.Response
+    async def send(connection, method, path, *, body=None, files=None, data=None) -> httpx.Response
 
 The arguments are those of `jobs.upstream.send` without the HTTP client: `path` starts with
 /v1/ (a query string, e.g. `?variant=thumbnail`, may follow), `body` is a JSON body, `files` and
