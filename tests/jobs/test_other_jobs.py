@@ -3,6 +3,7 @@ admitted at submission, held by its job, settled from what the provider reports.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import timedelta
 
 import anthropic
@@ -10,10 +11,13 @@ import openai
 import pytest
 from django.utils import timezone
 
-from budgets.models import Reservation
+from budgets.models import Budget, Reservation
 from catalog.pricing import video_nano
+from gateway.subjects import create_run_budget
+from jobs import service
 from jobs.models import Job
 from jobs.poll import poll_jobs
+from tests.conftest import usd
 from tests.gateway.conftest import wait_settled
 from tests.jobs.conftest import an, oa
 from usage.audit import audit_counters
@@ -75,6 +79,39 @@ def test_message_batch_over_budget_is_refused_in_anthropic_shape(gateway, jobs_o
     assert err.value.status_code == 402
     assert err.value.body["error"]["code"] == "organization_budget"
     assert upstream.jobs() == [] and not Reservation.objects.exists()
+
+
+_RUN = {"X-Capgate-Run": "run-1", "X-Capgate-Run-Budget-Usd": "1"}
+
+
+def _refused_first_job_of_a_run(gateway, jobs_org) -> Budget:
+    cap = jobs_org.budget(amount="0.01")
+    with pytest.raises(anthropic.APIStatusError) as err:
+        an(gateway).messages.batches.create(requests=_requests(3), extra_headers=_RUN)
+    assert err.value.status_code == 402
+    assert not Budget.objects.filter(scope=Budget.Scope.RUN).exists()
+    return cap
+
+
+def test_a_refused_first_job_of_a_run_leaves_no_run_budget(gateway, jobs_org, upstream):
+    cap = _refused_first_job_of_a_run(gateway, jobs_org)
+    Budget.objects.filter(pk=cap.pk).update(amount_nano=usd("5"))
+    an(gateway).messages.batches.create(requests=_requests(1), extra_headers=_RUN)
+    assert Budget.objects.get(scope=Budget.Scope.RUN).amount_nano == usd("1")
+
+
+def test_run_budget_transaction_removal_leaves_a_refused_runs_budget_behind(gateway, jobs_org, upstream, monkeypatch):
+    @contextmanager
+    def outside_the_admission(who):  # what the guard prevents: the budget committed on its own
+        if who.new_run_nano is not None:
+            create_run_budget(
+                key=who.key, run_id=who.run_id, amount_nano=who.new_run_nano, explicit=who.run_amount_explicit
+            )
+        yield
+
+    monkeypatch.setattr(service, "creating_run_budget", outside_the_admission)
+    with pytest.raises(AssertionError):
+        _refused_first_job_of_a_run(gateway, jobs_org)
 
 
 def test_message_batch_of_another_organization_is_404(gateway, jobs_org, outsider):
