@@ -243,6 +243,22 @@ def _already(rec: UsageRecord, action: str) -> tuple[int, dict]:
     )
 
 
+def _live_or_expired(reservation: Reservation | None, rec: UsageRecord | None) -> Reservation:
+    """The live reservation, or one that expired and was charged at worst case, rebuilt from its
+    record: a true report (settle or release) corrects that charge once (ledger/recording.py)."""
+    if reservation is not None:
+        return reservation
+    assert rec is not None  # _find raises when both are missing
+    return Reservation(
+        id=rec.reservation_id,
+        request_id=rec.request_id,
+        organization_id=rec.organization_id,
+        amount_nano=rec.reserved_nano,
+        created_at=rec.admitted_at,
+        model=rec.model,
+    )
+
+
 def settle(*, raw_key: str | None, reservation_id: str, body: dict) -> tuple[int, dict]:
     """Settle with `usage` (priced at the route's first target) or `cost_usd`. Settling twice
     returns the first result; settling a released reservation is a 409."""
@@ -250,17 +266,7 @@ def settle(*, raw_key: str | None, reservation_id: str, body: dict) -> tuple[int
     reservation, rec = _find(caller, reservation_id)
     if rec is not None and rec.status != UsageRecord.Status.ESTIMATED:
         return _already(rec, "settle")
-    if reservation is None:
-        assert rec is not None  # _find raises when both are missing
-        # Expired and charged at worst case: a true report corrects it (record() handles it).
-        reservation = Reservation(
-            id=rec.reservation_id,
-            request_id=rec.request_id,
-            organization_id=rec.organization_id,
-            amount_nano=rec.reserved_nano,
-            created_at=rec.admitted_at,
-            model=rec.model,
-        )
+    reservation = _live_or_expired(reservation, rec)
     if "cost_usd" in body:
         cost, usage = _usd(body["cost_usd"], "cost_usd", round_up=False), Usage()
     elif isinstance(body.get("usage"), dict):
@@ -299,16 +305,7 @@ def release_reservation(*, raw_key: str | None, reservation_id: str) -> tuple[in
     reservation, rec = _find(caller, reservation_id)
     if rec is not None and rec.status != UsageRecord.Status.ESTIMATED:
         return _already(rec, "release")
-    if reservation is None:
-        assert rec is not None
-        reservation = Reservation(
-            id=rec.reservation_id,
-            request_id=rec.request_id,
-            organization_id=rec.organization_id,
-            amount_nano=rec.reserved_nano,
-            created_at=rec.admitted_at,
-            model=rec.model,
-        )
+    reservation = _live_or_expired(reservation, rec)
     rec = release(reservation=reservation, error="released by caller")
     if rec.status != UsageRecord.Status.RELEASED:  # a settle won the race
         return _already(rec, "release")
