@@ -6,16 +6,17 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
-import anthropic
 import openai
 import pytest
 from django.db import connection
 from django.utils import timezone
 
-from jobs import poll
+from gateway.errors import GatewayError
+from gateway.routing import Target
+from jobs import poll, sizing
 from jobs.models import Job, JobFile
 from tests.gateway.conftest import wait_settled
-from tests.jobs.conftest import an, oa, upload
+from tests.jobs.conftest import oa, upload
 from usage.audit import audit_counters
 from usage.models import UsageRecord
 
@@ -76,25 +77,22 @@ def test_bad_batch_input_is_refused_and_nothing_is_kept(gateway, jobs_org, upstr
     assert not [j for j in upstream.jobs()]
 
 
-def test_a_batch_routed_to_the_other_providers_connection_is_refused_and_nothing_is_kept(gateway, jobs_org, upstream):
-    with pytest.raises(openai.BadRequestError) as err:
-        upload(oa(gateway), 1, model="claude-test")
-    assert err.value.body["code"] == "batch_unsupported_connection"
-    assert "'claude-test' is not served by an OpenAI connection; batches run on" in err.value.body["message"]
-    request = {
-        "custom_id": "m",
-        "params": {"model": "gpt-test", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]},
-    }
-    with pytest.raises(anthropic.BadRequestError) as aerr:
-        an(gateway).messages.batches.create(requests=[request])
-    assert isinstance(aerr.value.body, dict)
-    assert aerr.value.body["error"]["code"] == "batch_unsupported_connection"
-    assert (
-        "'gpt-test' is not served by an Anthropic connection; message batches run on"
-        in aerr.value.body["error"]["message"]
-    )
-    assert not JobFile.objects.exists() and not Job.objects.exists()
-    assert not [j for j in upstream.jobs()]
+def test_a_batch_runs_only_on_a_connection_of_its_batch_apis_provider(jobs_org):
+    # Called directly: routing (gateway/routing.py COMPATIBLE) already routes a batch's lines to
+    # connections of a compatible kind, so no upload through the endpoints reaches the refusal.
+    def lines(conn) -> sizing.SizedLines:
+        return sizing.SizedLines(kind="chat", route="m", target=Target(connection=conn, model=jobs_org.model))
+
+    assert sizing.batch_connection(lines(jobs_org.openai), "openai") == jobs_org.openai
+    assert sizing.batch_connection(lines(jobs_org.anthropic), "anthropic") == jobs_org.anthropic
+    assert sizing.batch_connection(lines(jobs_org.echo), "openai") == jobs_org.echo
+    for conn, kind, says in (
+        (jobs_org.anthropic, "openai", "'m' is not served by an OpenAI connection; batches run on"),
+        (jobs_org.openai, "anthropic", "'m' is not served by an Anthropic connection; message batches run on"),
+    ):
+        with pytest.raises(GatewayError) as err:
+            sizing.batch_connection(lines(conn), kind)
+        assert err.value.code == "batch_unsupported_connection" and says in err.value.message
 
 
 def test_gone_job_is_corrected_once_when_a_report_arrives(gateway, jobs_org, upstream):
