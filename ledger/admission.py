@@ -26,7 +26,7 @@ from budgets.errors import BudgetExceeded, BudgetUnavailable
 from budgets.models import Budget, Reservation
 from budgets.scopes import CHARGED_COLUMNS, RANK, matching_sql, refusal_code
 from ledger.locks import ADMIT_WINDOW_LOCK
-from ledger.windows import current_windows
+from ledger.windows import WindowState, current_windows
 
 
 @dataclass(frozen=True)
@@ -204,6 +204,19 @@ def _admit_statement(params: dict) -> tuple[bool, list[Ceiling]]:
     return fits, ceilings
 
 
+def _ceiling(budget: Budget, window: WindowState, *, count_reserved: bool = True) -> Ceiling:
+    """A blocking budget's ceiling as its window reads now (`count_reserved` off only in the guard's removal test)."""
+    return Ceiling(
+        window_id=window.id,
+        budget_id=budget.id,
+        scope=budget.scope,
+        code=refusal_code(budget.scope),
+        limit_nano=budget.amount_nano,
+        spent_nano=window.spent_nano,
+        reserved_nano=window.reserved_nano if count_reserved else 0,
+    )
+
+
 def admit(*, request: AdmissionRequest) -> Admitted:
     """Reserve `request.worst_nano` on every ceiling, or raise BudgetExceeded.
 
@@ -229,18 +242,7 @@ def admit(*, request: AdmissionRequest) -> Admitted:
             continue  # a budget was deleted or reconfigured since it was read: read them again
         blocking_budgets = [b for b in budgets if b.mode == Budget.Mode.BLOCK]
         blocking = sorted(windows[b.id].id for b in blocking_budgets)
-        seen = [
-            Ceiling(
-                window_id=windows[b.id].id,
-                budget_id=b.id,
-                scope=b.scope,
-                code=refusal_code(b.scope),
-                limit_nano=b.amount_nano,
-                spent_nano=windows[b.id].spent_nano,
-                reserved_nano=windows[b.id].reserved_nano if COUNT_RESERVED else 0,
-            )
-            for b in blocking_budgets
-        ]
+        seen = [_ceiling(b, windows[b.id], count_reserved=COUNT_RESERVED) for b in blocking_budgets]
         refusal = _refusal(seen, worst)
         if refusal is not None:
             raise refusal
@@ -336,15 +338,7 @@ def headroom(*, budgets: Sequence[Budget], now: datetime | None = None) -> Ceili
         return None
     windows = current_windows(budgets=blocking, now=now)
     ceilings = [
-        Ceiling(
-            window_id=windows[b.id].id,
-            budget_id=b.id,
-            scope=b.scope,
-            code=refusal_code(b.scope),
-            limit_nano=b.amount_nano,
-            spent_nano=windows[b.id].spent_nano,
-            reserved_nano=windows[b.id].reserved_nano,
-        )
+        _ceiling(b, windows[b.id])
         for b in blocking
         if b.id in windows  # deleted or reconfigured meanwhile: admission reads them again
     ]
