@@ -15,7 +15,7 @@ from urllib.parse import quote
 import pytest
 from django.conf import settings
 from django.db import connection
-from django.db.models import Sum
+from django.db.models import Count, Sum
 from django.utils import timezone
 
 from budgets.models import GatewayInstance, Reservation
@@ -165,11 +165,15 @@ def test_without_both_guards_concurrent_expiry_double_charges(acme, monkeypatch)
     with dropped_constraint("usage_usagerecord", name, "UNIQUE (request_id)"):
         # when
         race(20, lambda i: renew_and_expire())
-        # then: lapsed reservations are charged more than once
-        records = UsageRecord.objects.count()
-        spent = window_of(budget).spent_nano
-    assert records > 10
-    assert spent > 10 * WORST
+        # then: lapsed reservations are charged more than once in the book of record. (The window
+        # counter may or may not count a duplicate twice: the one-statement drain charges a
+        # record through its reservation's holds, and a duplicate drained after the first one
+        # deleted them charges no window — that depends on the interleaving, so only the records,
+        # which are what the customer is billed from, are asserted.)
+        charged = UsageRecord.objects.aggregate(n=Count("id"), total=Sum("cost_nano"))
+    assert budget.mode == "alert"
+    assert charged["n"] > 10
+    assert charged["total"] > 10 * WORST
 
 
 # --- drain_usage, replay_spool, the alert catch-up, the audit -------------------------------
