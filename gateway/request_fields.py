@@ -18,7 +18,7 @@ from gateway.errors import GatewayError, bad_request
 
 MAX_OUTPUT_TOKENS_ACCEPTED = 1_000_000
 MAX_SERVER_TOOL_USES = 100
-# Parameters each endpoint accepts: the billing inventory's fields (gateway/billing.py).
+# Parameters each endpoint accepts: the billing inventory's fields (gateway/billing/live.py).
 ALLOWED = {kind: set(fields) for kind, fields in billing.FIELDS.items()}
 IMAGE_PARTS = {"image_url", "image", "input_image"}
 UNBOUNDED_PARTS = {"input_audio", "audio", "file", "document", "input_file", "video"}
@@ -82,7 +82,7 @@ class Tools:
 
 
 def classify_tools(body: dict, kind: str) -> Tools:
-    """Classify each tool by type (gateway/billing.py TOOL_TYPES). Server tools get a bounded
+    """Classify each tool by type (gateway/billing/live.py TOOL_TYPES). Server tools get a bounded
     use count: the caller's max_uses, or the configured default injected into the upstream body."""
     out = Tools(refused=[])
     tools = body.get("tools")

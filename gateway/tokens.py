@@ -50,7 +50,7 @@ TOKENS_PER_REPLY = 3  # every reply is primed with <|start|>assistant<|message|>
 # Undocumented: how a list content's text parts are joined. Per part, for a joiner and a seam.
 PART_MARGIN_TOKENS = 2
 # Chat fields whose content the provider renders into the prompt (beside messages); the rest
-# of the body is free or bounds output (gateway/billing.py).
+# of the body is free or bounds output (gateway/billing/live.py).
 PROMPT_FIELDS = ("tools", "functions", "response_format")
 _TEXT_KEYS = ("role", "name", "content")
 

@@ -16,22 +16,18 @@ from gateway.errors import bad_request
 from gateway.estimate import parse_json
 from gateway.http import Request
 from jobs import listing, service
-from jobs.http import endpoint, upstream_failed
+from jobs.http import endpoint, refuse_unlisted, upstream_failed
 from jobs.models import Job
 from jobs.sizing import BATCH_ENDPOINTS
 from jobs.submit import Submission, submit
 from jobs.upstream import loads, send
 from tenants.models import ApiKey
 
-_FIELDS = {"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"}
-
 
 @endpoint("openai")
 async def create(req: Request, key: ApiKey, match: re.Match[str]) -> None:
     body = parse_json(await req.body(settings.CAPGATE["MAX_BODY_BYTES"]))
-    unknown = sorted(set(body) - _FIELDS)
-    if unknown:
-        raise bad_request(f"Unsupported parameter: '{unknown[0]}'.", param=unknown[0], code="unsupported_parameter")
+    refuse_unlisted("batches", body)
     file_id, target = body.get("input_file_id"), body.get("endpoint")
     if not isinstance(file_id, str) or not file_id:
         raise bad_request("'input_file_id' is required.", param="input_file_id")

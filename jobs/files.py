@@ -18,7 +18,7 @@ from gateway import proxy, runtime
 from gateway.errors import GatewayError, bad_request
 from gateway.http import Request
 from jobs import service, sizing
-from jobs.http import endpoint, upstream_failed
+from jobs.http import endpoint, refuse_unlisted, upstream_failed
 from jobs.upstream import loads, send
 from tenants.models import ApiKey
 
@@ -45,6 +45,7 @@ def parse_multipart(content_type: str, raw: bytes) -> dict[str, tuple[str | None
 async def upload(req: Request, key: ApiKey, match: re.Match[str]) -> None:
     raw = await req.body(sizing.max_file_bytes())
     fields = parse_multipart(req.headers.get("content-type", ""), raw)
+    refuse_unlisted("files", fields, form=True)
     purpose = (fields.get("purpose") or (None, b""))[1].decode("utf-8", "replace").strip()
     if "file" not in fields:
         raise bad_request("'file' is required.", param="file")
@@ -55,6 +56,13 @@ async def upload(req: Request, key: ApiKey, match: re.Match[str]) -> None:
             code="unsupported_purpose",
         )
     filename, content = fields["file"]
+    # expires_after (`expires_after[anchor]`, `expires_after[seconds]` as the SDK sends it) goes
+    # to the provider as given; the other fields are capgate's to decide.
+    expiry = {
+        name: value.decode("utf-8", "replace")
+        for name, (part_filename, value) in fields.items()
+        if name.split("[", 1)[0] == "expires_after" and part_filename is None
+    }
     sized, rewritten = await runtime.db(sizing.size_openai_file, key=key, raw=content)
     connection = sizing.batch_connection(sized, "openai")
     try:
@@ -63,7 +71,7 @@ async def upload(req: Request, key: ApiKey, match: re.Match[str]) -> None:
             connection,
             "POST",
             "/v1/files",
-            data={"purpose": "batch"},
+            data={"purpose": "batch", **expiry},
             files={"file": (filename or "batch.jsonl", rewritten, "application/jsonl")},
         )
     except httpx.HTTPError as exc:

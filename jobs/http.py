@@ -10,14 +10,14 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 from django.db import DatabaseError
 
 from budgets.errors import BudgetExceeded, BudgetUnavailable
 from core.errors import CapgateError
-from gateway import proxy, runtime
-from gateway.errors import GatewayError, render
+from gateway import billing, proxy, runtime
+from gateway.errors import GatewayError, bad_request, render
 from gateway.http import ClientGone, Request
 from gateway.routing import authenticate
 from tenants.models import ApiKey
@@ -54,6 +54,16 @@ def endpoint(flavor: str) -> Callable[[Handler], Callable[[Request, re.Match[str
 async def error(req: Request, exc: CapgateError, flavor: str, extra: list[tuple[bytes, bytes]] | None = None) -> None:
     status, headers, body = render(exc, flavor=flavor)
     await req.respond(status, body, headers + (extra or []))
+
+
+def refuse_unlisted(endpoint: str, names: Iterable[str], *, form: bool = False) -> None:
+    """400 for a field the billing inventory does not list for this job endpoint
+    (gateway/billing/jobs.py JOB_FIELDS, which is the endpoint's allowlist): a field nobody has
+    classified could change what the job bills. In a multipart form, `a[b]` is part of field `a`."""
+    fields = {name.split("[", 1)[0] if form else name for name in names}
+    unknown = sorted(fields - set(billing.JOB_FIELDS[endpoint]))
+    if unknown:
+        raise bad_request(f"Unsupported parameter: '{unknown[0]}'.", param=unknown[0], code="unsupported_parameter")
 
 
 def upstream_failed(exc: Exception) -> GatewayError:

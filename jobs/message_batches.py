@@ -12,7 +12,7 @@ from gateway import proxy, runtime
 from gateway.estimate import parse_json
 from gateway.http import Request
 from jobs import listing, service, sizing
-from jobs.http import endpoint, upstream_failed
+from jobs.http import endpoint, refuse_unlisted, upstream_failed
 from jobs.models import Job
 from jobs.submit import Submission, submit
 from jobs.upstream import loads, send
@@ -26,6 +26,7 @@ def _status(data: dict) -> str:
 @endpoint("anthropic")
 async def create(req: Request, key: ApiKey, match: re.Match[str]) -> None:
     body = parse_json(await req.body(sizing.max_file_bytes()))
+    refuse_unlisted("message_batches", body)
     sized, requests = await runtime.db(sizing.size_message_batch, key=key, body=body)
     connection = sizing.batch_connection(sized, "anthropic")
     await submit(

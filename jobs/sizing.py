@@ -198,9 +198,6 @@ def size_message_batch(*, key: ApiKey, body: dict) -> tuple[SizedLines, list[dic
         raise bad_request("'requests' must be a non-empty array.", param="requests")
     if len(requests) > MAX_LINES:
         raise bad_request(f"A message batch holds at most {MAX_LINES} requests.", param="requests")
-    unknown = sorted(set(body) - {"requests"})
-    if unknown:
-        raise bad_request(f"Unsupported parameter: '{unknown[0]}'.", param=unknown[0], code="unsupported_parameter")
     sized: SizedLines | None = None
     seen: set[str] = set()
     out: list[dict] = []

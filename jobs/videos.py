@@ -2,7 +2,9 @@
 
 A video is billed per second of output: its worst case is the requested seconds (4 when
 absent) times the catalog's per-second price of the route's model (Model.video_usd_per_second),
-reserved before the provider sees it; it is settled from the seconds of the completed video."""
+reserved before the provider sees it; it is settled from the seconds of the completed video.
+That price is for the sizes in gateway/billing/jobs.py VIDEO_PRICED_SIZES: a larger size is
+refused under a blocking cap. The fields accepted are the inventory's (JOB_FIELDS["videos"])."""
 
 from __future__ import annotations
 
@@ -12,14 +14,14 @@ import httpx
 from django.conf import settings
 
 from catalog.pricing import UnpricedFeature, video_nano
-from gateway import proxy, runtime
+from gateway import billing, proxy, runtime
 from gateway.errors import bad_request
 from gateway.estimate import parse_json
 from gateway.http import Request
 from gateway.routing import Target, resolve_route
 from jobs import service
 from jobs.files import parse_multipart
-from jobs.http import endpoint, upstream_failed
+from jobs.http import endpoint, refuse_unlisted, upstream_failed
 from jobs.models import Job
 from jobs.submit import Submission, submit
 from jobs.upstream import send
@@ -27,31 +29,40 @@ from tenants.models import ApiKey
 
 SECONDS = {"4": 4, "8": 8, "12": 12}
 DEFAULT_SECONDS = "4"
-_FIELDS = {"model", "prompt", "seconds", "size", "input_reference"}
 
 
-def size_video(*, key: ApiKey, model: str, seconds: int) -> tuple[Target, int, str]:
-    """(target, worst case, refusal code under a blocking cap)."""
+def size_video(*, key: ApiKey, model: str, seconds: int, size: str | None) -> tuple[Target, int, str]:
+    """(target, worst case, refusal code under a blocking cap). The catalog holds one price per
+    second per model, for the sizes in billing.VIDEO_PRICED_SIZES; a larger size bills more per
+    second than that price bounds, so a blocking cap refuses it (docs/billing.md, /v1/videos)."""
     target = resolve_route(key=key, name=model, kind="videos")[0]
     try:
-        return target, video_nano(model=target.model, seconds=seconds, worst=True), ""
+        worst, refused = video_nano(model=target.model, seconds=seconds, worst=True), ""
     except UnpricedFeature:
-        return target, 0, "video_under_budget"
+        worst, refused = 0, "video_under_budget"
+    if size is not None and size not in billing.VIDEO_PRICED_SIZES:  # absent: the provider's default
+        refused = refused or "size_under_budget"
+    return target, worst, refused
 
 
 @endpoint("openai")
 async def create(req: Request, key: ApiKey, match: re.Match[str]) -> None:
     raw = await req.body(settings.CAPGATE["MAX_BODY_BYTES"])
     files: dict = {}
-    if req.headers.get("content-type", "").lower().startswith("multipart/form-data"):
+    multipart = req.headers.get("content-type", "").lower().startswith("multipart/form-data")
+    if multipart:
         parts = parse_multipart(req.headers["content-type"], raw)
         fields = {k: v.decode("utf-8", "replace") for k, (name, v) in parts.items() if name is None}
         files = {k: (name, v) for k, (name, v) in parts.items() if name is not None}
     else:
         fields = {k: v for k, v in parse_json(raw).items()}
-    unknown = sorted((set(fields) | set(files)) - _FIELDS)
-    if unknown:
-        raise bad_request(f"Unsupported parameter: '{unknown[0]}'.", param=unknown[0], code="unsupported_parameter")
+    refuse_unlisted("videos", [*fields, *files], form=multipart)
+    if any(k.split("[", 1)[0] == "input_reference" for k in fields):
+        raise bad_request(
+            "'input_reference' must be an uploaded image (a multipart file part); capgate forwards no "
+            "reference by file_id or image_url.",
+            param="input_reference",
+        )
     model, prompt = fields.get("model"), fields.get("prompt")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required.", param="model")
@@ -60,7 +71,8 @@ async def create(req: Request, key: ApiKey, match: re.Match[str]) -> None:
     seconds = str(fields.get("seconds") or DEFAULT_SECONDS)
     if seconds not in SECONDS:
         raise bad_request(f"'seconds' must be one of {sorted(SECONDS, key=int)}.", param="seconds")
-    target, worst, refused = await runtime.db(size_video, key=key, model=model, seconds=SECONDS[seconds])
+    size = None if fields.get("size") is None else str(fields["size"])
+    target, worst, refused = await runtime.db(size_video, key=key, model=model, seconds=SECONDS[seconds], size=size)
     form = {**{k: str(v) for k, v in fields.items()}, "model": target.model.name, "seconds": seconds}
     await submit(
         req,

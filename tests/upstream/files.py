@@ -58,6 +58,7 @@ class StoredFile:
     content: bytes
     created_at: int = field(default_factory=lambda: int(time.time()))
     deleted: bool = False
+    expires_after: int | None = None  # seconds after created_at (expires_after[seconds])
 
     def obj(self) -> dict[str, Any]:
         return {
@@ -68,7 +69,7 @@ class StoredFile:
             "filename": self.filename,
             "purpose": self.purpose,
             "status": "processed",
-            "expires_at": None,
+            "expires_at": None if self.expires_after is None else self.created_at + self.expires_after,
             "status_details": None,
         }
 
@@ -101,8 +102,15 @@ async def create(store: FileStore, ex: Any) -> None:
         raise ApiError(400, "'file' is a required multipart field")
     if purpose not in PURPOSES:
         raise ApiError(400, f"'purpose' must be one of {sorted(PURPOSES)}")
+    expires_after = None
+    if "expires_after[seconds]" in ex.body:  # as the SDK sends expires_after, anchored at created_at
+        if ex.body.get("expires_after[anchor]") != "created_at" or not str(ex.body["expires_after[seconds]"]).isdigit():
+            raise ApiError(400, "expires_after must be {anchor: 'created_at', seconds: <int>}")
+        expires_after = int(ex.body["expires_after[seconds]"])
     filename, content = upload
-    await ex.json(200, store.add(filename, str(purpose), content).obj())
+    f = store.add(filename, str(purpose), content)
+    f.expires_after = expires_after
+    await ex.json(200, f.obj())
 
 
 async def retrieve(store: FileStore, ex: Any, file_id: str) -> None:

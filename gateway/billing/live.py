@@ -1,45 +1,14 @@
-"""The billing inventory: every request field and forwarded header the gateway accepts, per
-endpoint, in exactly one class (DESIGN §5, docs/billing.md).
-
-- free: cannot change the bill.
-- tokens: bounded by tokens — covered by the byte bound on the input and the output ceiling.
-- priced: priced per use — a catalog price and a count the request bounds.
-- refused: refused under a blocking cap (402, code `<field>_under_budget`); allowed when only
-  alert budgets apply.
-
-A field, header, tool type or beta not listed here is refused with 400: an unknown parameter can
-change what the provider bills in a way the bound cannot see. `tests/gateway/test_billing_inventory.py`
-compares this table with the official SDKs' request types, so a new SDK parameter fails the suite
-until it is classified, and checks that docs/billing.md is this table.
-
-Pure data and string functions, no Django: `python -m gateway.billing` prints docs/billing.md.
-"""
+"""The live endpoints' tables: /v1/chat/completions, /v1/messages, /v1/responses and
+/v1/embeddings — their fields, forwarded headers, tool types and Anthropic betas."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-FREE, TOKENS, PRICED, REFUSED = "free", "tokens", "priced", "refused"
-CLASS_TITLES = {
-    FREE: "free",
-    TOKENS: "bounded by tokens",
-    PRICED: "priced per use",
-    REFUSED: "refused under a blocking cap",
-}
+from gateway.billing.entries import FREE, IDENT, PRICED, REFUSED, TOKENS, Entry
 
+_e = Entry
 
-@dataclass(frozen=True)
-class Entry:
-    cls: str
-    why: str
-
-
-def _e(cls: str, why: str) -> Entry:
-    return Entry(cls, why)
-
-
-_IDENT = "an identifier or label; does not change what is billed"
 _SAMPLING = "a sampling setting; output stays within the output ceiling"
 _BODY = "its bytes are part of the input bound"
 
@@ -94,10 +63,10 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "tool_choice": _e(FREE, "chooses among tools already in the body"),
         "function_call": _e(FREE, "chooses among functions already in the body"),
         "parallel_tool_calls": _e(FREE, "tool calls are output inside the output ceiling"),
-        "metadata": _e(FREE, _IDENT),
+        "metadata": _e(FREE, IDENT),
         "store": _e(FREE, "stored completions are not billed"),
-        "user": _e(FREE, _IDENT),
-        "safety_identifier": _e(FREE, _IDENT),
+        "user": _e(FREE, IDENT),
+        "safety_identifier": _e(FREE, IDENT),
         "prompt_cache_key": _e(FREE, "routes to a cache; a cache read is cheaper than input"),
         "prompt_cache_retention": _e(FREE, "OpenAI cache writes cost nothing extra; reads are cheaper than input"),
         "prompt_cache_options": _e(FREE, "OpenAI cache writes cost nothing extra; reads are cheaper than input"),
@@ -135,7 +104,7 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "container": _e(REFUSED, "code-execution containers are billed by the hour"),
         "mcp_servers": _e(REFUSED, "remote MCP tool results add input the body cannot show"),
         "inference_geo": _e(REFUSED, "regional inference is priced above the global rate; 'global' is free"),
-        "metadata": _e(FREE, _IDENT),
+        "metadata": _e(FREE, IDENT),
         "stop_sequences": _e(FREE, "can only end the output sooner"),
         "stream": _e(FREE, "same tokens, delivered as events"),
         "temperature": _e(FREE, _SAMPLING),
@@ -192,9 +161,9 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "store": _e(FREE, "stored responses are not billed"),
         "stream": _e(FREE, "same tokens, delivered as events"),
         "stream_options": _e(FREE, "delivery options"),
-        "metadata": _e(FREE, _IDENT),
-        "user": _e(FREE, _IDENT),
-        "safety_identifier": _e(FREE, _IDENT),
+        "metadata": _e(FREE, IDENT),
+        "user": _e(FREE, IDENT),
+        "safety_identifier": _e(FREE, IDENT),
         "temperature": _e(FREE, _SAMPLING),
         "top_p": _e(FREE, _SAMPLING),
         "top_logprobs": _e(FREE, "returns log probabilities of the same tokens"),
@@ -207,7 +176,7 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "input": _e(TOKENS, "UTF-8 bytes (or token arrays) bound the input tokens"),
         "dimensions": _e(FREE, "shortens the returned vector"),
         "encoding_format": _e(FREE, "how the vector is encoded"),
-        "user": _e(FREE, _IDENT),
+        "user": _e(FREE, IDENT),
     },
 }
 
@@ -219,7 +188,7 @@ HEADERS: dict[str, dict[str, Entry]] = {
     "messages": {
         "anthropic-version": _e(FREE, "the wire-format version"),
         "anthropic-beta": _e(PRICED, "each beta is classified below; an unknown beta is refused"),
-        "anthropic-user-profile-id": _e(FREE, _IDENT),
+        "anthropic-user-profile-id": _e(FREE, IDENT),
     },
 }
 
@@ -247,7 +216,7 @@ ANTHROPIC_BETAS: dict[str, Entry] = {
     "web-fetch": _e(TOKENS, "see tools: web_fetch"),
     "structured-outputs": _e(TOKENS, "a format schema is body bytes"),
     "effort": _e(TOKENS, "output stays within max_tokens"),
-    "user-profiles": _e(FREE, _IDENT),
+    "user-profiles": _e(FREE, IDENT),
     "code-execution": _e(REFUSED, "code-execution containers are billed by the hour"),
     "mcp-client": _e(REFUSED, "remote MCP tool results add input the body cannot show"),
     "files-api": _e(REFUSED, "file references add input the body cannot show"),
@@ -298,78 +267,3 @@ def undated(value: str) -> str:
     """'web_search_20250305' -> 'web_search'; 'context-1m-2025-08-07' -> 'context-1m'."""
     m = _DATED.match(value)
     return m.group("name") if m else value
-
-
-def counts() -> dict[str, dict[str, int]]:
-    """Fields and forwarded headers per class, per endpoint (for the docs and closing notes)."""
-    out: dict[str, dict[str, int]] = {}
-    for kind, fields in FIELDS.items():
-        c = dict.fromkeys(CLASS_TITLES, 0)
-        for entry in [*fields.values(), *HEADERS[kind].values()]:
-            c[entry.cls] += 1
-        out[kind] = c
-    return out
-
-
-def markdown() -> str:
-    """docs/billing.md, generated from the tables above."""
-    endpoints = {
-        "chat": "/v1/chat/completions",
-        "messages": "/v1/messages",
-        "responses": "/v1/responses",
-        "embeddings": "/v1/embeddings",
-    }
-    lines = [
-        "# Billing inventory",
-        "",
-        "Generated from `gateway/billing.py` by `python -m gateway.billing > docs/billing.md`; a test",
-        "fails when the two differ. Every request field and forwarded header the gateway accepts has",
-        "exactly one class:",
-        "",
-        "- **free**: cannot change the bill.",
-        "- **bounded by tokens**: covered by the byte bound on the input and the output ceiling.",
-        "- **priced per use**: a catalog price and a count the request bounds.",
-        "- **refused under a blocking cap**: 402 with code `<field>_under_budget`; allowed when only",
-        "  alert budgets apply.",
-        "",
-        "Anything not listed is refused with 400 (`unsupported_parameter`, `unsupported_header`,",
-        "`unsupported_tool`, `unsupported_beta`). The actual cost is read from every usage field the",
-        "provider reports: tokens, cache reads, 5-minute and 1-hour cache writes,",
-        "`server_tool_use.web_search_requests`, and the `service_tier` that served the request. A usage",
-        "field that signals a paid feature capgate cannot price (audio tokens, an unknown tier, an",
-        "unknown server tool) is charged at no less than the reserved worst case and flagged in the",
-        "usage record's note, never dropped.",
-        "",
-        "## Counts",
-        "",
-        "| endpoint | " + " | ".join(CLASS_TITLES.values()) + " |",
-        "|---|" + "---:|" * len(CLASS_TITLES),
-    ]
-    for kind, c in counts().items():
-        lines.append(f"| {endpoints[kind]} | " + " | ".join(str(c[k]) for k in CLASS_TITLES) + " |")
-    for kind, fields in FIELDS.items():
-        lines += ["", f"## {endpoints[kind]}", "", "| field | class | why |", "|---|---|---|"]
-        lines += [f"| `{name}` | {CLASS_TITLES[e.cls]} | {e.why} |" for name, e in fields.items()]
-        if HEADERS[kind]:
-            lines += ["", "Forwarded headers:", "", "| header | class | why |", "|---|---|---|"]
-            lines += [f"| `{name}` | {CLASS_TITLES[e.cls]} | {e.why} |" for name, e in HEADERS[kind].items()]
-        if kind in TOOL_TYPES:
-            lines += ["", "Tool types:", "", "| type | class | why |", "|---|---|---|"]
-            lines += [f"| `{name}` | {CLASS_TITLES[e.cls]} | {e.why} |" for name, e in TOOL_TYPES[kind].items()]
-    lines += [
-        "",
-        "## Provider headers that are not forwarded",
-        "",
-        "Any other `anthropic-*` or `openai-*` request header is refused with 400 (`unsupported_header`).",
-        "",
-        "| header | why it cannot change the bill |",
-        "|---|---|",
-    ]
-    lines += [f"| `{name}` | {why} |" for name, why in NOT_FORWARDED.items()]
-    lines += ["", "## `anthropic-beta` values", "", "| beta | class | why |", "|---|---|---|"]
-    lines += [f"| `{name}` | {CLASS_TITLES[e.cls]} | {e.why} |" for name, e in ANTHROPIC_BETAS.items()]
-    return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    print(markdown(), end="")

@@ -1,0 +1,55 @@
+"""The billing inventory: every request field and forwarded header the gateway accepts, per
+endpoint, in exactly one class (DESIGN §5, docs/billing.md).
+
+- free: cannot change the bill.
+- tokens: bounded by tokens — covered by the byte bound on the input and the output ceiling.
+- priced: priced per use — a catalog price and a count the request bounds.
+- refused: refused under a blocking cap (402, code `<field>_under_budget`); allowed when only
+  alert budgets apply.
+
+A field, header, tool type or beta not listed here is refused with 400: an unknown parameter can
+change what the provider bills in a way the bound cannot see. The live endpoints' tables are in
+`live.py`, the job endpoints' (files, batches, message batches, videos) in `jobs.py`; each
+endpoint's allowlist is its table. `tests/gateway/test_billing_inventory.py` compares the tables
+with the official SDKs' request types, so a new SDK parameter fails the suite until it is
+classified, and checks that docs/billing.md is these tables.
+
+Pure data and string functions, no Django: `python -m gateway.billing` prints docs/billing.md.
+"""
+
+from gateway.billing.docs import ENDPOINTS, counts, markdown
+from gateway.billing.entries import CLASS_TITLES, FREE, IDENT, PRICED, REFUSED, TOKENS, Entry
+from gateway.billing.jobs import JOB_ENDPOINTS, JOB_FIELDS, JOB_HEADERS_NOT_FORWARDED, VIDEO_PRICED_SIZES
+from gateway.billing.live import (
+    ANTHROPIC_BETAS,
+    FIELDS,
+    HEADERS,
+    NOT_FORWARDED,
+    PROVIDER_HEADER_PREFIXES,
+    TOOL_TYPES,
+    undated,
+)
+
+__all__ = [
+    "ANTHROPIC_BETAS",
+    "CLASS_TITLES",
+    "ENDPOINTS",
+    "FIELDS",
+    "FREE",
+    "HEADERS",
+    "IDENT",
+    "JOB_ENDPOINTS",
+    "JOB_FIELDS",
+    "JOB_HEADERS_NOT_FORWARDED",
+    "NOT_FORWARDED",
+    "PRICED",
+    "PROVIDER_HEADER_PREFIXES",
+    "REFUSED",
+    "TOKENS",
+    "TOOL_TYPES",
+    "VIDEO_PRICED_SIZES",
+    "Entry",
+    "counts",
+    "markdown",
+    "undated",
+]
