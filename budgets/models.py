@@ -169,6 +169,7 @@ class Reservation(Charged):
     class Origin(models.TextChoices):
         GATEWAY = "gateway"  # a proxied call
         API = "api"  # POST /v1/reservations
+        SLICE = "slice"  # a gateway process's headroom slice (ledger/slices.py), carved per request
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     request_id = models.CharField(max_length=100, unique=True)
@@ -185,6 +186,10 @@ class Reservation(Charged):
     # Who may settle it: a proxied call's reservation is settled only by that call; one made
     # through the reservation API by the key that made it (or a write-scope organization token).
     origin = models.CharField(max_length=10, choices=Origin.choices, default=Origin.GATEWAY, db_default=Origin.GATEWAY)
+    # Not a column: set on a request's reservation that a gateway process admitted in memory from
+    # one of its headroom slices. It has no row until its usage record is written, which carves
+    # it from that slice in the same statement (ledger/slices.py).
+    slice_id: uuid.UUID | None = None
 
     class Meta:
         constraints = [

@@ -98,6 +98,7 @@ class ProxyCall:
             return
         body: dict = {}
         shape = shape_error = None
+        background = False
         try:
             body = parse_json(raw)
             self.model_name = str(body.get("model") or "") if isinstance(body, dict) else ""
@@ -123,6 +124,7 @@ class ProxyCall:
                 run_budget_usd=self.req.headers.get("x-capgate-run-budget-usd"),
                 owner_id=bg.instance_id if bg else None,
                 healthy=runtime.health.ok,
+                sliced=not background,  # a provider job's reservation moves to the job
             )
         except BudgetExceeded as exc:
             h = self.req.headers

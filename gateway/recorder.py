@@ -15,6 +15,7 @@ import asyncio
 
 from budgets.models import Reservation
 from gateway import runtime
+from ledger import slices
 from ledger.recording import Outcome, record_many
 from usage.models import UsageRecord
 
@@ -57,7 +58,11 @@ class Recorder:
                     continue
                 self.batches += 1
                 self.records += len(batch)
-                for (_, _, done), result in zip(batch, results, strict=True):
+                for (reservation, _, done), result in zip(batch, results, strict=True):
+                    # Carved from its slice with the record, or refused for good (then the slice
+                    # keeps its part until it lapses): either way no longer in flight here. A
+                    # batch that failed as a whole is spooled and carved on replay instead.
+                    slices.book.settled(reservation)
                     if done.done():
                         continue
                     if isinstance(result, Exception):

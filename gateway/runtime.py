@@ -125,11 +125,13 @@ class Background:
             log.exception("could not register this gateway process; will retry in the heartbeat loop")
         await asyncio.get_running_loop().run_in_executor(None, warm_thread_connections)
         self._tasks = [
-            asyncio.create_task(c()) for c in (self._heartbeat, self._drain, self._replay, self._request_log)
+            asyncio.create_task(c())
+            for c in (self._heartbeat, self._drain, self._replay, self._request_log, self._slices, self._listen)
         ]
 
     async def stop(self) -> None:
         from budgets.instances import stop
+        from ledger import slices
         from ledger.drain import drain_all
         from requestlog import buffer as request_log
 
@@ -137,6 +139,8 @@ class Background:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         try:
+            slices.book.retire_all()  # unused parts of this process's slices go back to their windows
+            await db(slices.book.give_back_pending, lane="settle")
             await db(drain_all, lane="settle")
             await db(request_log.flush, lane="settle")
             if self.instance_id is not None:
@@ -145,16 +149,56 @@ class Background:
             log.warning("database unavailable at shutdown: beat will settle this process's records")
 
     async def _heartbeat(self) -> None:
-        from budgets.instances import heartbeat, register
+        from budgets.instances import alive_ids, heartbeat, register
+        from ledger import slices
 
         interval = settings.CAPGATE["HEARTBEAT_INTERVAL"].total_seconds()
         while True:
+            try:
+                # Slices are sized by how many processes share a ceiling's room (ledger/slices.py).
+                live = await db(alive_ids, grace=settings.CAPGATE["HEARTBEAT_GRACE"])
+                slices.book.processes = max(1, len(live))
+            except DatabaseError:
+                log.warning("could not count live gateway processes: database unavailable")
             await asyncio.sleep(interval)
             try:
                 if self.instance_id is None or not await db(heartbeat, instance_id=self.instance_id):
                     self.instance_id = (await db(register)).id
             except DatabaseError:
                 log.warning("heartbeat failed: database unavailable")
+
+    async def _slices(self) -> None:
+        # Headroom slices (ledger/slices.py): retire the ones past their time or period, and give
+        # their unused parts back to the windows, off the request path. A return the database
+        # refuses now is tried again next round; until then the room stays held (never lost).
+        from ledger import slices
+
+        while True:
+            await asyncio.sleep(SLICE_TICK_SECONDS)
+            slices.book.retire_expired()
+            try:
+                await db(slices.book.give_back_pending, lane="settle")
+            except DatabaseError:
+                log.warning("could not give back slices: database unavailable; retrying")
+
+    async def _listen(self) -> None:
+        # Another process refused a request: give back this process's slices on those windows at
+        # once (LISTEN on its own connection; a lost notification costs utilization, not the cap).
+        import psycopg
+
+        from ledger import slices
+
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(conninfo(), autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {slices.NOTIFY_CHANNEL}")
+                    async for note in conn.notifies():
+                        ids = [int(w) for w in note.payload.split(",") if w.strip().isdigit()]
+                        if slices.book.recall(ids):
+                            await db(slices.book.give_back_pending, lane="settle")
+            except (psycopg.Error, DatabaseError, OSError):
+                log.warning("slice notifications: database unavailable; listening again in 2 s")
+                await asyncio.sleep(2.0)
 
     async def _drain(self) -> None:
         # Woken by each recorded response; waits one interval so that a burst settles in one
@@ -208,6 +252,21 @@ class Background:
 
 
 background: Background | None = None
+SLICE_TICK_SECONDS = 0.1
+
+
+def conninfo() -> str:
+    """The default database's libpq connection string (for a LISTEN connection of its own)."""
+    from psycopg.conninfo import make_conninfo
+
+    db_settings = settings.DATABASES["default"]
+    return make_conninfo(
+        dbname=db_settings["NAME"],
+        user=db_settings.get("USER") or None,
+        password=db_settings.get("PASSWORD") or None,
+        host=db_settings.get("HOST") or None,
+        port=str(db_settings.get("PORT") or "") or None,
+    )
 
 
 def _on_every_thread(fn: Callable[[], None], *, timeout: float = 30.0) -> None:

@@ -22,6 +22,7 @@ from gateway.limits import enforce_limits
 from gateway.routing import Target, authenticate, resolve_route
 from gateway.sizing import Sized, bound_tokens, size
 from gateway.subjects import Payer, creating_run_budget, payer
+from ledger import slices
 from ledger.admission import AdmissionRequest, admit, matching_budgets
 from tenants.models import ApiKey
 
@@ -51,6 +52,7 @@ def reserve(
     owner_id: int | None = None,
     lease: timedelta | None = None,
     origin: str = Reservation.Origin.GATEWAY,
+    sliced: bool = False,
 ) -> Prepared:
     """Size a request's worst case and admit it: the one way a request gets a reservation.
 
@@ -59,6 +61,8 @@ def reserve(
     is held to the tenant's concurrency and rate limits first, so a limited one reserves nothing.
     A run's first call creates the run's budget in the same transaction as its admission: a
     refused first call leaves no budget behind for the audit to carry.
+    `sliced`: the request may be admitted from this process's headroom slices (ledger/slices.py);
+    only a proxied call that settles in this process (not a provider job) may.
     """
     with creating_run_budget(payer):
         return _prepare(
@@ -72,6 +76,7 @@ def reserve(
             owner_id=owner_id,
             lease=lease,
             origin=origin,
+            sliced=sliced,
         )
 
 
@@ -87,6 +92,7 @@ def _prepare(
     owner_id: int | None,
     lease: timedelta | None,
     origin: str,
+    sliced: bool,
 ) -> Prepared:
     budgets = matching_budgets(payer.subject)
     if shape is None:  # the caller states its worst case
@@ -107,18 +113,17 @@ def _prepare(
                 targets=sized.targets,
                 tokens=bound_tokens(sized.shape, sized.output_tokens),
             )
-    admitted = admit(
-        request=AdmissionRequest(
-            subject=payer.subject,
-            request_id=request_id,
-            worst_nano=sized.worst_nano,
-            model=model,
-            owner_id=owner_id,
-            budgets=sized.budgets,
-            lease=lease,
-            origin=origin,
-        )
+    request = AdmissionRequest(
+        subject=payer.subject,
+        request_id=request_id,
+        worst_nano=sized.worst_nano,
+        model=model,
+        owner_id=owner_id,
+        budgets=sized.budgets,
+        lease=lease,
+        origin=origin,
     )
+    admitted = slices.book.admit(request) if sliced else admit(request=request)
     remaining = min((c.remaining_nano for c in admitted.ceilings), default=None)
     return Prepared(
         reservation=admitted.reservation,
@@ -145,6 +150,7 @@ def admit_call(
     run_budget_usd: str | None,
     owner_id: int | None,
     healthy: object,
+    sliced: bool = True,
 ) -> tuple[ApiKey, Prepared]:
     """Everything before the provider call, in one trip to a database thread:
     authenticate, validate, route, resolve customer and run, admit."""
@@ -168,6 +174,7 @@ def admit_call(
         shape=shape,
         targets=alive,
         owner_id=owner_id,
+        sliced=sliced,
     )
     return key, prepared
 

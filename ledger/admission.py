@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, OperationalError, connection
 from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Least
 from django.utils import timezone
@@ -180,6 +180,14 @@ def _admit_statement(params: dict) -> tuple[bool, list[Ceiling]]:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             rows = cursor.fetchall()
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == "40P01" and not connection.in_atomic_block:
+            # Deadlock victim: Postgres rolled the whole statement back (it is its own
+            # transaction), so nothing was reserved. Seen under load when records carved from
+            # headroom slices check their holds' window keys (FOR KEY SHARE) while admissions
+            # queue on the same window row; the caller's loop admits again.
+            return False, []
+        raise
     except IntegrityError as exc:
         if getattr(exc.__cause__, "sqlstate", None) == "23503":  # foreign key: the subject was just deleted
             raise BudgetUnavailable(
@@ -259,6 +267,7 @@ def admit(*, request: AdmissionRequest) -> Admitted:
             created_at=now,
             expires_at=now + lease,
             deadline_at=now + settings.CAPGATE["MAX_REQUEST_LIFETIME"],
+            origin=request.origin,
         )
         fits, ceilings = _admit_statement(
             {

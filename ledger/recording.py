@@ -23,6 +23,7 @@ from catalog.pricing import Usage
 from ledger.drain import drain
 from ledger.locks import claim_lapsed, lock_windows, record_for_update, relaxed_commit
 from ledger.signals import send_after_commit
+from ledger.slices import CARVE_SQL, carve, carve_params
 from tenants.models import AuditLogEntry, Organization
 from usage.models import UsageRecord
 
@@ -126,32 +127,34 @@ def record_many(*, items: Sequence[tuple[Reservation, Outcome]]) -> list[UsageRe
     negative cost), in order. A DatabaseError (database unreachable) is raised for the whole
     batch: the callers spool their records."""
     out: list[UsageRecord | Exception] = []
-    todo: list[tuple[int, UsageRecord, Outcome]] = []
+    todo: list[tuple[int, UsageRecord, Outcome, Reservation]] = []
     for i, (reservation, outcome) in enumerate(items):
         try:
-            todo.append((i, build_record(reservation=reservation, outcome=outcome), outcome))
+            todo.append((i, build_record(reservation=reservation, outcome=outcome), outcome, reservation))
             out.append(RecordRejected("not written"))  # replaced below
         except ValueError as exc:
             out.append(exc)
     if not todo:
         return out
     if connection.in_atomic_block:  # a caller's transaction (tests, release): the careful path
-        for i, row, outcome in todo:
-            out[i] = _record_one(row, outcome)
+        for i, row, outcome, reservation in todo:
+            out[i] = _record_one(row, outcome, reservation)
         return out
     try:
-        inserted = _insert([row for _, row, _ in todo])
+        inserted = _insert([row for _, row, _, _ in todo], carved=[r for *_, r in todo if r.slice_id is not None])
     except IntegrityError:
         if not SPLIT_REFUSED_BATCH:
             raise
-        for i, row, outcome in todo:
-            out[i] = _record_one(row, outcome)
+        for i, row, outcome, reservation in todo:
+            out[i] = _record_one(row, outcome, reservation)
         return out
-    for i, row, outcome in todo:
+    for i, row, outcome, reservation in todo:
         pk = inserted.pop(row.request_id, None)
         if pk is None:  # recorded before (or twice in this batch): the first record wins
             existing = UsageRecord.objects.filter(request_id=row.request_id).first()
-            out[i] = _second_report(existing, outcome) if existing is not None else _record_one(row, outcome)
+            out[i] = (
+                _second_report(existing, outcome) if existing is not None else _record_one(row, outcome, reservation)
+            )
             continue
         row.pk = pk
         row._state.adding = False
@@ -160,38 +163,44 @@ def record_many(*, items: Sequence[tuple[Reservation, Outcome]]) -> list[UsageRe
     return out
 
 
-def _insert(rows: list[UsageRecord]) -> dict[str, int]:
+def _insert(rows: list[UsageRecord], *, carved: Sequence[Reservation] = ()) -> dict[str, int]:
     """INSERT .. ON CONFLICT (request_id) DO NOTHING for all rows, after SET LOCAL in the same
     simple query: one implicit transaction, one round trip (instead of BEGIN, SET, INSERT and
-    COMMIT through the ORM). Returns {request_id: id} of the rows this call inserted."""
+    COMMIT through the ORM). Requests admitted from a headroom slice are carved out of it in the
+    same transaction (ledger/slices.py), so a record and its carve commit or vanish together.
+    Returns {request_id: id} of the rows this call inserted."""
     fields = [f for f in UsageRecord._meta.concrete_fields if not f.primary_key]
     columns = ", ".join(connection.ops.quote_name(str(f.column)) for f in fields)
     one = "(" + ", ".join(["%s"] * len(fields)) + ")"
     params = [f.get_db_prep_save(f.pre_save(row, True), connection) for row in rows for f in fields]
+    carve_sql, carve_args = (CARVE_SQL + ";", carve_params(carved)) if carved else ("", [])
     with connection.cursor() as cursor:
         cursor.execute(
-            "SET LOCAL synchronous_commit = off; "
+            f"SET LOCAL synchronous_commit = off; {carve_sql}"
             f"INSERT INTO {UsageRecord._meta.db_table} ({columns}) VALUES {', '.join([one] * len(rows))} "
             "ON CONFLICT (request_id) DO NOTHING RETURNING request_id, id",
-            params,
+            [*carve_args, *params],
         )
         cursor.cursor.nextset()  # past the SET's empty result
+        if carved:
+            cursor.cursor.nextset()  # past the carve's count
         return dict(cursor.fetchall())
 
 
-def _record_one(row: UsageRecord, outcome: Outcome) -> UsageRecord | RecordRejected:
+def _record_one(row: UsageRecord, outcome: Outcome, reservation: Reservation) -> UsageRecord | RecordRejected:
     """One record through the ORM, detaching subjects deleted in flight."""
     try:
-        return _save_one(row, outcome)
+        return _save_one(row, outcome, reservation)
     except RecordRejected as exc:
         return exc
 
 
-def _save_one(row: UsageRecord, outcome: Outcome) -> UsageRecord:
+def _save_one(row: UsageRecord, outcome: Outcome, reservation: Reservation) -> UsageRecord:
     for attempt in range(2):
         try:
             with transaction.atomic():  # a savepoint when called inside a transaction
                 relaxed_commit()
+                carve([reservation])  # admitted from a headroom slice: carved with its record
                 row.save(force_insert=True)
             return row
         except IntegrityError as exc:

@@ -51,6 +51,8 @@ def append(*, reservation: Reservation, outcome: Outcome) -> Path:
                     "model": reservation.model,
                     "amount_nano": reservation.amount_nano,
                     "created_at": reservation.created_at.isoformat(),
+                    # Admitted from a headroom slice: the replay carves it (ledger/slices.py).
+                    "slice_id": str(reservation.slice_id) if reservation.slice_id is not None else None,
                 },
                 "outcome": {
                     "status": outcome.status,
@@ -153,7 +155,7 @@ def _write_rest(path: Path, lines: list[str]) -> None:
 
 
 def _reservation(data: dict) -> Reservation:
-    return Reservation(
+    reservation = Reservation(
         id=uuid.UUID(data["id"]),
         request_id=data["request_id"],
         # .get: a line spooled before a scope was added lacks its column (budgets/scopes.py).
@@ -162,6 +164,9 @@ def _reservation(data: dict) -> Reservation:
         amount_nano=data["amount_nano"],
         created_at=datetime.fromisoformat(data["created_at"]),
     )
+    if data.get("slice_id"):
+        reservation.slice_id = uuid.UUID(data["slice_id"])
+    return reservation
 
 
 def _outcome(data: dict) -> Outcome:

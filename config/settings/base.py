@@ -264,6 +264,17 @@ CAPGATE = {
     # count (below it, tokenizing is time the answer does not need; 0: always count).
     "TOKENIZER_DIR": env.path("CAPGATE_TOKENIZER_DIR", default=str(BASE_DIR / ".venv" / "share" / "tiktoken")),
     "EXACT_COUNT_SHARE": env.float("CAPGATE_EXACT_COUNT_SHARE", default=0.05),
+    # Headroom slices (ledger/slices.py, docs/operations.md "Hot ceilings"): a gateway process
+    # reserves a slice of its subjects' ceilings in one admission and admits requests from it in
+    # memory. A slice is at most SHARE of the tightest ceiling's room divided among the live
+    # gateway processes, and at most MAX_REQUESTS of the request's worst case; one that would be
+    # smaller than MIN_REQUESTS worst cases is not taken (one admission per request, near the
+    # cap). A slice admits for SECONDS at most, then gives back what it did not use.
+    "SLICES": env.bool("CAPGATE_SLICES", default=True),
+    "SLICE_SHARE": env.float("CAPGATE_SLICE_SHARE", default=0.5),
+    "SLICE_MIN_REQUESTS": env.int("CAPGATE_SLICE_MIN_REQUESTS", default=4),
+    "SLICE_MAX_REQUESTS": env.int("CAPGATE_SLICE_MAX_REQUESTS", default=256),
+    "SLICE_SECONDS": env.float("CAPGATE_SLICE_SECONDS", default=2.0),
     # Each gateway process heartbeats this often; beat renews the leases of live processes.
     "HEARTBEAT_INTERVAL": timedelta(seconds=env.int("CAPGATE_HEARTBEAT_SECONDS", default=10)),
     # Each gateway process drains its own records this long after a response (one batch per

@@ -36,5 +36,10 @@ REST_FRAMEWORK = {
 # Tests change keys and routes and expect the next request to see it.
 CAPGATE = {**CAPGATE, "LOOKUP_CACHE_SECONDS": 0.0}  # noqa: F405
 
+# Most tests assert one admission per request (exact window counters after each step); the
+# headroom slices' own tests (tests/ledger/test_slices.py, tests/gateway/test_slices_http.py)
+# turn them on, as production has them.
+CAPGATE["SLICES"] = env.bool("CAPGATE_SLICES", default=False)  # noqa: F405
+
 # The fake upstreams listen on loopback; tests of the destination guard take this away again.
 CAPGATE["UPSTREAM_ALLOWED_NETWORKS"] = ["127.0.0.0/8", "::1/128"]

@@ -1,0 +1,501 @@
+"""Headroom slices: a gateway process admits most requests of a hot ceiling in memory.
+
+A slice is one durable reservation (origin `slice`, owned by the process, renewed by its
+heartbeat like any of its reservations) taken by the ordinary admission statement: its amount is
+already inside every blocking window's `reserved`. The process then admits requests against it in
+memory, never more than it holds, so no window's `spent + reserved` grows by those admissions and
+the ceiling's invariant is the admission statement's own (DESIGN §13).
+
+The life of a request admitted from a slice:
+
+1. `Book.admit` takes the request's worst case from the slice's `available` (in memory, under a
+   lock). The request gets an unsaved Reservation (`slice_id` set) and is proxied as usual.
+2. Its usage record is written by the group commit (ledger/recording.py), and the same statement
+   *carves* the request out of the slice (`carve_sql`): it inserts the request's own reservation
+   and holds (its worst case on the slice's blocking windows, 0 on its alert windows) and takes
+   the same amount off the slice's reservation and holds. Windows are not touched: the sum of
+   holds on each window is unchanged. From here the drain settles the record like any other.
+3. `Book.settled` is told once the record is committed.
+
+A slice stops admitting after CAPGATE_SLICE_SECONDS, at its windows' period end, when it cannot
+hold the next request, or when another process refused a request on one of its windows (a
+NOTIFY on `capgate_slices`, gateway/runtime.py); its unused part then goes back to the windows
+(`give_back`), and its row is deleted once nothing of it is in flight (or by the carve that takes
+its last nano-dollar).
+
+A crash leaves the slice's row: it lapses with its owner like any reservation and is charged its
+remaining amount at worst case (`estimated`) — its unused part included, since nothing durable
+says how much of it was in flight. Slices are small (a share of the room, divided among the live
+processes, and a few hundred worst cases at most), and none is taken near the cap.
+
+Budget changes: the key of a slice is the subject and the exact (id, version) of every budget it
+was admitted under, and the gateway reads the matching budgets for every request, so a created,
+edited or deleted budget makes the next request use (or take) another slice. A window created for
+such an edit carries the live slice's hold (ledger/windows.py) like any request in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from budgets.errors import BudgetExceeded
+from budgets.models import Budget, Reservation
+from budgets.periods import period_bounds
+from budgets.scopes import CHARGED_COLUMNS
+from ledger.admission import AdmissionRequest, Admitted, Ceiling, admit
+from ledger.locks import WINDOW_LOCK_STRENGTH
+
+log = logging.getLogger(__name__)
+
+SLICE = Reservation.Origin.SLICE
+
+# Guard points (tests/ledger/test_slices.py removes each and shows the cap leak): a request is
+# admitted from a slice only if the slice still holds its worst case, and the check and the
+# decrement happen under the book's lock. RACE_DELAY_SECONDS > 0 sleeps between the two (race
+# tests only), so concurrent admissions overlap the way a missing lock would need every time.
+CHECK_AVAILABLE = True
+LOCKED = True
+RACE_DELAY_SECONDS = 0.0
+NOTIFY_CHANNEL = "capgate_slices"
+# A request finding its key's slice being taken waits for it, at most this long a round.
+TAKE_ROUNDS = 3
+TAKE_WAIT_SECONDS = 1.0
+
+
+# --- the database side ----------------------------------------------------------------------
+
+_COLS = ", ".join(CHARGED_COLUMNS)
+
+# The carve, one statement in the group commit's transaction (ledger/recording.py). For each
+# request not recorded before: its reservation (the slice's subject and lease) and its holds (its
+# worst case on each window the slice holds positively, 0 on the rest), then the slice's row and
+# holds lose the same amount; a slice that reaches zero goes. A slice of no blocking ceiling
+# holds 0 and stays as it is. Carving more than a slice holds would drive its row negative,
+# which its CHECK constraint refuses: the whole batch fails loudly rather than drift. A slice
+# already charged by expiry (its own usage record exists) is not carved: its estimate covers
+# the request.
+CARVE_SQL = f"""
+WITH item AS (
+    SELECT * FROM unnest(%s::uuid[], %s::varchar[], %s::uuid[], %s::bigint[], %s::varchar[], %s::timestamptz[])
+        AS i(id, request_id, slice_id, amount_nano, model, created_at)
+), fresh AS MATERIALIZED (
+    SELECT i.* FROM item i
+     WHERE NOT EXISTS (SELECT 1 FROM usage_usagerecord u WHERE u.request_id = i.request_id)
+       AND NOT EXISTS (SELECT 1 FROM budgets_reservation r WHERE r.request_id = i.request_id)
+), slice AS MATERIALIZED (
+    SELECT r.id, r.amount_nano, r.owner_id, r.expires_at, r.deadline_at, {", ".join(f"r.{c}" for c in CHARGED_COLUMNS)}
+      FROM budgets_reservation r
+     WHERE r.id IN (SELECT slice_id FROM fresh) AND r.origin = '{SLICE}'
+       AND NOT EXISTS (SELECT 1 FROM usage_usagerecord u WHERE u.request_id = r.request_id)
+     ORDER BY r.id
+       FOR UPDATE
+), carved AS MATERIALIZED (
+    INSERT INTO budgets_reservation (id, request_id, {_COLS}, model, amount_nano, owner_id,
+                                     created_at, expires_at, deadline_at, job_id, origin)
+    SELECT f.id, f.request_id, {", ".join(f"s.{c}" for c in CHARGED_COLUMNS)}, f.model, f.amount_nano, s.owner_id,
+           f.created_at, s.expires_at, s.deadline_at, NULL, '{Reservation.Origin.GATEWAY}'
+      FROM fresh f JOIN slice s ON s.id = f.slice_id
+    RETURNING id, amount_nano
+), per_slice AS MATERIALIZED (
+    SELECT f.slice_id, sum(c.amount_nano) AS total, s.amount_nano AS had
+      FROM carved c JOIN fresh f ON f.id = c.id JOIN slice s ON s.id = f.slice_id
+     GROUP BY f.slice_id, s.amount_nano
+), holds AS (
+    INSERT INTO budgets_hold (reservation_id, window_id, amount_nano)
+    SELECT c.id, h.window_id, CASE WHEN h.amount_nano > 0 THEN c.amount_nano ELSE 0 END
+      FROM carved c JOIN fresh f ON f.id = c.id JOIN budgets_hold h ON h.reservation_id = f.slice_id
+), kept_holds AS (
+    UPDATE budgets_hold h SET amount_nano = h.amount_nano - p.total
+      FROM per_slice p
+     WHERE h.reservation_id = p.slice_id AND h.amount_nano > 0 AND p.had > 0 AND p.total <> p.had
+), gone_holds AS (
+    DELETE FROM budgets_hold h USING per_slice p
+     WHERE h.reservation_id = p.slice_id AND p.had > 0 AND p.total = p.had
+), kept AS (
+    UPDATE budgets_reservation r SET amount_nano = p.had - p.total
+      FROM per_slice p
+     WHERE r.id = p.slice_id AND p.had > 0 AND p.total <> p.had
+), gone AS (
+    DELETE FROM budgets_reservation r USING per_slice p
+     WHERE r.id = p.slice_id AND p.had > 0 AND p.total = p.had
+)
+SELECT count(*) FROM carved
+"""
+
+
+def carve_params(reservations: Sequence[Reservation]) -> list:
+    """CARVE_SQL's parameters for the requests (each with `slice_id`) being recorded."""
+    return [
+        [r.id for r in reservations],
+        [r.request_id for r in reservations],
+        [r.slice_id for r in reservations],
+        [r.amount_nano for r in reservations],
+        [r.model for r in reservations],
+        [r.created_at for r in reservations],
+    ]
+
+
+def carve(reservations: Sequence[Reservation]) -> int:
+    """Carve these requests out of their slices now (the ORM path of recording, inside the
+    record's own transaction). Returns how many reservations were carved."""
+    todo = [r for r in reservations if r.slice_id is not None]
+    if not todo:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(CARVE_SQL, carve_params(todo))
+        return int(cursor.fetchone()[0])
+
+
+# Give a slice's unused part back: lock its row, take `amount` off it and its positive holds
+# (or delete them all when `close` and that is everything left), then lock the windows those holds
+# were on, in id order, and take the same amount off `reserved`. Reservation, holds, then windows
+# in ascending order: the ledger's lock order (ledger/locks.py).
+_GIVE_BACK_SQL = f"""
+WITH s AS MATERIALIZED (
+    SELECT r.id, r.amount_nano, %(close)s AND r.amount_nano = %(amount)s AS whole
+      FROM budgets_reservation r
+     WHERE r.id = %(id)s AND r.origin = '{SLICE}' AND r.amount_nano >= %(amount)s
+       AND NOT EXISTS (SELECT 1 FROM usage_usagerecord u WHERE u.request_id = r.request_id)
+       FOR UPDATE
+), kept_holds AS (
+    UPDATE budgets_hold h SET amount_nano = h.amount_nano - %(amount)s
+      FROM s WHERE h.reservation_id = s.id AND NOT s.whole AND h.amount_nano > 0
+    RETURNING h.window_id
+), gone_holds AS (
+    DELETE FROM budgets_hold h USING s WHERE h.reservation_id = s.id AND s.whole
+    RETURNING h.window_id, h.amount_nano
+), kept AS (
+    UPDATE budgets_reservation r SET amount_nano = r.amount_nano - %(amount)s FROM s WHERE r.id = s.id AND NOT s.whole
+), gone AS (
+    DELETE FROM budgets_reservation r USING s WHERE r.id = s.id AND s.whole
+), released AS MATERIALIZED (
+    SELECT window_id FROM kept_holds UNION SELECT window_id FROM gone_holds WHERE amount_nano > 0
+), locked AS MATERIALIZED (
+    SELECT w.id FROM budgets_window w WHERE w.id IN (SELECT window_id FROM released) AND %(amount)s > 0
+     ORDER BY w.id
+       {WINDOW_LOCK_STRENGTH}
+), applied AS (
+    UPDATE budgets_window w SET reserved_nano = w.reserved_nano - %(amount)s, touched_at = now()
+      FROM (SELECT count(*) AS n FROM locked) l
+     WHERE w.id IN (SELECT id FROM locked) AND l.n > 0
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM s), (SELECT bool_or(whole) FROM s), (SELECT count(*) FROM applied)
+"""
+
+
+def give_back(*, slice_id: uuid.UUID, amount_nano: int, close: bool) -> bool:
+    """Return `amount_nano` of a slice to its windows; with `close`, delete the slice if that is
+    all it has left. False if the slice is gone, was charged by expiry, or holds less than that
+    (a carve lost in a database crash: what is left lapses and is charged at worst case)."""
+    if amount_nano < 0:
+        raise ValueError("amount must be >= 0")
+    with connection.cursor() as cursor:
+        cursor.execute(_GIVE_BACK_SQL, {"id": slice_id, "amount": amount_nano, "close": close})
+        found, _whole, _windows = cursor.fetchone()
+    return bool(found)
+
+
+def notify_refused(window_ids: Sequence[int]) -> None:
+    """Tell every gateway process that these windows refused a request: they give back their
+    slices' unused parts on them (gateway/runtime.py listens)."""
+    if window_ids:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, ",".join(str(w) for w in window_ids)])
+
+
+# --- the process side -------------------------------------------------------------------------
+
+
+@dataclass
+class Slice:
+    id: uuid.UUID
+    key: tuple
+    window_ids: frozenset[int]
+    blocking: bool  # False: no blocking ceiling, so it admits any number of requests
+    available: int  # nano-USD not yet given to a request
+    until: float  # time.monotonic() after which it admits nothing
+    created_at: datetime
+    period_end: datetime | None
+    outstanding: int = 0  # given to requests whose records are not written yet
+    in_flight: int = 0  # requests admitted and not settled
+    retired: bool = False
+    ceilings: list[Ceiling] = field(default_factory=list)
+
+    def live(self, now: datetime) -> bool:
+        return not self.retired and time.monotonic() < self.until and (self.period_end is None or now < self.period_end)
+
+
+@dataclass
+class _Return:
+    slice_id: uuid.UUID
+    amount_nano: int
+    close: bool
+
+
+def _key(request: AdmissionRequest, budgets: Sequence[Budget]) -> tuple:
+    """Who owns the slice, who it charges, and every budget (version, mode and amount) it was taken under: an edit
+    of any of them makes the next request take another slice."""
+    subject = tuple(getattr(request.subject, c) for c in CHARGED_COLUMNS)
+    return (request.owner_id, subject, tuple(sorted((b.id, b.version, b.mode, b.amount_nano) for b in budgets)))
+
+
+class Book:
+    """One gateway process's slices. Admission threads take from it; the event loop settles
+    records and gives unused parts back (gateway/runtime.py)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._slices: dict[tuple, Slice] = {}  # the one slice of each key that admits
+        self._all: dict[uuid.UUID, Slice] = {}  # every slice not yet closed
+        self._returns: list[_Return] = []
+        self._room: dict[tuple, int] = {}  # each key's tightest room after its last admission
+        self._taking: dict[tuple, threading.Event] = {}  # keys whose next slice is being taken
+        self.processes = 1  # live gateway processes (the heartbeat updates it)
+        self.admitted_from_slices = 0
+        self.slices_taken = 0
+
+    # Admission (admission threads) ------------------------------------------------------
+
+    def admit(self, request: AdmissionRequest) -> Admitted:
+        """Admit from this subject's slice in memory, or take a new slice, or admit the request
+        alone (first request of a key, near the cap, inside a transaction, or slices off)."""
+        budgets = list(request.budgets or [])
+        if request.budgets is None or not settings.CAPGATE["SLICES"] or request.owner_id is None:
+            return admit(request=request)
+        if connection.in_atomic_block:  # a run's first call: its budget may still roll back
+            return admit(request=request)
+        key = _key(request, budgets)
+        now = request.now or timezone.now()
+        lock = self._lock if LOCKED else nullcontext()
+        # One thread per key takes the next slice; the others wait for it (a burst on a cold
+        # key would otherwise take one slice per thread, or fall back to one admission each).
+        for _round in range(TAKE_ROUNDS):
+            with lock:
+                found = self._slices.get(key)
+                if found is not None and found.live(now) and self._fits(found, request.worst_nano):
+                    return self._take(found, request, now)
+                if found is not None:
+                    self._retire(found)
+                taking = self._taking.get(key)
+                if taking is None:
+                    taking = self._taking[key] = threading.Event()
+                    break
+            taking.wait(timeout=TAKE_WAIT_SECONDS)
+        else:
+            return self._alone(key, request)
+        try:
+            size = self._size(key, request, budgets)
+            if size is None:
+                return self._alone(key, request)
+            return self._new_slice(key, request, budgets, size, now)
+        finally:
+            with self._lock:
+                self._taking.pop(key, None)
+            taking.set()
+
+    def _alone(self, key: tuple, request: AdmissionRequest) -> Admitted:
+        """One admission statement for this request alone; a refusal recalls slices."""
+        try:
+            admitted = admit(request=request)
+        except BudgetExceeded as exc:
+            self._refused(exc)
+            raise
+        self._note_room(key, admitted.ceilings, request.worst_nano)
+        return admitted
+
+    def _fits(self, s: Slice, worst: int) -> bool:
+        if not s.blocking or not CHECK_AVAILABLE:
+            return True
+        return s.available >= worst
+
+    def _take(self, s: Slice, request: AdmissionRequest, now: datetime) -> Admitted:
+        if RACE_DELAY_SECONDS:
+            time.sleep(RACE_DELAY_SECONDS)
+        worst = request.worst_nano
+        if s.blocking:
+            s.available -= worst
+        s.outstanding += worst
+        s.in_flight += 1
+        self.admitted_from_slices += 1
+        reservation = Reservation(
+            id=uuid.uuid4(),
+            request_id=request.request_id,
+            **{c: getattr(request.subject, c) for c in CHARGED_COLUMNS},
+            model=request.model,
+            amount_nano=worst,
+            owner_id=request.owner_id,
+            created_at=now,
+            expires_at=now + (request.lease or settings.CAPGATE["LEASE"]),
+            deadline_at=now + settings.CAPGATE["MAX_REQUEST_LIFETIME"],
+            origin=request.origin,
+        )
+        reservation.slice_id = s.id
+        reservation._state.adding = False
+        reservation._state.db = "default"
+        ceilings = [replace(c, reserved_nano=c.reserved_nano) for c in s.ceilings]
+        return Admitted(reservation=reservation, ceilings=ceilings)
+
+    def _size(self, key: tuple, request: AdmissionRequest, budgets: Sequence[Budget]) -> int | None:
+        """The slice to take for this key now, or None to admit the request alone."""
+        if not any(b.mode == Budget.Mode.BLOCK for b in budgets):
+            return 0  # no ceiling to exhaust: a slice of zero admits any number of requests
+        room = self._room.get(key)
+        worst = max(request.worst_nano, 1)
+        if room is None:
+            return None  # the key's first request: its admission tells how much room there is
+        share = int(room * settings.CAPGATE["SLICE_SHARE"]) // max(self.processes, 1)
+        size = min(share, settings.CAPGATE["SLICE_MAX_REQUESTS"] * worst)
+        if size < settings.CAPGATE["SLICE_MIN_REQUESTS"] * worst:
+            return None
+        return size
+
+    def _new_slice(
+        self, key: tuple, request: AdmissionRequest, budgets: Sequence[Budget], size: int, now: datetime
+    ) -> Admitted:
+        blocking = any(b.mode == Budget.Mode.BLOCK for b in budgets)
+        try:
+            admitted = admit(
+                request=replace(
+                    request,
+                    request_id=f"slice-{uuid.uuid4().hex}",
+                    worst_nano=size,
+                    origin=SLICE,
+                    now=now,
+                    lease=request.lease,
+                )
+            )
+        except BudgetExceeded as exc:
+            # The slice does not fit (others took room since): remember the room, admit alone.
+            self._room[key] = max(exc.remaining_nano, 0)
+            return self._alone(key, request)
+        ends = [period_bounds(period=b.period, tz=b.timezone, now=now)[1] for b in budgets]
+        ends_known = [e for e in ends if e is not None]
+        s = Slice(
+            id=admitted.reservation.id,
+            key=key,
+            window_ids=frozenset(c.window_id for c in admitted.ceilings),
+            blocking=blocking,
+            available=size,
+            until=time.monotonic() + settings.CAPGATE["SLICE_SECONDS"],
+            created_at=now,
+            period_end=min(ends_known) if ends_known else None,
+            ceilings=admitted.ceilings,
+        )
+        self._note_room(key, admitted.ceilings, size)
+        with self._lock:
+            old = self._slices.get(key)
+            if old is not None:
+                self._retire(old)
+            self._slices[key] = s
+            self._all[s.id] = s
+            self.slices_taken += 1
+            return self._take(s, request, now)
+
+    def _note_room(self, key: tuple, ceilings: Sequence[Ceiling], reserved: int) -> None:
+        if ceilings:
+            self._room[key] = max(min(c.remaining_nano for c in ceilings) - reserved, 0)
+
+    def _refused(self, exc: BudgetExceeded) -> None:
+        """A request was refused: give back this process's slices on that window, and ask the
+        other processes to do the same (their unused parts are room the next requests need)."""
+        self.recall([exc.window_id])
+        try:
+            notify_refused([exc.window_id])
+        except Exception:  # a lost notification costs utilization, never the cap
+            log.exception("could not notify other gateway processes of a refusal")
+
+    # Settlement and returns (event loop / settle threads) -----------------------------------
+
+    def settled(self, reservation: Reservation) -> None:
+        """The request's record (and carve) is committed, or will never be."""
+        if reservation.slice_id is None:
+            return
+        with self._lock:
+            s = self._all.get(reservation.slice_id)
+            if s is None:
+                return
+            s.outstanding -= reservation.amount_nano
+            s.in_flight -= 1
+            if s.retired and s.in_flight == 0:
+                self._close(s)
+
+    def recall(self, window_ids: Sequence[int]) -> int:
+        """Retire every slice on any of these windows (a refusal there); returns how many."""
+        wanted = set(window_ids)
+        with self._lock:
+            hit = [s for s in self._slices.values() if s.window_ids & wanted]
+            for s in hit:
+                self._retire(s)
+            return len(hit)
+
+    def retire_expired(self, now: datetime | None = None) -> None:
+        now = now or timezone.now()
+        with self._lock:
+            for s in [s for s in self._slices.values() if not s.live(now)]:
+                self._retire(s)
+
+    def retire_all(self) -> None:
+        with self._lock:
+            for s in list(self._slices.values()):
+                self._retire(s)
+
+    def _retire(self, s: Slice) -> None:
+        """Stop admitting from `s` (lock held); its unused part goes back."""
+        if s.retired:
+            return
+        s.retired = True
+        if self._slices.get(s.key) is s:
+            del self._slices[s.key]
+        if s.in_flight == 0:
+            self._close(s)
+        elif s.blocking and s.available > 0:
+            self._returns.append(_Return(s.id, s.available, close=False))
+            s.available = 0
+
+    def _close(self, s: Slice) -> None:
+        self._all.pop(s.id, None)
+        self._returns.append(_Return(s.id, max(s.available, 0) if s.blocking else 0, close=True))
+        s.available = 0
+
+    def pending_returns(self) -> list[_Return]:
+        with self._lock:
+            out, self._returns = self._returns, []
+            return out
+
+    def give_back_pending(self) -> int:
+        """Write the pending returns (a settle thread). One that fails is tried again later."""
+        done = 0
+        for item in self.pending_returns():
+            try:
+                give_back(slice_id=item.slice_id, amount_nano=item.amount_nano, close=item.close)
+                done += 1
+            except Exception:
+                with self._lock:
+                    self._returns.append(item)
+                raise
+        return done
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "slices": len(self._all),
+                "admitting": len(self._slices),
+                "available_nano": sum(s.available for s in self._slices.values() if s.blocking),
+                "admitted_from_slices": self.admitted_from_slices,
+                "slices_taken": self.slices_taken,
+            }
+
+
+book = Book()

@@ -1,0 +1,287 @@
+"""Headroom slices (ledger/slices.py): a process admits from a slice in memory, carves each request
+out of it when recording, gives back what it did not use — and the cap holds throughout, under
+real concurrency, with each of the slice's guards shown necessary by removing it."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from django.db import connection
+from django.db.models import Sum
+
+from budgets.errors import BudgetExceeded
+from budgets.instances import register
+from budgets.models import Hold, Reservation
+from ledger import slices
+from ledger.admission import AdmissionRequest
+from ledger.drain import drain_all
+from ledger.recording import Outcome, expire, record_many
+from ledger.slices import Book
+from tests.concurrency import race
+from tests.conftest import usd, window_of
+from usage.audit import audit_counters
+from usage.models import UsageRecord
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WORST = usd("0.01")
+_ids = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def slices_on(settings):
+    settings.CAPGATE = {
+        **settings.CAPGATE,
+        "SLICES": True,
+        "SLICE_SHARE": 0.5,
+        "SLICE_MIN_REQUESTS": 4,
+        "SLICE_MAX_REQUESTS": 20,
+        "SLICE_SECONDS": 60.0,
+    }
+
+
+def _request(tenant, owner_id: int, budgets, worst: int = WORST) -> AdmissionRequest:
+    return tenant.request(f"req-{next(_ids)}", worst_nano=worst, owner_id=owner_id, budgets=budgets)
+
+
+def _matching(tenant):
+    from ledger.admission import matching_budgets
+
+    return matching_budgets(tenant.subject())
+
+
+def _settle(book: Book, admitted, cost: int, *, strict: bool = True) -> None:
+    results = record_many(items=[(a.reservation, Outcome(status="served", cost_nano=cost)) for a in admitted])
+    if strict:
+        assert not [r for r in results if isinstance(r, Exception)]
+    for a in admitted:
+        book.settled(a.reservation)
+
+
+def _slice_rows():
+    return Reservation.objects.filter(origin=Reservation.Origin.SLICE)
+
+
+def test_second_request_takes_a_slice_and_later_ones_cost_the_window_nothing(acme):
+    # given: a $10 cap, one process
+    budget = acme.budget(amount="10")
+    owner = register().id
+    book = Book()
+    budgets = _matching(acme)
+    # when: the first request is admitted alone (the key's room is unknown) ...
+    first = book.admit(_request(acme, owner, budgets))
+    assert first.reservation.slice_id is None
+    assert window_of(budget).reserved_nano == WORST
+    # ... the second takes a slice: min(half the room, 20 worst cases) = 20 worst cases
+    second = book.admit(_request(acme, owner, budgets))
+    assert second.reservation.slice_id is not None
+    (slice_row,) = _slice_rows()
+    assert slice_row.amount_nano == 20 * WORST
+    assert window_of(budget).reserved_nano == 21 * WORST
+    # ... and the next 19 come from it without touching the window
+    more = [book.admit(_request(acme, owner, budgets)) for _ in range(19)]
+    assert {a.reservation.slice_id for a in more} == {second.reservation.slice_id}
+    assert window_of(budget).reserved_nano == 21 * WORST
+    # then: recording carves each out of the slice; the drain settles them like any request
+    _settle(book, [second, *more], cost=usd("0.004"))
+    assert not _slice_rows().exists()  # its last nano-dollar carved: the slice is gone
+    assert Reservation.objects.filter(origin=Reservation.Origin.GATEWAY).count() == 21  # first + 20 carved
+    drain_all()
+    w = window_of(budget)
+    assert w.spent_nano == 20 * usd("0.004")
+    assert w.reserved_nano == WORST  # the first request, still in flight
+    assert audit_counters(record=False).ok
+
+
+def test_unused_part_goes_back_and_the_slice_closes_when_nothing_is_in_flight(acme):
+    budget = acme.budget(amount="10")
+    owner = register().id
+    book = Book()
+    budgets = _matching(acme)
+    book.admit(_request(acme, owner, budgets))  # alone
+    taken = [book.admit(_request(acme, owner, budgets)) for _ in range(3)]  # a slice of 20, 3 used
+    assert window_of(budget).reserved_nano == 21 * WORST
+    # when: the slice retires with 3 requests in flight
+    book.retire_all()
+    assert book.give_back_pending() == 1
+    # then: its 17 unused worst cases are back; the 3 in flight stay held
+    assert window_of(budget).reserved_nano == 4 * WORST
+    assert _slice_rows().get().amount_nano == 3 * WORST
+    assert Hold.objects.filter(reservation__origin=Reservation.Origin.SLICE).aggregate(s=Sum("amount_nano"))[
+        "s"
+    ] == 3 * WORST
+    # when: they finish, the last carve takes the slice to zero and deletes it
+    _settle(book, taken, cost=0)
+    assert not _slice_rows().exists()
+    book.give_back_pending()  # the close finds nothing left to do
+    drain_all()
+    assert window_of(budget).reserved_nano == WORST
+    assert audit_counters(record=False).ok
+
+
+def test_a_subject_without_blocking_budgets_is_sliced_at_once_and_alert_windows_are_charged(acme):
+    alert = acme.budget(amount="1", mode="alert")
+    owner = register().id
+    book = Book()
+    budgets = _matching(acme)
+    admitted = [book.admit(_request(acme, owner, budgets)) for _ in range(5)]
+    assert all(a.reservation.slice_id is not None for a in admitted)
+    assert _slice_rows().count() == 1
+    _settle(book, admitted, cost=usd("0.003"))
+    drain_all()
+    assert window_of(alert).spent_nano == 5 * usd("0.003")
+    book.retire_all()
+    book.give_back_pending()
+    assert not Reservation.objects.exists()
+    assert audit_counters(record=False).ok
+
+
+def test_a_budget_edit_moves_the_next_request_to_a_new_slice(acme):
+    # an amount edit keeps the budget's version: the slice key holds the amount too
+    budget = acme.budget(amount="10")
+    owner = register().id
+    book = Book()
+    book.admit(_request(acme, owner, _matching(acme)))
+    old = book.admit(_request(acme, owner, _matching(acme)))
+    # when: the budget is lowered (a new version)
+    from budgets.services import update_budget
+    from tenants.audit import Actor
+
+    update_budget(budget=budget, actor=Actor(label="test", operator=True), amount_nano=usd("5"))
+    after = book.admit(_request(acme, owner, _matching(acme)))
+    # then: the old slice is not used for the new version
+    assert after.reservation.slice_id != old.reservation.slice_id
+
+
+def _exhaust(tenant, budget, books, owners, n_threads: int, per_thread: int, strict: bool = True):
+    """n_threads threads, spread over the books (processes), each admitting up to per_thread
+    requests of WORST as fast as it can; every admission is settled at its worst case."""
+    budgets = _matching(tenant)
+
+    def work(i: int) -> int:
+        book, owner = books[i % len(books)], owners[i % len(books)]
+        count = 0
+        for _ in range(per_thread):
+            try:
+                a = book.admit(_request(tenant, owner, budgets))
+            except BudgetExceeded:
+                continue
+            count += 1
+            _settle(book, [a], cost=WORST, strict=strict)
+        return count
+
+    admitted = sum(race(n_threads, work))
+    for book in books:
+        book.retire_all()
+        book.give_back_pending()
+    drain_all()
+    return admitted
+
+
+def test_concurrent_processes_never_admit_past_the_cap(acme):
+    # given: a cap worth exactly 100 worst cases, 3 processes, 12 threads asking for 240
+    budget = acme.budget(amount="1")
+    owners = [register().id for _ in range(3)]
+    books = [Book() for _ in owners]
+    for book in books:
+        book.processes = 3
+    # when
+    admitted = _exhaust(acme, budget, books, owners, n_threads=12, per_thread=20)
+    # then: never more than the cap; slices were used; nothing left behind
+    w = window_of(budget)
+    assert admitted <= 100
+    assert w.spent_nano == admitted * WORST <= usd(1)
+    assert w.reserved_nano == 0
+    assert sum(b.admitted_from_slices for b in books) > 0
+    assert not Reservation.objects.exists()
+    assert audit_counters(record=False).ok
+
+
+def test_without_the_slice_check_the_cap_leaks(acme, monkeypatch):
+    # given: a slice admits whatever it is asked, not only what it holds
+    monkeypatch.setattr(slices, "CHECK_AVAILABLE", False)
+    budget = acme.budget(amount="1")
+    owners = [register().id for _ in range(3)]
+    books = [Book() for _ in owners]
+    # (the carve's CHECK constraint then refuses the overdrawn records: not strict)
+    admitted = _exhaust(acme, budget, books, owners, n_threads=12, per_thread=20, strict=False)
+    # then: the check of the test above fails: more requests admitted than the cap affords
+    assert admitted > 100
+
+
+def test_without_the_books_lock_concurrent_takes_overdraw_a_slice(acme, monkeypatch):
+    # given: one process whose slice is checked and decremented without its lock, the gap widened
+    monkeypatch.setattr(slices, "LOCKED", False)
+    monkeypatch.setattr(slices, "RACE_DELAY_SECONDS", 0.05)
+    budget = acme.budget(amount="1")
+    owner = register().id
+    book = Book()
+    budgets = _matching(acme)
+    book.admit(_request(acme, owner, budgets))  # alone: now the room is known
+    seed = book.admit(_request(acme, owner, budgets))  # takes the slice: 20 worst cases, 1 used
+    assert seed.reservation.slice_id is not None
+    # when: 40 threads take from it at once
+    results = race(40, lambda i: book.admit(_request(acme, owner, budgets)))
+    from_slice = [r for r in results if r.reservation.slice_id == seed.reservation.slice_id]
+    # then: more than the 19 left were handed out of a 20-worst-case slice
+    assert len(from_slice) > 19
+
+
+def test_with_the_race_widened_but_the_lock_in_place_a_slice_is_never_overdrawn(acme, monkeypatch):
+    # the control for the test above
+    monkeypatch.setattr(slices, "RACE_DELAY_SECONDS", 0.05)
+    acme.budget(amount="1")
+    owner = register().id
+    book = Book()
+    budgets = _matching(acme)
+    book.admit(_request(acme, owner, budgets))
+    seed = book.admit(_request(acme, owner, budgets))
+    results = race(40, lambda i: book.admit(_request(acme, owner, budgets)))
+    from_slice = [r for r in results if r.reservation.slice_id == seed.reservation.slice_id]
+    assert len(from_slice) == 19
+
+
+def test_a_crashed_process_is_charged_its_slice_at_worst_case(acme):
+    # given: a process with a slice of 20 and 5 requests in flight, 2 of them recorded
+    budget = acme.budget(amount="10")
+    owner = register().id
+    book = Book()
+    budgets = _matching(acme)
+    alone = book.admit(_request(acme, owner, budgets))
+    taken = [book.admit(_request(acme, owner, budgets)) for _ in range(5)]
+    _settle(book, [alone, *taken[:2]], cost=usd("0.002"))
+    # when: it dies; expiry charges what is left of its reservations
+    expire(dead_owner_ids=[owner])
+    drain_all()
+    # then: the 2 recorded are charged their cost, the rest of the slice (18 worst cases) at worst
+    w = window_of(budget)
+    assert w.spent_nano == 3 * usd("0.002") + 18 * WORST
+    assert w.reserved_nano == 0
+    assert not Reservation.objects.exists()
+    estimated = UsageRecord.objects.get(status="estimated")
+    assert estimated.request_id.startswith("slice-") and estimated.cost_nano == 18 * WORST
+    # a late record of a request from the charged slice is kept, not charged again
+    _settle(book, taken[2:3], cost=usd("0.002"))
+    drain_all()
+    assert window_of(budget).spent_nano == w.spent_nano
+    assert audit_counters(record=False).ok
+
+
+def test_a_refusal_recalls_this_process_slices_and_notifies_the_others(acme):
+    acme.budget(amount="1")
+    owner = register().id
+    book = Book()
+    budgets = _matching(acme)
+    book.admit(_request(acme, owner, budgets))
+    held = book.admit(_request(acme, owner, budgets))
+    assert held.reservation.slice_id is not None
+    with connection.cursor() as cursor:
+        cursor.execute(f"LISTEN {slices.NOTIFY_CHANNEL}")
+    # when: a request larger than all the room left is refused
+    with pytest.raises(BudgetExceeded) as refused:
+        book.admit(_request(acme, owner, budgets, worst=usd("2")))
+    # then: this process's slice on that window retired, and a notification names the window
+    assert book.stats()["admitting"] == 0
+    notes = list(connection.connection.notifies(timeout=2, stop_after=1))
+    assert notes and notes[0].payload == str(refused.value.window_id)
