@@ -176,6 +176,8 @@ class Background:
         while True:
             await asyncio.sleep(SLICE_TICK_SECONDS)
             slices.book.retire_expired()
+            if not slices.book.has_returns():
+                continue
             try:
                 await db(slices.book.give_back_pending, lane="settle")
             except DatabaseError:

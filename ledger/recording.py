@@ -20,10 +20,10 @@ from budgets.models import Charged, Reservation, Window
 from budgets.scopes import CHARGED_COLUMNS
 from catalog.models import Connection
 from catalog.pricing import Usage
+from ledger.carving import CARVE_SQL, carve, carve_params
 from ledger.drain import drain
 from ledger.locks import claim_lapsed, lock_windows, record_for_update, relaxed_commit
 from ledger.signals import send_after_commit
-from ledger.slices import CARVE_SQL, carve, carve_params
 from tenants.models import AuditLogEntry, Organization
 from usage.models import UsageRecord
 

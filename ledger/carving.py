@@ -1,0 +1,157 @@
+"""Headroom slices, the database side: carving a request out of its slice with its usage record,
+giving a slice's unused part back, and recalling other processes' slices. The process side (what
+a gateway process holds in memory, and when it takes, retires and closes a slice) is
+ledger/slices.py, whose docstring tells the whole life of a slice."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from django.db import connection
+
+from budgets.models import Reservation
+from budgets.scopes import CHARGED_COLUMNS
+from ledger.locks import WINDOW_LOCK_STRENGTH
+
+SLICE = Reservation.Origin.SLICE
+NOTIFY_CHANNEL = "capgate_slices"
+
+_COLS = ", ".join(CHARGED_COLUMNS)
+
+# The carve, one statement in the group commit's transaction (ledger/recording.py). For each
+# request not recorded before: its reservation (the slice's subject and lease) and its holds (its
+# worst case on each window the slice holds positively, 0 on the rest), then the slice's row and
+# holds lose the same amount; a slice that reaches zero goes. A slice of no blocking ceiling
+# holds 0 and stays as it is. Carving more than a slice holds would drive its row negative,
+# which its CHECK constraint refuses: the whole batch fails loudly rather than drift. A slice
+# already charged by expiry (its own usage record exists) is not carved: its estimate covers
+# the request.
+CARVE_SQL = f"""
+WITH item AS (
+    SELECT * FROM unnest(%s::uuid[], %s::varchar[], %s::uuid[], %s::bigint[], %s::varchar[], %s::timestamptz[])
+        AS i(id, request_id, slice_id, amount_nano, model, created_at)
+), fresh AS MATERIALIZED (
+    SELECT i.* FROM item i
+     WHERE NOT EXISTS (SELECT 1 FROM usage_usagerecord u WHERE u.request_id = i.request_id)
+       AND NOT EXISTS (SELECT 1 FROM budgets_reservation r WHERE r.request_id = i.request_id)
+), slice AS MATERIALIZED (
+    SELECT r.id, r.amount_nano, r.owner_id, r.expires_at, r.deadline_at, {", ".join(f"r.{c}" for c in CHARGED_COLUMNS)}
+      FROM budgets_reservation r
+     WHERE r.id IN (SELECT slice_id FROM fresh) AND r.origin = '{SLICE}'
+       AND NOT EXISTS (SELECT 1 FROM usage_usagerecord u WHERE u.request_id = r.request_id)
+     ORDER BY r.id
+       FOR UPDATE
+), carved AS MATERIALIZED (
+    INSERT INTO budgets_reservation (id, request_id, {_COLS}, model, amount_nano, owner_id,
+                                     created_at, expires_at, deadline_at, job_id, origin)
+    SELECT f.id, f.request_id, {", ".join(f"s.{c}" for c in CHARGED_COLUMNS)}, f.model, f.amount_nano, s.owner_id,
+           f.created_at, s.expires_at, s.deadline_at, NULL, '{Reservation.Origin.GATEWAY}'
+      FROM fresh f JOIN slice s ON s.id = f.slice_id
+    RETURNING id, amount_nano
+), per_slice AS MATERIALIZED (
+    SELECT f.slice_id, sum(c.amount_nano) AS total, s.amount_nano AS had
+      FROM carved c JOIN fresh f ON f.id = c.id JOIN slice s ON s.id = f.slice_id
+     GROUP BY f.slice_id, s.amount_nano
+), holds AS (
+    INSERT INTO budgets_hold (reservation_id, window_id, amount_nano)
+    SELECT c.id, h.window_id, CASE WHEN h.amount_nano > 0 THEN c.amount_nano ELSE 0 END
+      FROM carved c JOIN fresh f ON f.id = c.id JOIN budgets_hold h ON h.reservation_id = f.slice_id
+), kept_holds AS (
+    UPDATE budgets_hold h SET amount_nano = h.amount_nano - p.total
+      FROM per_slice p
+     WHERE h.reservation_id = p.slice_id AND h.amount_nano > 0 AND p.had > 0 AND p.total <> p.had
+), gone_holds AS (
+    DELETE FROM budgets_hold h USING per_slice p
+     WHERE h.reservation_id = p.slice_id AND p.had > 0 AND p.total = p.had
+), kept AS (
+    UPDATE budgets_reservation r SET amount_nano = p.had - p.total
+      FROM per_slice p
+     WHERE r.id = p.slice_id AND p.had > 0 AND p.total <> p.had
+), gone AS (
+    DELETE FROM budgets_reservation r USING per_slice p
+     WHERE r.id = p.slice_id AND p.had > 0 AND p.total = p.had
+)
+SELECT count(*) FROM carved
+"""
+
+
+def carve_params(reservations: Sequence[Reservation]) -> list:
+    """CARVE_SQL's parameters for the requests (each with `slice_id`) being recorded."""
+    return [
+        [r.id for r in reservations],
+        [r.request_id for r in reservations],
+        [r.slice_id for r in reservations],
+        [r.amount_nano for r in reservations],
+        [r.model for r in reservations],
+        [r.created_at for r in reservations],
+    ]
+
+
+def carve(reservations: Sequence[Reservation]) -> int:
+    """Carve these requests out of their slices now (the ORM path of recording, inside the
+    record's own transaction). Returns how many reservations were carved."""
+    todo = [r for r in reservations if r.slice_id is not None]
+    if not todo:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(CARVE_SQL, carve_params(todo))
+        return int(cursor.fetchone()[0])
+
+
+# Give a slice's unused part back: lock its row, take `amount` off it and its positive holds
+# (or delete them all when `close` and that is everything left), then lock the windows those holds
+# were on, in id order, and take the same amount off `reserved`. Reservation, holds, then windows
+# in ascending order: the ledger's lock order (ledger/locks.py).
+_GIVE_BACK_SQL = f"""
+WITH s AS MATERIALIZED (
+    SELECT r.id, r.amount_nano, %(close)s AND r.amount_nano = %(amount)s AS whole
+      FROM budgets_reservation r
+     WHERE r.id = %(id)s AND r.origin = '{SLICE}' AND r.amount_nano >= %(amount)s
+       AND NOT EXISTS (SELECT 1 FROM usage_usagerecord u WHERE u.request_id = r.request_id)
+       FOR UPDATE
+), kept_holds AS (
+    UPDATE budgets_hold h SET amount_nano = h.amount_nano - %(amount)s
+      FROM s WHERE h.reservation_id = s.id AND NOT s.whole AND h.amount_nano > 0
+    RETURNING h.window_id
+), gone_holds AS (
+    DELETE FROM budgets_hold h USING s WHERE h.reservation_id = s.id AND s.whole
+    RETURNING h.window_id, h.amount_nano
+), kept AS (
+    UPDATE budgets_reservation r SET amount_nano = r.amount_nano - %(amount)s FROM s WHERE r.id = s.id AND NOT s.whole
+), gone AS (
+    DELETE FROM budgets_reservation r USING s WHERE r.id = s.id AND s.whole
+), released AS MATERIALIZED (
+    SELECT window_id FROM kept_holds UNION SELECT window_id FROM gone_holds WHERE amount_nano > 0
+), locked AS MATERIALIZED (
+    SELECT w.id FROM budgets_window w WHERE w.id IN (SELECT window_id FROM released) AND %(amount)s > 0
+     ORDER BY w.id
+       {WINDOW_LOCK_STRENGTH}
+), applied AS (
+    UPDATE budgets_window w SET reserved_nano = w.reserved_nano - %(amount)s, touched_at = now()
+      FROM (SELECT count(*) AS n FROM locked) l
+     WHERE w.id IN (SELECT id FROM locked) AND l.n > 0
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM s), (SELECT bool_or(whole) FROM s), (SELECT count(*) FROM applied)
+"""
+
+
+def give_back(*, slice_id: uuid.UUID, amount_nano: int, close: bool) -> bool:
+    """Return `amount_nano` of a slice to its windows; with `close`, delete the slice if that is
+    all it has left. False if the slice is gone, was charged by expiry, or holds less than that
+    (a carve lost in a database crash: what is left lapses and is charged at worst case)."""
+    if amount_nano < 0:
+        raise ValueError("amount must be >= 0")
+    with connection.cursor() as cursor:
+        cursor.execute(_GIVE_BACK_SQL, {"id": slice_id, "amount": amount_nano, "close": close})
+        found, _whole, _windows = cursor.fetchone()
+    return bool(found)
+
+
+def notify_refused(window_ids: Sequence[int]) -> None:
+    """Tell every gateway process that these windows refused a request: they give back their
+    slices' unused parts on them (gateway/runtime.py listens)."""
+    if window_ids:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, ",".join(str(w) for w in window_ids)])
