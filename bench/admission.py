@@ -10,6 +10,11 @@ at each client count, it runs for a fixed duration:
               ledger.admission.admit(request=AdmissionRequest(..., budgets=budgets))
   processes   N forked processes doing the same, one connection each (the gateway runs several
               processes; threads share one GIL)
+  leases      N forked processes, each a gateway process in miniature with its own headroom-slice
+              Book (ledger/slices.py), owner and connections: admit from slices in memory, record in
+              groups (record_many carves each out of its slice), settle, drain every ~50 ms, give
+              unused parts back; LISTEN for other processes' refusals (bench/admit/leases.py). The
+              rate counts admit -> record -> settle, recording included; at most 16 processes
   pgbench     pgbench -c N -j N on bench/pgbench/admission_{1,3}.sql: the classic admission
               transaction (BEGIN; insert reservation; insert holds; SELECT .. FOR NO KEY UPDATE;
               UPDATE reserved; COMMIT) with Django's SQL: the issue's reference and the target's base
@@ -17,7 +22,10 @@ at each client count, it runs for a fixed duration:
               trip (found by comparing a libpq trace of admit() with bench/pgbench/admission_N_stmt.sql,
               the one-statement engine, and admission_N_full.sql, the classic one)
 
-and, as extra rows, admit -> record -> drain cycles (workers admit and record; one drainer
+and, as extra rows, an exhaustion run of the leases runner (--exhaust: a cap worth that many
+worst cases driven to exhaustion by --leases-processes processes, with slices on and off: the spend
+at the first refusal as a share of the cap, the final spend, what is left reserved), and admit ->
+record -> drain cycles (workers admit and record; one drainer
 thread applies the outbox every ~50 ms, as a gateway process does). It prints admissions/s and
 p50/p99 latency per cell, checks the counters after every cell (reserved == sum of holds ==
 admitted x worst case; after a cycle run: nothing reserved, spent == recorded cost, no
@@ -31,7 +39,8 @@ Budgets are $1,000,000 each (never refuse); reservations, holds and usage rows a
 and counters zeroed between cells. It uses its own database (default capgate_bench, created and
 migrated here); it refuses to touch `capgate` or `test_*` databases.
 
-Examples: .venv/bin/python bench/admission.py                      (about 2.5 minutes)
+Examples: .venv/bin/python bench/admission.py                      (about 6 minutes)
+          .venv/bin/python bench/admission.py --clients 4 --ceilings 1 --runners leases,pgbench
           .venv/bin/python bench/admission.py --clients 32 --ceilings 3 --repeat 3
           .venv/bin/python bench/admission.py --clients 1,32 --ceilings 3 --whatif
 """
@@ -68,8 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--clients",
         type=_ints,
-        default=[1, 8, 32, 64],
-        help="client counts, comma separated (default 1,8,32,64)",
+        default=[1, 4, 8, 32, 64],
+        help="client counts, comma separated (default 1,4,8,32,64; the leases runner skips those over 16)",
     )
     p.add_argument(
         "--ceilings",
@@ -99,6 +108,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=37_000_000,
         help="worst case reserved per admission, nano-USD (default 37,000,000 = $0.037)",
+    )
+    p.add_argument(
+        "--leases-group",
+        type=int,
+        default=16,
+        help="leases: admissions per record_many (the group commit's batch; default 16)",
+    )
+    p.add_argument(
+        "--leases-processes",
+        type=int,
+        default=4,
+        help="leases: processes of the exhaustion run, and the client count of its throughput target (default 4)",
+    )
+    p.add_argument(
+        "--exhaust",
+        type=int,
+        default=20_000,
+        help="leases exhaustion run: the cap in worst cases (default 20,000; 0 skips it)",
+    )
+    p.add_argument(
+        "--exhaust-cost",
+        type=float,
+        default=1.0,
+        help="exhaustion: each admission is settled at this fraction of its worst case (default 1.0)",
+    )
+    p.add_argument(
+        "--exhaust-slices",
+        default="on,off",
+        help="exhaustion with slices on and/or off (default on,off)",
+    )
+    p.add_argument(
+        "--exhaust-timeout",
+        type=int,
+        default=900,
+        help="exhaustion: the longest a run may take, seconds (default 900)",
     )
     p.add_argument(
         "--profile-calls",
@@ -163,6 +207,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--ceilings takes 1 and/or 3")
     if args.duration < 1:
         p.error("--duration must be >= 1")
+    words = [w.strip() for w in args.exhaust_slices.split(",") if w.strip()]
+    if set(words) - {"on", "off"}:
+        p.error("--exhaust-slices takes on and/or off")
+    args.exhaust_slices = [w == "on" for w in words]
+    if not 0 <= args.exhaust_cost <= 1 or args.leases_group < 1 or args.exhaust < 0:
+        p.error("--exhaust-cost must be in [0, 1], --leases-group >= 1, --exhaust >= 0")
     return args
 
 

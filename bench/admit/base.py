@@ -16,7 +16,7 @@ from psycopg import sql
 ROOT = Path(__file__).resolve().parent.parent.parent
 PGBENCH_DIR = ROOT / "bench" / "pgbench"
 DEFAULT_DB_URL = "postgres://capgate:capgate@127.0.0.1:15432/capgate_bench"
-RUNNERS = ("threads", "processes", "pgbench", "pgbench-admit")
+RUNNERS = ("threads", "processes", "leases", "pgbench", "pgbench-admit")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ import time
 
 from bench.admit.base import ROOT, RUNNERS, Db
 from bench.admit.cell import Cell, background_cpu
+from bench.admit.leases import MAX_PROCESSES, Exhaustion, run_exhaustion, run_leases_cell
+from bench.admit.leases_report import print_exhaustion, report_leases
 from bench.admit.pgbench import match_admit_script, run_pgbench_cell
 from bench.admit.profiling import profile, trace_round_trips
 from bench.admit.report import machine_header, report, report_whatif
@@ -37,6 +39,8 @@ def run_cell(
     for attempt in range(2):
         if runner.startswith("pgbench"):
             cell = run_pgbench_cell(runner, tenant, clients, args, db)
+        elif runner == "leases":
+            cell = run_leases_cell(tenant, clients, args)
         else:
             cell = run_python_cell(runner, tenant, clients, mode, args)
         if cell.count or not cell.errors or attempt:
@@ -85,6 +89,7 @@ def run(args: argparse.Namespace, db: Db, argv: list[str] | None) -> int:
 
     results: dict = {}
     cycles: list[Cell] = []
+    exhaustions: list[Exhaustion] = []
     whatif: dict = {}
     runners = [r for r in RUNNERS if r in args.runners]
     py_runners = [r for r in ("threads", "processes") if r in args.runners]
@@ -93,11 +98,17 @@ def run(args: argparse.Namespace, db: Db, argv: list[str] | None) -> int:
         for ceilings in args.ceilings:
             for clients in args.clients:
                 for runner in runners:
+                    if runner == "leases" and clients > MAX_PROCESSES:
+                        continue  # N processes of 3 connections each: the table shows –
                     cell = run_cell(runner, tenants, ceilings, clients, "admit", args, db, label)
                     results.setdefault((ceilings, clients, runner), []).append(cell)
         for clients in args.cycle_clients:
             for runner in py_runners:
                 cycles.append(run_cell(runner, tenants, 3, clients, "cycle", args, db, label))
+        for slices_on in args.exhaust_slices if args.exhaust else []:
+            reset(list(tenants.values()))
+            exhaustions.append(run_exhaustion(args, slices_on=slices_on))
+            print_exhaustion(exhaustions[-1])
         if args.whatif:
             for clients in args.whatif_clients:
                 for engine in ("admit", *WHATIF):
@@ -109,6 +120,8 @@ def run(args: argparse.Namespace, db: Db, argv: list[str] | None) -> int:
                     whatif.setdefault((runner, clients, "pgbench"), []).append(cell)
     reset(list(tenants.values()))
     lines = report(results, args, [], cycles) if results or cycles else []
+    leases = report_leases(results, exhaustions, args)
+    lines += [""] + leases if leases else []
     if whatif:
         lines += [""] + report_whatif(whatif, args)
     if args.profile_calls > 0 and tenants:
@@ -123,4 +136,4 @@ def run(args: argparse.Namespace, db: Db, argv: list[str] | None) -> int:
     if args.out:
         args.out.write_text(text + "\n")
     every = [c for cells in (*results.values(), *whatif.values()) for c in cells] + cycles
-    return 1 if any(c.check.startswith("FAIL") for c in every) else 0
+    return 1 if any(c.check.startswith("FAIL") for c in [*every, *exhaustions]) else 0

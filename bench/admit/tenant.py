@@ -35,10 +35,11 @@ class Tenant:
     admit_script: Path | None = None  # the pgbench script with the same statements
 
 
-def ensure_tenant(ceilings: int) -> Tenant:
-    org, _ = Organization.objects.get_or_create(
-        slug=f"bench-{ceilings}-ceiling", defaults={"name": f"Bench {ceilings} ceiling"}
-    )
+def ensure_tenant(ceilings: int, *, slug: str = "", amount_nano: int = BUDGET_NANO) -> Tenant:
+    """The hot organization with `ceilings` blocking budgets of `amount_nano` each (default: the
+    never-refusing $1M; the leases exhaustion run passes a small cap and its own slug)."""
+    slug = slug or f"bench-{ceilings}-ceiling"
+    org, _ = Organization.objects.get_or_create(slug=slug, defaults={"name": slug.replace("-", " ").capitalize()})
     project, _ = Project.objects.get_or_create(organization=org, slug="main", defaults={"name": "Main"})
     key = ApiKey.objects.filter(organization=org, name="bench").first()
     if key is None:
@@ -56,7 +57,7 @@ def ensure_tenant(ceilings: int) -> Tenant:
                 "mode": "block",
                 "period": "month",
                 "timezone": "UTC",
-                "amount_nano": BUDGET_NANO,
+                "amount_nano": amount_nano,
             },
         )
     # The subject always names its project and key, as the gateway's does; the 1-ceiling

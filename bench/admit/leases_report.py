@@ -1,0 +1,65 @@
+"""The leases runner's report (bench/admit/leases.py): its progress line, the throughput target
+(N processes against pgbench at N clients, same run) and the exhaustion table."""
+
+from __future__ import annotations
+
+import argparse
+from statistics import median
+
+from bench.admit.leases import STOP_AFTER_REFUSALS, Exhaustion
+
+
+def print_exhaustion(e: Exhaustion) -> None:
+    print(
+        f"  exhaustion slices {'on ' if e.slices_on else 'off'} {e.processes} processes: {e.admitted:,} admitted, "
+        f"first refusal after {e.first_refusal_s:.1f} s at {e.at_refusal_pct:.2f}% of the cap, final "
+        f"{e.final_pct:.2f}%, reserved {e.reserved}, {e.refused} refusals, {e.slices_taken} slices, "
+        f"{e.elapsed:.1f} s  {e.check}" + (f"  errors: {e.errors[:2]}" if e.errors else ""),
+        flush=True,
+    )
+
+
+def report_leases(results: dict, exhaustions: list[Exhaustion], args: argparse.Namespace) -> list[str]:
+    """The leases target lines (N processes vs pgbench at N clients) and the exhaustion table."""
+    out: list[str] = []
+    for ceilings in args.ceilings:
+        base = results.get((ceilings, args.leases_processes, "pgbench"))
+        cells = results.get((ceilings, args.leases_processes, "leases"))
+        if base and cells:
+            base_rate, rate = median(c.rate for c in base), median(c.rate for c in cells)
+            verdict = "MET" if rate >= 5 * base_rate else "NOT met"
+            notes = "; ".join(sorted({c.note for c in cells}))
+            out.append(
+                f"Target ({ceilings} ceiling(s), {args.leases_processes} processes, >= 5x pgbench's hot-row "
+                f"{base_rate:,.0f}/s = {5 * base_rate:,.0f}/s): leases {rate:,.0f} admissions/s = "
+                f"{rate / base_rate:.1f}x -> **{verdict}** ({notes}; check {', '.join({c.check for c in cells})})."
+            )
+    if exhaustions:
+        e0 = exhaustions[0]
+        out += [
+            "",
+            f"Exhaustion: a cap of {e0.cap:,} nano-USD ({args.exhaust:,} worst cases of {e0.worst:,}), "
+            f"{e0.processes} processes until each is refused {STOP_AFTER_REFUSALS} times in a row, every "
+            f"admission settled at {e0.cost:,} ({args.exhaust_cost:g} x its worst case); 'at first refusal' "
+            "= the spend of every admission that returned before the first refusal, as a share of the cap:",
+            "",
+            "| slices | admitted | first refusal after s | spend at first refusal | final spend | overshoot | "
+            "reserved after | refusals | slices taken | in memory | run s | check |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for e in exhaustions:
+            out.append(
+                f"| {'on' if e.slices_on else 'off'} | {e.admitted:,} | {e.first_refusal_s:.1f} | "
+                f"{e.at_refusal_pct:.2f}% | {e.spent:,} ({e.final_pct:.2f}%) | {max(e.spent - e.cap, 0):,} | "
+                f"{e.reserved:,} | {e.refused:,} | {e.slices_taken:,} | "
+                f"{e.from_slices / e.admitted if e.admitted else 0:.1%} | {e.elapsed:.1f} | {e.check} |"
+            )
+        for e in exhaustions:
+            if e.slices_on:
+                met = e.at_refusal_pct >= 97 and e.spent <= e.cap and e.reserved == 0 and e.check == "ok"
+                out.append(
+                    f"Target (slices on: spend >= 97% of the cap at the first refusal, 0 overshoot, nothing left "
+                    f"reserved): {e.at_refusal_pct:.2f}%, overshoot {max(e.spent - e.cap, 0)}, reserved "
+                    f"{e.reserved} -> **{'MET' if met else 'NOT met'}**."
+                )
+    return out
