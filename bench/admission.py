@@ -15,6 +15,8 @@ at each client count, it runs for a fixed duration:
               groups (record_many carves each out of its slice), settle, drain every ~50 ms, give
               unused parts back; LISTEN for other processes' refusals (bench/admit/leases.py). The
               rate counts admit -> record -> settle, recording included; at most 16 processes
+  leases-cached  what-if, only when named: the same with each process's budgets read once instead of
+              per request (what a budget cache would buy; not what the gateway does today)
   pgbench     pgbench -c N -j N on bench/pgbench/admission_{1,3}.sql: the classic admission
               transaction (BEGIN; insert reservation; insert holds; SELECT .. FOR NO KEY UPDATE;
               UPDATE reserved; COMMIT) with Django's SQL: the issue's reference and the target's base
@@ -54,7 +56,7 @@ from pathlib import Path
 # Run as a script (python bench/admission.py), the repository root is not on the path yet.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.admit.base import DEFAULT_DB_URL, RUNNERS, create_database, parse_db_url, setup_django  # noqa: E402
+from bench.admit.base import DEFAULT_DB_URL, OPT_IN, RUNNERS, create_database, parse_db_url, setup_django  # noqa: E402
 
 
 def _ints(text: str) -> list[int]:
@@ -88,8 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--runners",
-        default=",".join(RUNNERS),
-        help=f"comma separated subset of {','.join(RUNNERS)} (default: all)",
+        default=",".join(r for r in RUNNERS if r not in OPT_IN),
+        help=f"comma separated subset of {','.join(RUNNERS)} (default: all but {','.join(OPT_IN)})",
     )
     p.add_argument(
         "--cycle-clients",

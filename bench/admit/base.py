@@ -16,7 +16,9 @@ from psycopg import sql
 ROOT = Path(__file__).resolve().parent.parent.parent
 PGBENCH_DIR = ROOT / "bench" / "pgbench"
 DEFAULT_DB_URL = "postgres://capgate:capgate@127.0.0.1:15432/capgate_bench"
-RUNNERS = ("threads", "processes", "leases", "pgbench", "pgbench-admit")
+RUNNERS = ("threads", "processes", "leases", "leases-cached", "pgbench", "pgbench-admit")
+# What-ifs, run only when named in --runners.
+OPT_IN = ("leases-cached",)
 
 
 @dataclass(frozen=True)

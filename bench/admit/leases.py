@@ -14,13 +14,7 @@ Each process:
     process was refused on a window, recalls its slices there and gives back (`_listen`).
 At the end a process retires all its slices and gives back; its settle thread drains once more.
 The parent then drains everything and checks the counters.
-
-The exhaustion run drives a cap worth --exhaust worst cases to exhaustion: every process admits
-until it has been refused STOP_AFTER_REFUSALS times in a row (pausing REFUSED_PAUSE after each
-refusal, so recalled leftovers can come back), each admission settled at --exhaust-cost times its
-worst case. It reports the spend of everything admitted before the first refusal (whichever
-process saw it; CLOCK_MONOTONIC is one clock for all processes) as a share of the cap, the final
-recorded spend, and what is left reserved.
+The exhaustion run (bench/admit/exhaustion.py) uses the same processes.
 """
 
 from __future__ import annotations
@@ -30,17 +24,16 @@ import multiprocessing as mp
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import psycopg
 from django.conf import settings
 from django.db import connection, connections
 
 from bench.admit.cell import Cell, check_cycle, cpu_ticks
-from bench.admit.tenant import Tenant, close_db, ensure_tenant, reset
+from bench.admit.tenant import Tenant, close_db
 from budgets.errors import BudgetExceeded
 from budgets.instances import register, stop
-from budgets.models import Window
 from gateway.runtime import conninfo
 from ledger import slices
 from ledger.admission import AdmissionRequest, Admitted, Subject, matching_budgets
@@ -50,7 +43,6 @@ from ledger.recording import Outcome, record_many
 MAX_PROCESSES = 16  # each process holds 3 connections (admitting, settle, LISTEN)
 STOP_AFTER_REFUSALS = 25  # exhaustion: a process stops after this many refusals in a row ...
 REFUSED_PAUSE = 0.02  # ... pausing this long (seconds) after each
-EXHAUST_SLUG = "bench-leases-exhaust"
 
 
 @dataclass(frozen=True)
@@ -64,34 +56,7 @@ class Plan:
     slices_on: bool
     exhaust: bool
     tag: str
-
-
-@dataclass
-class Exhaustion:
-    slices_on: bool
-    processes: int
-    cap: int
-    worst: int
-    cost: int
-    admitted: int = 0
-    refused: int = 0
-    before_first_refusal: int = 0  # admissions that returned before the first refusal
-    first_refusal_s: float = float("nan")  # after the start
-    elapsed: float = 0.0
-    spent: int = 0
-    reserved: int = 0
-    slices_taken: int = 0
-    from_slices: int = 0
-    check: str = ""
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def at_refusal_pct(self) -> float:
-        return 100.0 * self.before_first_refusal * self.cost / self.cap
-
-    @property
-    def final_pct(self) -> float:
-        return 100.0 * self.spent / self.cap
+    cache_budgets: bool = False  # what-if: the budgets read once per process, not per request
 
 
 class Settler(threading.Thread):
@@ -156,16 +121,31 @@ class Listener(threading.Thread):
             connection.close()
 
 
-def _admit(book: slices.Book, plan: Plan, owner: int, request_id: str) -> Admitted:
-    return book.admit(
-        AdmissionRequest(
-            subject=plan.subject,
-            request_id=request_id,
-            worst_nano=plan.worst,
-            owner_id=owner,
-            budgets=matching_budgets(plan.subject),
+class Phases:
+    """Wall time a process spends in each step, summed (seconds): the budget lookup, the book's
+    admission, the group commit (record_many and settled)."""
+
+    def __init__(self) -> None:
+        self.budgets = self.book = self.record = 0.0
+
+
+def _admit(book: slices.Book, plan: Plan, owner: int, request_id: str, phases: Phases, cached: list) -> Admitted:
+    t0 = time.perf_counter()
+    budgets = cached if plan.cache_budgets and cached else matching_budgets(plan.subject)
+    t1 = time.perf_counter()
+    try:
+        return book.admit(
+            AdmissionRequest(
+                subject=plan.subject,
+                request_id=request_id,
+                worst_nano=plan.worst,
+                owner_id=owner,
+                budgets=budgets,
+            )
         )
-    )
+    finally:
+        phases.budgets += t1 - t0
+        phases.book += time.perf_counter() - t1
 
 
 def _record(book: slices.Book, admitted: list[Admitted], cost: int) -> list[str]:
@@ -181,6 +161,7 @@ def _record(book: slices.Book, admitted: list[Admitted], cost: int) -> list[str]
 def _run(index: int, barrier, plan: Plan) -> dict:
     book = slices.Book()
     book.processes = plan.processes
+    phases = Phases()
     settler, listener = Settler(book), Listener(book)
     try:
         owner = register(name=f"bench-leases-{plan.tag}-{index}").id
@@ -188,7 +169,8 @@ def _run(index: int, barrier, plan: Plan) -> dict:
         listener.start()
         listener.ready.wait(30)
         # The key's first request is admitted alone: it tells the book how much room there is.
-        warm = _admit(book, plan, owner, f"{plan.tag}-{index}-warm")
+        cached = matching_budgets(plan.subject)
+        warm = _admit(book, plan, owner, f"{plan.tag}-{index}-warm", phases, cached)
         warm_at = time.monotonic()
         warm_errors = _record(book, [warm], plan.cost)
     except BaseException as exc:
@@ -203,6 +185,7 @@ def _run(index: int, barrier, plan: Plan) -> dict:
     errors: list[str] = list(warm_errors)
     refused = in_a_row = 0
     first_refused: float | None = None
+    phases.budgets = phases.book = phases.record = 0.0  # the warm-up is not counted
     cpu0 = time.process_time()
     start = time.monotonic()
     deadline = start + plan.seconds
@@ -213,7 +196,7 @@ def _run(index: int, barrier, plan: Plan) -> dict:
             i += 1
             t0 = time.perf_counter()
             try:
-                admitted = _admit(book, plan, owner, f"{plan.tag}-{index}-{i}")
+                admitted = _admit(book, plan, owner, f"{plan.tag}-{index}-{i}", phases, cached)
             except BudgetExceeded:
                 refused += 1
                 in_a_row += 1
@@ -228,7 +211,9 @@ def _run(index: int, barrier, plan: Plan) -> dict:
             in_a_row = 0
             group.append(admitted)
         if group:
+            t0 = time.perf_counter()
             errors += _record(book, group, plan.cost)
+            phases.record += time.perf_counter() - t0
         if in_a_row:
             if plan.exhaust and in_a_row >= STOP_AFTER_REFUSALS:
                 break
@@ -252,6 +237,7 @@ def _run(index: int, barrier, plan: Plan) -> dict:
         "start": start,
         "end": end,
         "cpu": cpu,
+        "phases": (phases.budgets, phases.book, phases.record) if not plan.exhaust else (0.0, 0.0, 0.0),
         "warm": 1,
         "stats": book.stats(),
         "notes": listener.notes,
@@ -272,7 +258,7 @@ def _process_target(queue, index: int, barrier, plan: Plan) -> None:
         close_db()
 
 
-def _fork(plan: Plan) -> tuple[list[dict], float]:
+def fork(plan: Plan) -> tuple[list[dict], float]:
     """Run the plan in N forked processes released together; (their results, host CPU %)."""
     ctx = mp.get_context("fork")
     close_db()
@@ -309,8 +295,9 @@ def _slice_note(ok: list[dict]) -> str:
     )
 
 
-def run_leases_cell(tenant: Tenant, processes: int, args: argparse.Namespace) -> Cell:
-    """Throughput: N processes admit → record → settle on the tenant's ceilings for --duration s."""
+def run_leases_cell(tenant: Tenant, processes: int, args: argparse.Namespace, *, cache_budgets: bool = False) -> Cell:
+    """Throughput: N processes admit → record → settle on the tenant's ceilings for --duration s
+    (cache_budgets: the leases-cached what-if, budgets read once per process)."""
     cost = args.worst_nano // 4  # as the cycle rows: the provider billed a quarter of the worst case
     plan = Plan(
         subject=tenant.subject,
@@ -322,9 +309,11 @@ def run_leases_cell(tenant: Tenant, processes: int, args: argparse.Namespace) ->
         slices_on=True,
         exhaust=False,
         tag=uuid.uuid4().hex[:12],
+        cache_budgets=cache_budgets,
     )
-    cell = Cell(runner="leases", ceilings=tenant.ceilings, clients=processes, mode="leases")
-    results, cell.host_cpu_pct = _fork(plan)
+    runner = "leases-cached" if cache_budgets else "leases"
+    cell = Cell(runner=runner, ceilings=tenant.ceilings, clients=processes, mode="leases")
+    results, cell.host_cpu_pct = fork(plan)
     fatal = [r["fatal"] for r in results if "fatal" in r]
     fatal.sort(key=lambda e: "BrokenBarrierError" in e)  # the cause first
     ok = [r for r in results if "fatal" not in r]
@@ -338,51 +327,7 @@ def run_leases_cell(tenant: Tenant, processes: int, args: argparse.Namespace) ->
     drain_all()
     cell.check = check_cycle(tenant, cell.count + sum(r.get("warm", 0) for r in results), cost)
     cell.note = _slice_note(ok)
+    if cell.count:
+        per = [sum(r["phases"][k] for r in ok) / cell.count * 1e3 for k in range(3)]
+        cell.note += "; wall ms/adm per process: budgets {:.2f}, book {:.2f}, record {:.2f}".format(*per)
     return cell
-
-
-def run_exhaustion(args: argparse.Namespace, *, slices_on: bool) -> Exhaustion:
-    """Drive a cap worth --exhaust worst cases to exhaustion with --leases-processes processes."""
-    worst = args.worst_nano
-    cap = args.exhaust * worst
-    cost = int(worst * args.exhaust_cost)
-    tenant = ensure_tenant(1, slug=EXHAUST_SLUG, amount_nano=cap)
-    reset([tenant])
-    plan = Plan(
-        subject=tenant.subject,
-        worst=worst,
-        cost=cost,
-        processes=args.leases_processes,
-        seconds=float(args.exhaust_timeout),
-        group=args.leases_group,
-        slices_on=slices_on,
-        exhaust=True,
-        tag=uuid.uuid4().hex[:12],
-    )
-    out = Exhaustion(slices_on=slices_on, processes=plan.processes, cap=cap, worst=worst, cost=cost)
-    results, _cpu = _fork(plan)
-    ok = [r for r in results if "fatal" not in r]
-    out.errors = [r["fatal"] for r in results if "fatal" in r] + [e for r in ok for e in r["errors"]]
-    out.admitted = sum(len(r["lat"]) + r["warm"] for r in ok)
-    out.refused = sum(r["refused"] for r in ok)
-    refusals = [r["first_refused"] for r in ok if r["first_refused"] is not None]
-    if ok:
-        start = min(r["start"] for r in ok)
-        out.elapsed = max(r["end"] for r in ok) - start
-        if refusals:
-            first = min(refusals)
-            out.first_refusal_s = first - start
-            out.before_first_refusal = sum(1 for r in ok for t in r["stamps"] if t <= first)
-        out.slices_taken = sum(r["stats"]["slices_taken"] for r in ok)
-        out.from_slices = sum(r["stats"]["admitted_from_slices"] for r in ok)
-    drain_all()
-    window = Window.objects.get(id=tenant.window_ids[0])
-    out.spent, out.reserved = window.spent_nano, window.reserved_nano
-    check = check_cycle(tenant, out.admitted, cost)
-    if out.spent > cap:
-        check = ("FAIL " if check == "ok" else check + "; ") + f"overshoot: spent {out.spent:,} > cap {cap:,}"
-    if not refusals:
-        check = ("FAIL " if check == "ok" else check + "; ") + "never refused: the cap was not exhausted"
-    out.check = check
-    reset([tenant])
-    return out

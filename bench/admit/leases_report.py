@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from statistics import median
 
-from bench.admit.leases import STOP_AFTER_REFUSALS, Exhaustion
+from bench.admit.exhaustion import Exhaustion
+from bench.admit.leases import STOP_AFTER_REFUSALS
 
 
 def print_exhaustion(e: Exhaustion) -> None:

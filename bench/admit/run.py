@@ -9,7 +9,8 @@ import time
 
 from bench.admit.base import ROOT, RUNNERS, Db
 from bench.admit.cell import Cell, background_cpu
-from bench.admit.leases import MAX_PROCESSES, Exhaustion, run_exhaustion, run_leases_cell
+from bench.admit.exhaustion import Exhaustion, run_exhaustion
+from bench.admit.leases import MAX_PROCESSES, run_leases_cell
 from bench.admit.leases_report import print_exhaustion, report_leases
 from bench.admit.pgbench import match_admit_script, run_pgbench_cell
 from bench.admit.profiling import profile, trace_round_trips
@@ -39,8 +40,8 @@ def run_cell(
     for attempt in range(2):
         if runner.startswith("pgbench"):
             cell = run_pgbench_cell(runner, tenant, clients, args, db)
-        elif runner == "leases":
-            cell = run_leases_cell(tenant, clients, args)
+        elif runner.startswith("leases"):
+            cell = run_leases_cell(tenant, clients, args, cache_budgets=runner == "leases-cached")
         else:
             cell = run_python_cell(runner, tenant, clients, mode, args)
         if cell.count or not cell.errors or attempt:
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace, db: Db, argv: list[str] | None) -> int:
         for ceilings in args.ceilings:
             for clients in args.clients:
                 for runner in runners:
-                    if runner == "leases" and clients > MAX_PROCESSES:
+                    if runner.startswith("leases") and clients > MAX_PROCESSES:
                         continue  # N processes of 3 connections each: the table shows –
                     cell = run_cell(runner, tenants, ceilings, clients, "admit", args, db, label)
                     results.setdefault((ceilings, clients, runner), []).append(cell)
