@@ -27,6 +27,7 @@ keys `capgate-echo:*`, 7 days), so any worker process can answer for a job anoth
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -307,6 +308,24 @@ def _route(method: str, path: str) -> tuple[Handler, tuple[str, ...]]:
     raise GatewayError(f"echo has no endpoint {method} {path}", code="unknown_url", status=404)
 
 
+_stores: dict[asyncio.AbstractEventLoop, aioredis.Redis] = {}
+
+
+def _store() -> aioredis.Redis:
+    """This event loop's Redis client: one pool of a few connections shared by every call (a new
+    client per call opened one connection per upload, and 500 uploads at once timed out)."""
+    loop = asyncio.get_running_loop()
+    found = _stores.get(loop)
+    if found is None:
+        for stale in [other for other in _stores if other.is_closed()]:
+            del _stores[stale]
+        pool = aioredis.BlockingConnectionPool.from_url(
+            settings.REDIS_URL, max_connections=32, timeout=10, socket_timeout=10, socket_connect_timeout=5
+        )
+        found = _stores[loop] = aioredis.Redis(connection_pool=pool)
+    return found
+
+
 async def send(
     connection: Any,
     method: str,
@@ -321,12 +340,8 @@ async def send(
     flavor = "anthropic" if path.startswith("/v1/messages") else "openai"
     try:
         handler, ids = _route(method.upper(), path)
-        r = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-        try:
-            call = _Call(connection, r, body, files, data, {k: v[-1] for k, v in parse_qs(qs).items()})
-            status, content, content_type = await handler(call, *ids)
-        finally:
-            await r.aclose()
+        call = _Call(connection, _store(), body, files, data, {k: v[-1] for k, v in parse_qs(qs).items()})
+        status, content, content_type = await handler(call, *ids)
     except GatewayError as exc:
         status, content, content_type = (
             exc.status,

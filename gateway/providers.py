@@ -6,6 +6,7 @@ client receives the provider's own wire format, untouched except where noted.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ def upstream_url(target: Target, kind: str) -> str:
     return connection_url(target.connection.base_url, PATHS[kind])
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function of two strings, parsed twice per call uncached
 def connection_url(base_url: str, path: str) -> str:
     """`path` (starting /v1/) under a connection's base URL. Joined as a URL, not a string: a
     query or fragment in a stored base URL is dropped, never allowed to turn the endpoint's path
