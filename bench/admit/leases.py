@@ -24,11 +24,12 @@ import multiprocessing as mp
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
 from django.conf import settings
-from django.db import connection, connections
+from django.db import DatabaseError, connection, connections
 
 from bench.admit.cell import Cell, check_cycle, cpu_ticks
 from bench.admit.tenant import Tenant, close_db
@@ -43,6 +44,7 @@ from ledger.recording import Outcome, record_many
 MAX_PROCESSES = 16  # each process holds 3 connections (admitting, settle, LISTEN)
 STOP_AFTER_REFUSALS = 25  # exhaustion: a process stops after this many refusals in a row ...
 REFUSED_PAUSE = 0.02  # ... pausing this long (seconds) after each
+RETRIES = 5  # a record or the final give-back failing with a DatabaseError is tried again
 
 
 @dataclass(frozen=True)
@@ -60,13 +62,16 @@ class Plan:
 
 
 class Settler(threading.Thread):
-    """Drain every 50 ms; retire expired slices and give unused parts back every 100 ms."""
+    """Drain every 50 ms; retire expired slices and give unused parts back every 100 ms. A
+    DatabaseError is noted (reported with the cell) and the next round tries again, as the
+    gateway's settle tasks log it and go on (gateway/runtime.py)."""
 
     def __init__(self, book: slices.Book) -> None:
         super().__init__(daemon=True)
         self.book = book
         self.halt = threading.Event()
         self.drained = 0
+        self.failures: list[str] = []
         self.error: str | None = None
 
     def run(self) -> None:
@@ -74,11 +79,15 @@ class Settler(threading.Thread):
             tick = 0
             while True:
                 stopping = self.halt.is_set()
-                n = drain(limit=500)
-                self.drained += n
-                if tick % 2 == 0 or stopping:
-                    self.book.retire_expired()
-                    self.book.give_back_pending()
+                try:
+                    n = drain(limit=500)
+                    self.drained += n
+                    if tick % 2 == 0 or stopping:
+                        self.book.retire_expired()
+                        self.book.give_back_pending()
+                except DatabaseError as exc:
+                    self.failures.append(f"settle: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+                    n = 0
                 if stopping and n < 500:
                     return
                 if n < 500:
@@ -148,14 +157,31 @@ def _admit(book: slices.Book, plan: Plan, owner: int, request_id: str, phases: P
         phases.book += time.perf_counter() - t1
 
 
-def _record(book: slices.Book, admitted: list[Admitted], cost: int) -> list[str]:
+def _retrying(what: str, fn: Callable[[], object], errors: list[str]) -> None:
+    """Call fn; a DatabaseError (a deadlock, seen on this machine) is noted and fn called again,
+    up to RETRIES times: what the gateway's spool replay does for records, and its settle thread's
+    next round for give-backs (a failed statement rolled back, so calling again is a replay)."""
+    for attempt in range(RETRIES):
+        try:
+            fn()
+            return
+        except DatabaseError as exc:
+            errors.append(f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+            if attempt == RETRIES - 1:
+                raise
+            time.sleep(0.05)
+
+
+def _record(book: slices.Book, admitted: list[Admitted], cost: int, errors: list[str]) -> None:
     """One group commit: the records (and carves) in one record_many, then each settled."""
+    items = [(a.reservation, Outcome(status="served", cost_nano=cost)) for a in admitted]
+    results: list = []
     try:
-        results = record_many(items=[(a.reservation, Outcome(status="served", cost_nano=cost)) for a in admitted])
+        _retrying("record", lambda: results.extend(record_many(items=items)), errors)
     finally:
         for a in admitted:
             book.settled(a.reservation)
-    return [f"record: {type(r).__name__}: {r}" for r in results if isinstance(r, Exception)]
+    errors += [f"record: {type(r).__name__}: {r}" for r in results if isinstance(r, Exception)]
 
 
 def _run(index: int, barrier, plan: Plan) -> dict:
@@ -172,7 +198,8 @@ def _run(index: int, barrier, plan: Plan) -> dict:
         cached = matching_budgets(plan.subject)
         warm = _admit(book, plan, owner, f"{plan.tag}-{index}-warm", phases, cached)
         warm_at = time.monotonic()
-        warm_errors = _record(book, [warm], plan.cost)
+        warm_errors: list[str] = []
+        _record(book, [warm], plan.cost, warm_errors)
     except BaseException as exc:
         barrier.abort()
         return {"fatal": f"warm-up: {type(exc).__name__}: {exc}", "warm": 0}
@@ -203,7 +230,7 @@ def _run(index: int, barrier, plan: Plan) -> dict:
                 first_refused = first_refused or time.monotonic()
                 break
             except Exception as exc:  # reported in the table, never hidden
-                errors.append(f"{type(exc).__name__}: {exc}")
+                errors.append(f"admit: {type(exc).__name__}: {str(exc).splitlines()[0]}")
                 break
             lat.append(time.perf_counter() - t0)
             if plan.exhaust:
@@ -212,7 +239,7 @@ def _run(index: int, barrier, plan: Plan) -> dict:
             group.append(admitted)
         if group:
             t0 = time.perf_counter()
-            errors += _record(book, group, plan.cost)
+            _record(book, group, plan.cost, errors)
             phases.record += time.perf_counter() - t0
         if in_a_row:
             if plan.exhaust and in_a_row >= STOP_AFTER_REFUSALS:
@@ -221,12 +248,13 @@ def _run(index: int, barrier, plan: Plan) -> dict:
     end = time.monotonic()
     cpu = time.process_time() - cpu0
     book.retire_all()  # the process stops: unused parts go back, then its last records drain
-    book.give_back_pending()
+    _retrying("give back", book.give_back_pending, errors)
     for thread in (settler, listener):
         thread.halt.set()
         thread.join(timeout=60)
         if thread.error:
             errors.append(thread.error)
+    errors += settler.failures
     stop(instance_id=owner)
     return {
         "lat": lat,

@@ -10,6 +10,14 @@ from bench.admit.exhaustion import Exhaustion
 from bench.admit.leases import STOP_AFTER_REFUSALS
 
 
+def _errors(errors: list[str]) -> str:
+    """How many, and each kind once (a deadlock's first line)."""
+    if not errors:
+        return "–"
+    kinds = sorted({e.split("DETAIL")[0].strip() for e in errors})
+    return f"{len(errors)}: " + "; ".join(kinds)
+
+
 def print_exhaustion(e: Exhaustion) -> None:
     print(
         f"  exhaustion slices {'on ' if e.slices_on else 'off'} {e.processes} processes: {e.admitted:,} admitted, "
@@ -45,15 +53,16 @@ def report_leases(results: dict, exhaustions: list[Exhaustion], args: argparse.N
             "= the spend of every admission that returned before the first refusal, as a share of the cap:",
             "",
             "| slices | admitted | first refusal after s | spend at first refusal | final spend | overshoot | "
-            "reserved after | refusals | slices taken | in memory | run s | check |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+            "reserved after | refusals | slices taken | in memory | run s | check | errors (retried) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
         ]
         for e in exhaustions:
             out.append(
                 f"| {'on' if e.slices_on else 'off'} | {e.admitted:,} | {e.first_refusal_s:.1f} | "
                 f"{e.at_refusal_pct:.2f}% | {e.spent:,} ({e.final_pct:.2f}%) | {max(e.spent - e.cap, 0):,} | "
                 f"{e.reserved:,} | {e.refused:,} | {e.slices_taken:,} | "
-                f"{e.from_slices / e.admitted if e.admitted else 0:.1%} | {e.elapsed:.1f} | {e.check} |"
+                f"{e.from_slices / e.admitted if e.admitted else 0:.1%} | {e.elapsed:.1f} | {e.check} | "
+                f"{_errors(e.errors)} |"
             )
         for e in exhaustions:
             if e.slices_on:
