@@ -183,6 +183,9 @@ def _insert(rows: list[UsageRecord], *, carved: Sequence[Reservation] = ()) -> d
         )
         cursor.cursor.nextset()  # past the SET's empty result
         if carved:
+            (n,) = cursor.fetchone()
+            if n < len(carved):  # recorded before, or the slice was charged whole by expiry
+                log.info("%d of %d requests not carved from their slices", len(carved) - n, len(carved))
             cursor.cursor.nextset()  # past the carve's count
         return dict(cursor.fetchall())
 
