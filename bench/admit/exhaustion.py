@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 
 from bench.admit.cell import check_cycle
 from bench.admit.leases import Plan, fork
-from bench.admit.tenant import ensure_tenant, reset
-from budgets.models import Window
+from bench.admit.tenant import Tenant, ensure_tenant, reset
+from budgets.models import Hold, Reservation, Window
 from ledger.drain import drain_all
+from usage.models import UsageRecord
 
 EXHAUST_SLUG = "bench-leases-exhaust"
 
@@ -93,6 +94,21 @@ def run_exhaustion(args: argparse.Namespace, *, slices_on: bool) -> Exhaustion:
         check = ("FAIL " if check == "ok" else check + "; ") + f"overshoot: spent {out.spent:,} > cap {cap:,}"
     if not refusals:
         check = ("FAIL " if check == "ok" else check + "; ") + "never refused: the cap was not exhausted"
+    if check != "ok":
+        check += "; left: " + _leftovers(tenant)
     out.check = check
     reset([tenant])
     return out
+
+
+def _leftovers(tenant: Tenant) -> str:
+    """The reservations (and their holds) a failed check found, to tell what was left behind."""
+    rows = []
+    for r in Reservation.objects.filter(organization_id=tenant.org_id).order_by("created_at")[:5]:
+        holds = list(Hold.objects.filter(reservation_id=r.id).values_list("amount_nano", flat=True))
+        recorded = UsageRecord.objects.filter(request_id=r.request_id).exists()
+        rows.append(
+            f"{r.origin} {r.request_id[:24]} amount {r.amount_nano:,} holds {holds} recorded {recorded} "
+            f"owner {r.owner_id} expires {r.expires_at:%H:%M:%S}"
+        )
+    return ", ".join(rows) or "none"
