@@ -203,7 +203,12 @@ class Hold(models.Model):
     hold 0 — they are linked only so the drain charges the same admitting-period window."""
 
     reservation = models.ForeignKey(Reservation, on_delete=models.CASCADE, related_name="holds")
-    window = models.ForeignKey(Window, on_delete=models.CASCADE, related_name="holds")
+    # No database foreign key (db_constraint=False): checking one takes FOR KEY SHARE on the window
+    # row, and records carved from headroom slices insert holds on the hottest windows from
+    # transactions that do not hold them, which turned the row's lock into a multixact and gave
+    # Postgres deadlocks among the statements queued on it (docs/decisions.md, 2026-12-01). A
+    # window is deleted only with its budget, after ledger.windows.release_budget deleted its holds.
+    window = models.ForeignKey(Window, on_delete=models.CASCADE, related_name="holds", db_constraint=False)
     amount_nano = models.BigIntegerField()
 
     class Meta:

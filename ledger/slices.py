@@ -116,6 +116,7 @@ class Book:
         self._room: dict[tuple, int] = {}  # each key's tightest room after its last admission
         self._taking: dict[tuple, threading.Event] = {}  # keys whose next slice is being taken
         self._notified: dict[int, float] = {}  # window id -> when this process last notified
+        self._giving = threading.Lock()  # one thread writes returns at a time, in their order
         self.processes = 1  # live gateway processes (the heartbeat updates it)
         self.admitted_from_slices = 0
         self.slices_taken = 0
@@ -324,8 +325,14 @@ class Book:
             s.available = 0
 
     def _close(self, s: Slice) -> None:
+        """Nothing of `s` is in flight any more (lock held): give back what it has left and
+        delete it. A return of its unused part still queued is folded into this one, so the
+        close can never run before it (and find the row not yet at its last amount)."""
         self._all.pop(s.id, None)
-        self._returns.append(_Return(s.id, max(s.available, 0) if s.blocking else 0, close=True))
+        amount = max(s.available, 0) if s.blocking else 0
+        queued = [r for r in self._returns if r.slice_id == s.id]
+        self._returns = [r for r in self._returns if r.slice_id != s.id]
+        self._returns.append(_Return(s.id, amount + sum(r.amount_nano for r in queued), close=True))
         s.available = 0
 
     def has_returns(self) -> bool:
@@ -337,17 +344,19 @@ class Book:
             return out
 
     def give_back_pending(self) -> int:
-        """Write the pending returns (a settle thread). One that fails is tried again later."""
-        done = 0
-        for item in self.pending_returns():
-            try:
-                give_back(slice_id=item.slice_id, amount_nano=item.amount_nano, close=item.close)
-                done += 1
-            except Exception:
-                with self._lock:
-                    self._returns.append(item)
-                raise
-        return done
+        """Write the pending returns, in order, one writer at a time (the gateway calls this from
+        more than one settle thread). If one fails, it and every return after it go back to the
+        front of the queue, in order, to be tried again; the error is raised."""
+        with self._giving:
+            todo = self.pending_returns()
+            for i, item in enumerate(todo):
+                try:
+                    give_back(slice_id=item.slice_id, amount_nano=item.amount_nano, close=item.close)
+                except Exception:
+                    with self._lock:
+                        self._returns = todo[i:] + self._returns
+                    raise
+            return len(todo)
 
     def stats(self) -> dict[str, int]:
         with self._lock:

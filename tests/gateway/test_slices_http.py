@@ -14,7 +14,7 @@ from django.db import connection
 
 from budgets.models import Reservation
 from ledger import slices
-from tests.conftest import usd, window_of
+from tests.conftest import window_of
 from tests.gateway.conftest import KEY, wait_settled
 from usage.audit import audit_counters
 from usage.models import UsageRecord

@@ -108,9 +108,10 @@ def test_unused_part_goes_back_and_the_slice_closes_when_nothing_is_in_flight(ac
     # then: its 17 unused worst cases are back; the 3 in flight stay held
     assert window_of(budget).reserved_nano == 4 * WORST
     assert _slice_rows().get().amount_nano == 3 * WORST
-    assert Hold.objects.filter(reservation__origin=Reservation.Origin.SLICE).aggregate(s=Sum("amount_nano"))[
-        "s"
-    ] == 3 * WORST
+    assert (
+        Hold.objects.filter(reservation__origin=Reservation.Origin.SLICE).aggregate(s=Sum("amount_nano"))["s"]
+        == 3 * WORST
+    )
     # when: they finish, the last carve takes the slice to zero and deletes it
     _settle(book, taken, cost=0)
     assert not _slice_rows().exists()
@@ -214,7 +215,7 @@ def test_without_the_books_lock_concurrent_takes_overdraw_a_slice(acme, monkeypa
     # given: one process whose slice is checked and decremented without its lock, the gap widened
     monkeypatch.setattr(slices, "LOCKED", False)
     monkeypatch.setattr(slices, "RACE_DELAY_SECONDS", 0.05)
-    budget = acme.budget(amount="1")
+    acme.budget(amount="1")
     owner = register().id
     book = Book()
     budgets = _matching(acme)
@@ -285,3 +286,39 @@ def test_a_refusal_recalls_this_process_slices_and_notifies_the_others(acme):
     assert book.stats()["admitting"] == 0
     notes = list(connection.connection.notifies(timeout=2, stop_after=1))
     assert notes and notes[0].payload == str(refused.value.window_id)
+
+
+def test_a_failed_give_back_keeps_it_and_every_later_one_in_order(acme, monkeypatch):
+    book = Book()
+    order: list[str] = []
+
+    def flaky(*, slice_id, amount_nano, close):
+        order.append(slice_id)
+        if slice_id == "a" and order.count("a") == 1:
+            raise RuntimeError("database went away")
+        return True
+
+    monkeypatch.setattr(slices, "give_back", flaky)
+    book._returns = [slices._Return("a", 1, False), slices._Return("b", 2, False)]
+    with pytest.raises(RuntimeError):
+        book.give_back_pending()
+    assert [r.slice_id for r in book._returns] == ["a", "b"]
+    assert book.give_back_pending() == 2
+    assert order == ["a", "a", "b"]
+
+
+def test_a_close_takes_the_queued_return_of_the_same_slice_with_it(acme):
+    # given: a slice retired with a request in flight (its unused part queued), then closed
+    acme.budget(amount="10")
+    owner = register().id
+    book = Book()
+    budgets = _matching(acme)
+    book.admit(_request(acme, owner, budgets))
+    taken = book.admit(_request(acme, owner, budgets))
+    book.retire_all()
+    assert [r.close for r in book._returns] == [False]
+    _settle(book, [taken], cost=0)
+    # then: one close carrying the unused part; written, it deletes the slice row
+    assert [(r.close, r.amount_nano) for r in book._returns] == [(True, 19 * WORST)]
+    book.give_back_pending()
+    assert not _slice_rows().exists()
