@@ -452,6 +452,12 @@ def main() -> None:
     parser.add_argument(
         "--only-reference", action="store_true", help="only the reference comparison and the capped burst (issue 12)"
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="uvicorn worker processes for capgate (default 1, as the issue's tables; scripts/up.sh runs one per core)",
+    )
     args = parser.parse_args()
     if not shutil.which("wrk"):
         subprocess.run(["apt-get", "install", "-y", "-qq", "wrk"], check=True)
@@ -470,6 +476,7 @@ def main() -> None:
             "--no-access-log",
             "--log-level",
             "warning",
+            *(["--workers", str(args.workers)] if args.workers > 1 else []),
         ],
     )
     reference = Proc(
@@ -495,7 +502,8 @@ def main() -> None:
         )
         print(
             f"# capgate gateway benchmark — {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-            f"{os.cpu_count()} cores\n"
+            f"{os.cpu_count()} cores; capgate {args.workers} worker process(es), headroom slices "
+            f"{'off' if os.environ.get('CAPGATE_SLICES', '').lower() in ('0', 'false', 'off', 'no') else 'on'}\n"
         )
         print("## Capgate vs the cap-less reference (upstream answers at once, JSON)\n")
         print("\n".join(reference_table(args.seconds)) + "\n")
