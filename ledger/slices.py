@@ -69,6 +69,9 @@ RACE_DELAY_SECONDS = 0.0
 TAKE_ROUNDS = 3
 TAKE_WAIT_SECONDS = 1.0
 NOTIFY_INTERVAL_SECONDS = 0.1
+# The per-key room hints and per-window notification times kept at most (a hint lost costs one
+# admission alone for that key, a notification time one extra NOTIFY).
+MAX_KEYS = 10_000
 
 
 @dataclass
@@ -260,6 +263,8 @@ class Book:
 
     def _note_room(self, key: tuple, ceilings: Sequence[Ceiling], reserved: int) -> None:
         if ceilings:
+            if len(self._room) >= MAX_KEYS:  # many end customers: forget, never grow without bound
+                self._room.clear()
             self._room[key] = max(min(c.remaining_nano for c in ceilings) - reserved, 0)
 
     def _refused(self, exc: BudgetExceeded) -> None:
@@ -270,6 +275,8 @@ class Book:
         with self._lock:  # one notification per window per interval: a refusal storm sends few
             if now - self._notified.get(exc.window_id, -NOTIFY_INTERVAL_SECONDS) < NOTIFY_INTERVAL_SECONDS:
                 return
+            if len(self._notified) >= MAX_KEYS:
+                self._notified.clear()
             self._notified[exc.window_id] = now
         try:
             notify_refused([exc.window_id])

@@ -93,6 +93,9 @@ def gateway_process(*, database: str, data_dir: Path, env: dict[str, str] | None
         "CAPGATE_DB_POOL_MIN": "1",
         "CAPGATE_DB_POOL_MAX": "8",
         "CAPGATE_LOG_LEVEL": "WARNING",
+        # One admission per request, so a test can count requests in flight by their reservations;
+        # tests of headroom slices under faults pass CAPGATE_SLICES=true.
+        "CAPGATE_SLICES": "false",
         **(env or {}),
     }
     with open(log, "wb") as out:

@@ -136,3 +136,60 @@ def test_kill_9_mid_stream_charges_its_reservations_at_worst_case_within_the_gra
     assert GatewayInstance.objects.filter(stopped_at__isnull=True).count() == 1  # the dead one, never stopped
     report = capcheck.check_organization(organization_id=setup.organization.id, sent=sent)
     assert report.ok, report.problems
+
+
+def test_kill_9_with_headroom_slices_charges_the_slice_whole_and_leaves_nothing(settings, tmp_path):
+    # given: the same crash with headroom slices on: six streams, the first admitted alone (its
+    # key's room unknown), the other five from one slice
+    settings.CAPGATE = {**settings.CAPGATE, "LEASE": timedelta(seconds=2), "HEARTBEAT_GRACE": timedelta(seconds=3)}
+    env = {
+        "CAPGATE_LEASE_SECONDS": "2",
+        "CAPGATE_HEARTBEAT_SECONDS": "1",
+        "CAPGATE_HEARTBEAT_GRACE_SECONDS": "3",
+        "CAPGATE_SLICES": "true",
+        "CAPGATE_SLICE_SECONDS": "60",
+    }
+    with gateway_process(database=database_url(), data_dir=tmp_path / "gw", env=env) as gw:
+        plan = capcheck.Plan(url=gw.url, delay_ms=0, chunk_delay_ms=1000, chunks=30)  # 30 s streams
+        setup = capcheck.create_run(plan=plan, scenario="stream", concurrency=6)
+        sent = [capcheck.Sent(index=i, key="A", mode="stream") for i in range(6)]
+        renewer = Renewer().start()
+        try:
+            load = fire_in_background(setup, plan, sent)
+            mine = Reservation.objects.filter(organization=setup.organization)
+            wait_until(
+                lambda: mine.filter(origin="slice").exists() and mine.count() == 2,
+                timeout=15,
+                what="one request admitted alone and a slice",
+            )
+            time.sleep(2.5)  # the streams run on, past a lease: the slice is renewed
+            slice_row = mine.get(origin="slice")
+            assert renewer.expired == 0
+            # when: the process is killed before any stream finished
+            gw.proc.send_signal(signal.SIGKILL)
+            gw.proc.wait(10)
+            load.join(timeout=30)
+            wait_until(
+                lambda: (
+                    not mine.exists()
+                    and not UsageRecord.objects.filter(organization=setup.organization, applied=False).exists()
+                ),
+                timeout=15,
+                what="the dead process's reservations and slice to be expired",
+            )
+        finally:
+            renewer.stop()
+    assert not renewer.errors, renewer.errors
+    assert all(s.status == 200 and s.error for s in sent), "every stream was cut by the kill"
+    worst = setup.tokens.worst_nano
+    records = list(UsageRecord.objects.filter(organization=setup.organization))
+    # then: the request admitted alone is charged its worst case under its own id; the slice is
+    # charged its whole remaining amount (its five streams' worst cases and its unused part) under
+    # its own id: the streams from it have no row of their own (docs/operations.md, "Hot ceilings")
+    assert {(r.status, r.cost_nano) for r in records if not r.request_id.startswith("slice-")} == {("estimated", worst)}
+    (charged,) = [r for r in records if r.request_id.startswith("slice-")]
+    assert (charged.status, charged.cost_nano) == ("estimated", slice_row.amount_nano)  # nothing was carved
+    assert charged.cost_nano >= 5 * worst
+    window = Window.objects.get(budget__organization=setup.organization)
+    assert window.spent_nano == worst + charged.cost_nano >= 6 * worst
+    assert window.spent_nano <= window.budget.amount_nano and window.reserved_nano == 0
