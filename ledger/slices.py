@@ -202,7 +202,7 @@ class Book:
         reservation.slice_id = s.id
         reservation._state.adding = False
         reservation._state.db = "default"
-        ceilings = [replace(c, reserved_nano=c.reserved_nano) for c in s.ceilings]
+        ceilings = list(s.ceilings)  # as the slice was taken (the caller only reads them)
         return Admitted(reservation=reservation, ceilings=ceilings)
 
     def _size(self, key: tuple, request: AdmissionRequest, budgets: Sequence[Budget]) -> int | None:
