@@ -190,6 +190,10 @@ class Reservation(Charged):
     # one of its headroom slices. It has no row until its usage record is written, which carves
     # it from that slice in the same statement (ledger/slices.py).
     slice_id: uuid.UUID | None = None
+    # Not a column: the request's own row was written at admission (a slice of no blocking
+    # ceiling writes each request's row before the provider call, so a cap created meanwhile
+    # carries it), so recording has nothing to carve.
+    carved: bool = False
 
     class Meta:
         constraints = [

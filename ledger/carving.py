@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from django.db import connection
 
 from budgets.models import Reservation
-from budgets.scopes import CHARGED_COLUMNS
+from budgets.scopes import CHARGED_COLUMNS, matching_sql
 from ledger.locks import WINDOW_LOCK_STRENGTH
 
 SLICE = Reservation.Origin.SLICE
@@ -91,12 +91,69 @@ def carve_params(reservations: Sequence[Reservation]) -> list:
 def carve(reservations: Sequence[Reservation]) -> int:
     """Carve these requests out of their slices now (the ORM path of recording, inside the
     record's own transaction). Returns how many reservations were carved."""
-    todo = [r for r in reservations if r.slice_id is not None]
+    todo = [r for r in reservations if r.slice_id is not None and not r.carved]
     if not todo:
         return 0
     with connection.cursor() as cursor:
         cursor.execute(CARVE_SQL, carve_params(todo))
         return int(cursor.fetchone()[0])
+
+
+# A request admitted from a slice of no blocking ceiling gets its own reservation and holds (0 on
+# each alert window the slice holds) at admission, before the provider call: no window row is
+# locked or written, yet a blocking budget created or switched on while the request is in flight
+# finds its row and carries its worst case into the new window (ledger/windows.py). Refused
+# (nothing written) when the slice was charged by expiry, or when a blocking budget now covers
+# the subject: the slice was taken knowing none, so the caller admits the request afresh. The
+# reservation insert waits for a mid-life window's creation (its table lock), so the check runs
+# after that creation committed and sees the budget it was for.
+_SUBJECT_PARAMS = {c: c for c in CHARGED_COLUMNS}
+ADMIT_UNBLOCKED_SQL = f"""
+WITH slice AS MATERIALIZED (
+    SELECT r.id FROM budgets_reservation r
+     WHERE r.id = %(slice_id)s AND r.origin = '{SLICE}'
+       AND NOT EXISTS (SELECT 1 FROM usage_usagerecord u WHERE u.request_id = r.request_id)
+), blocked AS (
+    SELECT 1 FROM budgets_budget b
+     WHERE b.organization_id = %(organization_id)s AND b.mode = 'block'
+       AND {matching_sql("b", _SUBJECT_PARAMS)}
+), reservation AS (
+    INSERT INTO budgets_reservation (id, request_id, {_COLS}, model, amount_nano, owner_id,
+                                     created_at, expires_at, deadline_at, job_id, origin)
+    SELECT %(id)s, %(request_id)s, {", ".join(f"%({c})s" for c in CHARGED_COLUMNS)}, %(model)s, %(amount)s,
+           %(owner_id)s, %(created_at)s, %(expires_at)s, %(deadline_at)s, NULL, %(origin)s
+      FROM slice
+     WHERE NOT EXISTS (SELECT 1 FROM blocked)
+    RETURNING id
+), holds AS (
+    INSERT INTO budgets_hold (reservation_id, window_id, amount_nano)
+    SELECT reservation.id, h.window_id, 0
+      FROM reservation JOIN budgets_hold h ON h.reservation_id = %(slice_id)s
+)
+SELECT count(*) FROM reservation
+"""
+
+
+def admit_unblocked(*, reservation: Reservation) -> bool:
+    """Write the row of a request admitted from a slice of no blocking ceiling (ADMIT_UNBLOCKED_SQL).
+    True if written; False if the caller must admit the request afresh."""
+    assert reservation.slice_id is not None
+    params = {
+        "slice_id": reservation.slice_id,
+        "id": reservation.id,
+        "request_id": reservation.request_id,
+        **{c: getattr(reservation, c) for c in CHARGED_COLUMNS},
+        "model": reservation.model,
+        "amount": reservation.amount_nano,
+        "owner_id": reservation.owner_id,
+        "created_at": reservation.created_at,
+        "expires_at": reservation.expires_at,
+        "deadline_at": reservation.deadline_at,
+        "origin": reservation.origin,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(ADMIT_UNBLOCKED_SQL, params)
+        return bool(cursor.fetchone()[0])
 
 
 # Give a slice's unused part back: lock its row, take `amount` off it and its positive holds

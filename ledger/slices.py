@@ -28,6 +28,13 @@ remaining amount at worst case (`estimated`) — its unused part included, since
 says how much of it was in flight. Slices are small (a share of the room, divided among the live
 processes, and a few hundred worst cases at most), and none is taken near the cap.
 
+A subject with no blocking budget gets a slice of zero at once: there is no ceiling to exhaust,
+so its requests need no admission statement. Each still gets its own reservation row (0 holds on
+the alert windows) when it is admitted, before the provider call (carving.ADMIT_UNBLOCKED_SQL):
+a blocking budget created, or switched on, while it is in flight then carries its worst case into
+the new window like any request's, and a request that read the budgets before that budget
+committed is refused its row and admitted afresh against it.
+
 Budget changes: the key of a slice is the subject and the exact (id, version) of every budget it
 was admitted under, and the gateway reads the matching budgets for every request, so a created,
 edited or deleted budget makes the next request use (or take) another slice. A window created for
@@ -54,7 +61,7 @@ from budgets.models import Budget, Reservation
 from budgets.periods import period_bounds
 from budgets.scopes import CHARGED_COLUMNS
 from ledger.admission import AdmissionRequest, Admitted, Ceiling, admit
-from ledger.carving import NOTIFY_CHANNEL, SLICE, give_back, notify_refused
+from ledger.carving import NOTIFY_CHANNEL, SLICE, admit_unblocked, give_back, notify_refused
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +72,9 @@ log = logging.getLogger(__name__)
 CHECK_AVAILABLE = True
 LOCKED = True
 RACE_DELAY_SECONDS = 0.0
+# Guard point: a request from a slice of no blocking ceiling gets its own row at admission, so a
+# cap created while it is in flight carries it (tests/ledger/test_slices.py removes it).
+WRITE_UNBLOCKED = True
 # A request finding its key's slice being taken waits for it, at most this long a round.
 TAKE_ROUNDS = 3
 TAKE_WAIT_SECONDS = 1.0
@@ -143,25 +153,58 @@ class Book:
             with lock:
                 found = self._slices.get(key)
                 if found is not None and found.live(now) and self._fits(found, request.worst_nano):
-                    return self._take(found, request, now)
+                    taken = self._take(found, request, now)
+                    break
                 if found is not None:
                     self._retire(found)
                 taking = self._taking.get(key)
                 if taking is None:
                     taking = self._taking[key] = threading.Event()
+                    taken = None
                     break
             taking.wait(timeout=TAKE_WAIT_SECONDS)
         else:
             return self._alone(key, request)
+        if taken is None:
+            try:
+                size = self._size(key, request, budgets)
+                if size is None:
+                    return self._alone(key, request)
+                taken = self._new_slice(key, request, budgets, size, now)
+            finally:
+                with self._lock:
+                    self._taking.pop(key, None)
+                taking.set()
+        return self._written(taken, request)
+
+    def _written(self, admitted: Admitted, request: AdmissionRequest) -> Admitted:
+        """A request from a slice of no blocking ceiling gets its row now, before the provider
+        call (ledger/carving.py ADMIT_UNBLOCKED_SQL): the slice reserved nothing that a cap
+        created meanwhile could carry, so each request in flight must be visible on its own. If
+        the row is refused (a blocking budget appeared, or the slice was charged by expiry), the
+        slice admits no more and the request is admitted afresh."""
+        reservation = admitted.reservation
+        if reservation.slice_id is None or reservation.amount_nano == 0 or not WRITE_UNBLOCKED:
+            return admitted
+        with self._lock:
+            s = self._all.get(reservation.slice_id)
+            blocking = s is None or s.blocking
+        if blocking:  # carved from its slice with its record (the slice's row holds it meanwhile)
+            return admitted
+        if admit_unblocked(reservation=reservation):
+            reservation.carved = True
+            return admitted
+        with self._lock:
+            s = self._all.get(reservation.slice_id)
+            if s is not None:
+                self._retire(s)
+        self.settled(reservation)
+        fresh = replace(request, budgets=None)  # read the budgets again: one of them is new
         try:
-            size = self._size(key, request, budgets)
-            if size is None:
-                return self._alone(key, request)
-            return self._new_slice(key, request, budgets, size, now)
-        finally:
-            with self._lock:
-                self._taking.pop(key, None)
-            taking.set()
+            return admit(request=fresh)
+        except BudgetExceeded as exc:
+            self._refused(exc)
+            raise
 
     def _alone(self, key: tuple, request: AdmissionRequest) -> Admitted:
         """One admission statement for this request alone; a refusal recalls slices."""
@@ -259,7 +302,7 @@ class Book:
             self._slices[key] = s
             self._all[s.id] = s
             self.slices_taken += 1
-            return self._take(s, request, now)
+            return self._take(s, request, now)  # the caller writes its row if `s` is not blocking
 
     def _note_room(self, key: tuple, ceilings: Sequence[Ceiling], reserved: int) -> None:
         if ceilings:

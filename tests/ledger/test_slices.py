@@ -12,7 +12,7 @@ from django.db.models import Sum
 
 from budgets.errors import BudgetExceeded
 from budgets.instances import register
-from budgets.models import Hold, Reservation
+from budgets.models import Hold, Reservation, Window
 from ledger import slices
 from ledger.admission import AdmissionRequest
 from ledger.drain import drain_all
@@ -322,3 +322,81 @@ def test_a_close_takes_the_queued_return_of_the_same_slice_with_it(acme):
     assert [(r.close, r.amount_nano) for r in book._returns] == [(True, 19 * WORST)]
     book.give_back_pending()
     assert not _slice_rows().exists()
+
+
+def _in_flight_then_capped(tenant, *, switch: bool):
+    """Five requests in flight from a slice of no blocking ceiling, then a blocking cap worth three
+    of them appears (created, or an alert budget switched to block)."""
+    alert = tenant.budget(amount="1", mode="alert")
+    owner = register().id
+    book = Book()
+    budgets = _matching(tenant)
+    in_flight = [book.admit(_request(tenant, owner, budgets)) for _ in range(5)]
+    assert all(a.reservation.slice_id is not None for a in in_flight)
+    if switch:
+        from budgets.services import update_budget
+        from tenants.audit import Actor
+
+        update_budget(budget=alert, actor=Actor(label="test", operator=True), mode="block", amount_nano=3 * WORST)
+        cap = alert
+    else:
+        cap = tenant.budget(amount="0.03")
+    return book, owner, cap, in_flight
+
+
+@pytest.mark.parametrize("switch", [False, True], ids=["created", "switched-to-block"])
+def test_a_cap_that_appears_mid_flight_counts_requests_admitted_from_a_zero_slice(acme, switch):
+    # given: five requests in flight under no blocking budget, then a cap worth three of them
+    book, owner, cap, in_flight = _in_flight_then_capped(acme, switch=switch)
+    # when: more requests come, read with the new budget
+    with pytest.raises(BudgetExceeded):
+        book.admit(_request(acme, owner, _matching(acme)))
+    # then: the new window carried all five in flight, so nothing more fits
+    w = Window.objects.filter(budget=cap).order_by("-budget_version").first()
+    assert w is not None
+    assert w.reserved_nano == 5 * WORST
+    # and the in-flight five settle onto it, leaving nothing held
+    _settle(book, in_flight, cost=WORST)
+    drain_all()
+    w.refresh_from_db()
+    assert (w.spent_nano, w.reserved_nano) == (5 * WORST, 0)
+    book.retire_all()
+    book.give_back_pending()
+    assert not Reservation.objects.exists()
+    assert audit_counters(record=False).ok
+
+
+def test_a_request_reading_budgets_before_a_cap_committed_is_admitted_afresh(acme):
+    # given: a zero slice taken under an alert budget, and the request's budgets read before a cap
+    acme.budget(amount="1", mode="alert")
+    owner = register().id
+    book = Book()
+    stale = _matching(acme)
+    first = book.admit(_request(acme, owner, stale))
+    cap = acme.budget(amount="0.025")  # room for one worst case besides the first in flight
+    # when: a request admitted with the stale read (no blocking budget known)
+    second = book.admit(_request(acme, owner, stale))
+    # then: its row was refused, it was admitted afresh against the cap, and a third is refused
+    assert second.reservation.slice_id is None
+    with pytest.raises(BudgetExceeded):
+        book.admit(_request(acme, owner, _matching(acme)))
+    assert window_of(cap).reserved_nano == 2 * WORST
+    _settle(book, [first, second], cost=WORST)
+    drain_all()
+    book.retire_all()
+    book.give_back_pending()
+    assert not Reservation.objects.exists()
+    assert audit_counters(record=False).ok
+
+
+def test_without_their_rows_requests_of_a_zero_slice_escape_a_cap_created_mid_flight(acme, monkeypatch):
+    # the guard removed: requests of a zero slice have no row until recorded
+    monkeypatch.setattr(slices, "WRITE_UNBLOCKED", False)
+    book, owner, cap, in_flight = _in_flight_then_capped(acme, switch=False)
+    # then: the new window starts empty and admits past the cap
+    admitted = book.admit(_request(acme, owner, _matching(acme)))
+    assert window_of(cap).reserved_nano < 5 * WORST
+    _settle(book, [*in_flight, admitted], cost=WORST)
+    drain_all()
+    book.retire_all()
+    book.give_back_pending()
