@@ -141,7 +141,8 @@ def record_many(*, items: Sequence[tuple[Reservation, Outcome]]) -> list[UsageRe
             out[i] = _record_one(row, outcome, reservation)
         return out
     try:
-        inserted = _insert([row for _, row, _, _ in todo], carved=[r for *_, r in todo if r.slice_id is not None and not r.carved])
+        carved = [r for *_, r in todo if r.slice_id is not None and not r.carved]
+        inserted = _insert([row for _, row, _, _ in todo], carved=carved)
     except IntegrityError:
         if not SPLIT_REFUSED_BATCH:
             raise
