@@ -20,6 +20,7 @@ from budgets.scopes import SCOPES, SUBJECT_COLUMNS
 from core.errors import InvalidChange
 from core.money import MAX_AMOUNT_NANO, MAX_AMOUNT_USD
 from ledger import windows as ledger_windows
+from ledger.carving import notify_budgets_changed
 from ledger.locks import budget_for_update
 from tenants.audit import Actor, audit, save_changes, snapshot
 from tenants.models import ApiKey, EndCustomer, Member, Organization, Project
@@ -103,12 +104,14 @@ def create_budget(*, organization: Organization, actor: Actor, scope: str, amoun
     _check_subject(organization, scope, subject)
     fields["amount_nano"] = amount_nano
     _check_fields(fields)
-    budget = Budget.objects.create(
-        organization=organization,
-        scope=scope,
-        **{k: v for k, v in subject.items() if v not in (None, "")},
-        **fields,
-    )
+    with transaction.atomic():
+        budget = Budget.objects.create(
+            organization=organization,
+            scope=scope,
+            **{k: v for k, v in subject.items() if v not in (None, "")},
+            **fields,
+        )
+        notify_budgets_changed(organization_id=organization.id)  # sent at commit
     audit(
         organization=organization,
         actor=actor,
@@ -148,6 +151,7 @@ def update_budget(*, budget: Budget, actor: Actor, **fields: Any) -> dict[str, l
             budget.version = locked.version + 1
             budget.version_at = timezone.now()
             Budget.objects.filter(pk=budget.pk).update(version=budget.version, version_at=budget.version_at)
+        notify_budgets_changed(organization_id=budget.organization_id)  # sent at commit
         return save_changes(obj=budget, organization=budget.organization, actor=actor, fields=fields)
 
 
@@ -169,6 +173,7 @@ def delete_budget(*, budget: Budget, actor: Actor) -> None:
             with transaction.atomic():
                 budget_for_update(budget.pk)
                 ledger_windows.release_budget(budget.pk)
+                notify_budgets_changed(organization_id=budget.organization_id)  # sent at commit
                 audit(
                     organization=budget.organization,
                     actor=actor,

@@ -184,8 +184,9 @@ class Background:
                 log.warning("could not give back slices: database unavailable; retrying")
 
     async def _listen(self) -> None:
-        # Another process refused a request: give back this process's slices on those windows at
-        # once (LISTEN on its own connection; a lost notification costs utilization, not the cap).
+        # Another process refused a request, or an organization's budgets changed: give back this
+        # process's slices on those windows, or of that organization, at once (LISTEN on its own
+        # connection; a lost notification costs utilization, not the cap).
         import psycopg
 
         from ledger import slices
@@ -195,8 +196,7 @@ class Background:
                 async with await psycopg.AsyncConnection.connect(conninfo(), autocommit=True) as conn:
                     await conn.execute(f"LISTEN {slices.NOTIFY_CHANNEL}")
                     async for note in conn.notifies():
-                        ids = [int(w) for w in note.payload.split(",") if w.strip().isdigit()]
-                        if slices.book.recall(ids):
+                        if slices.book.on_notification(note.payload):
                             await db(slices.book.give_back_pending, lane="settle")
             except (psycopg.Error, DatabaseError, OSError):
                 log.warning("slice notifications: database unavailable; listening again in 2 s")

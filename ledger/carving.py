@@ -206,6 +206,49 @@ def give_back(*, slice_id: uuid.UUID, amount_nano: int, close: bool) -> bool:
     return bool(found)
 
 
+# Notification payloads on NOTIFY_CHANNEL: comma-separated tokens. A number is a window that
+# refused a request; `org:<id>` says an organization's budgets changed (created, edited or
+# deleted), so every slice of it was taken under budgets that are no longer current.
+ORG_PREFIX = "org:"
+
+
+def notify_budgets_changed(*, organization_id: int) -> None:
+    """Tell every gateway process an organization's budgets changed: each retires its slices of
+    that organization and gives their unused parts back at once, instead of when they lapse. A
+    window created for the change carries every live slice's whole row, unused part included, and
+    until that part is back the new ceiling refuses requests it has room for. Inside a
+    transaction the notification is sent when it commits (and not at all if it rolls back)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, f"{ORG_PREFIX}{organization_id}"])
+
+
+def parse_notification(payload: str) -> tuple[list[int], list[int]]:
+    """(window ids, organization ids) named by a NOTIFY_CHANNEL payload; anything else is ignored."""
+    windows, orgs = [], []
+    for token in payload.split(","):
+        token = token.strip()
+        if token.isdigit():
+            windows.append(int(token))
+        elif token.startswith(ORG_PREFIX) and token[len(ORG_PREFIX) :].isdigit():
+            orgs.append(int(token[len(ORG_PREFIX) :]))
+    return windows, orgs
+
+
+# What live slices hold on a window: their unused parts and the requests admitted from them and
+# not yet recorded. A refusal that this would cover waits for the slices to be recalled.
+_SLICES_HOLD_SQL = f"""
+SELECT coalesce(sum(h.amount_nano), 0) FROM budgets_hold h
+  JOIN budgets_reservation r ON r.id = h.reservation_id
+ WHERE h.window_id = %s AND r.origin = '{SLICE}'
+"""
+
+
+def slices_hold(*, window_id: int) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(_SLICES_HOLD_SQL, [window_id])
+        return int(cursor.fetchone()[0])
+
+
 def notify_refused(window_ids: Sequence[int]) -> None:
     """Tell every gateway process that these windows refused a request: they give back their
     slices' unused parts on them (gateway/runtime.py listens)."""

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from budgets.errors import BudgetExceeded
@@ -61,7 +61,15 @@ from budgets.models import Budget, Reservation
 from budgets.periods import period_bounds
 from budgets.scopes import CHARGED_COLUMNS
 from ledger.admission import AdmissionRequest, Admitted, Ceiling, admit
-from ledger.carving import NOTIFY_CHANNEL, SLICE, admit_unblocked, give_back, notify_refused
+from ledger.carving import (
+    NOTIFY_CHANNEL,
+    SLICE,
+    admit_unblocked,
+    give_back,
+    notify_refused,
+    parse_notification,
+    slices_hold,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +83,12 @@ RACE_DELAY_SECONDS = 0.0
 # Guard point: a request from a slice of no blocking ceiling gets its own row at admission, so a
 # cap created while it is in flight carries it (tests/ledger/test_slices.py removes it).
 WRITE_UNBLOCKED = True
+# Guard point: a refusal that live slices' holds on its window would cover waits for them to be
+# recalled, at most RECALL_WAIT_SECONDS, polling every RECALL_POLL_SECONDS (a give-back takes one
+# statement per slice; each process's listener does it within milliseconds of the NOTIFY).
+WAIT_FOR_RECALL = True
+RECALL_WAIT_SECONDS = 1.0
+RECALL_POLL_SECONDS = 0.02
 # A request finding its key's slice being taken waits for it, at most this long a round.
 TAKE_ROUNDS = 3
 TAKE_WAIT_SECONDS = 1.0
@@ -207,14 +221,36 @@ class Book:
             raise
 
     def _alone(self, key: tuple, request: AdmissionRequest) -> Admitted:
-        """One admission statement for this request alone; a refusal recalls slices."""
+        """One admission statement for this request alone; a refusal recalls slices.
+
+        A refusal on a window where live slices hold enough to cover the request (their unused
+        parts, say, carried into a window created mid-life) is not final: the slices are
+        recalled, and the request is admitted again once their parts are back, for at most
+        RECALL_WAIT_SECONDS. So a request is refused only for room that requests really hold.
+        """
+        deadline: float | None = None
+        while True:
+            try:
+                admitted = admit(request=request)
+            except BudgetExceeded as exc:
+                self._refused(exc)
+                deadline = deadline if deadline is not None else time.monotonic() + RECALL_WAIT_SECONDS
+                if not self._worth_waiting(exc, request.worst_nano, deadline):
+                    raise
+                time.sleep(RECALL_POLL_SECONDS)
+                continue
+            self._note_room(key, admitted.ceilings, request.worst_nano)
+            return admitted
+
+    def _worth_waiting(self, exc: BudgetExceeded, worst: int, deadline: float) -> bool:
+        if not WAIT_FOR_RECALL or exc.window_id is None or time.monotonic() >= deadline:
+            return False
         try:
-            admitted = admit(request=request)
-        except BudgetExceeded as exc:
-            self._refused(exc)
-            raise
-        self._note_room(key, admitted.ceilings, request.worst_nano)
-        return admitted
+            self.give_back_pending()  # this process's own recalled parts, now
+            return exc.remaining_nano + slices_hold(window_id=exc.window_id) >= worst
+        except DatabaseError:
+            log.warning("could not read what slices hold on window %s; refusing", exc.window_id)
+            return False
 
     def _fits(self, s: Slice, worst: int) -> bool:
         if not s.blocking or not CHECK_AVAILABLE:
@@ -340,6 +376,23 @@ class Book:
             s.in_flight -= 1
             if s.retired and s.in_flight == 0:
                 self._close(s)
+
+    def on_notification(self, payload: str) -> int:
+        """Act on a NOTIFY_CHANNEL payload (another process refused on a window, or an
+        organization's budgets changed); returns how many slices it retired."""
+        window_ids, organization_ids = parse_notification(payload)
+        return self.recall(window_ids) + self.recall_organizations(organization_ids)
+
+    def recall_organizations(self, organization_ids: Sequence[int]) -> int:
+        """Retire every slice charging one of these organizations (their budgets changed)."""
+        wanted = set(organization_ids)
+        if not wanted:
+            return 0
+        with self._lock:
+            hit = [s for s in self._slices.values() if s.key[1][0] in wanted]
+            for s in hit:
+                self._retire(s)
+            return len(hit)
 
     def recall(self, window_ids: Sequence[int]) -> int:
         """Retire every slice on any of these windows (a refusal there); returns how many."""
