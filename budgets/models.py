@@ -113,6 +113,10 @@ class Window(models.Model):
     # Spend recorded in this period before the window existed (a budget created mid-period):
     # counted in spent_nano from the start, and kept apart so the audit can reconcile.
     seed_spent_nano = models.BigIntegerField(default=0)
+    # The worst cases of the requests in flight it carried when it was created mid-period. With
+    # seed_spent_nano, where a window starts: above its amount when requests were admitted while
+    # no cap (or a looser one) stood, and then it admits nothing until it is back under.
+    seed_reserved_nano = models.BigIntegerField(default=0, db_default=0)
     budget_version = models.PositiveIntegerField(default=1, db_default=1)  # Budget.version it counts for
     # Set when the budget's version moves on: an admission that still names this window (it read
     # the budget before the edit) is refused by the admission statement and retries.

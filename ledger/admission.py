@@ -11,8 +11,9 @@ on the lock and then reads counters that already include the first one's hold.
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -114,9 +115,15 @@ def _refusal(ceilings: list[Ceiling], worst_nano: int) -> BudgetExceeded | None:
 LOCK_CLAUSE = ADMIT_WINDOW_LOCK  # the ledger's one window lock (ledger/locks.py)
 COUNT_RESERVED = True
 RACE_DELAY_SECONDS = 0.0  # > 0 sleeps between the read and the write (race tests only)
-# Budgets edited or deleted while a request is admitted make it read them again; a burst of edits
-# can do that a few times in a row before it answers 503 budget_unavailable.
-ADMIT_ATTEMPTS = 5
+# Budgets edited or deleted while a request is admitted make it read them again. An edit still
+# committing is read again unchanged, and a burst of edits (an operator's script, `apply`) can
+# change them several times in a row: the request goes on reading them, backing off from
+# RETRY_FIRST_SLEEP to RETRY_MAX_SLEEP seconds, until they hold still, for at most
+# ADMIT_RETRY_SECONDS, and only then answers 503 budget_unavailable (immediate retries alone
+# are outlasted by edits 10 ms apart).
+ADMIT_RETRY_SECONDS = 3.0
+RETRY_FIRST_SLEEP = 0.002
+RETRY_MAX_SLEEP = 0.05
 CHECK_STALE_BUDGETS = True  # refuse (and retry) an admission that read the budgets before an edit
 
 _ADMIT_SQL = f"""
@@ -225,6 +232,22 @@ def _ceiling(budget: Budget, window: WindowState, *, count_reserved: bool = True
     )
 
 
+def _attempts() -> Iterator[int]:
+    """0, 1, 2, ...: the first two at once, then after a growing sleep, until ADMIT_RETRY_SECONDS
+    have passed since the first."""
+    deadline = time.monotonic() + ADMIT_RETRY_SECONDS
+    sleep = RETRY_FIRST_SLEEP
+    attempt = 0
+    while True:
+        yield attempt
+        attempt += 1
+        if attempt >= 2:
+            if time.monotonic() + sleep > deadline:
+                return
+            time.sleep(sleep)
+            sleep = min(sleep * 2, RETRY_MAX_SLEEP)
+
+
 def admit(*, request: AdmissionRequest) -> Admitted:
     """Reserve `request.worst_nano` on every ceiling, or raise BudgetExceeded.
 
@@ -243,7 +266,7 @@ def admit(*, request: AdmissionRequest) -> Admitted:
     if worst < 0:
         raise ValueError("worst case must be >= 0")
     lease = request.lease or settings.CAPGATE["LEASE"]
-    for _attempt in range(ADMIT_ATTEMPTS):
+    for _attempt in _attempts():
         budgets = list(request.budgets) if request.budgets is not None and _attempt == 0 else matching_budgets(subject)
         windows = current_windows(budgets=budgets, now=now)
         if any(b.id not in windows for b in budgets):

@@ -160,6 +160,8 @@ class Book:
             return admit(request=request)
         key = _key(request, budgets)
         now = request.now or timezone.now()
+        taken: Admitted | None = None
+        mine: threading.Event | None = None  # set: this thread takes the key's next slice
         lock = self._lock if LOCKED else nullcontext()
         # One thread per key takes the next slice; the others wait for it (a burst on a cold
         # key would otherwise take one slice per thread, or fall back to one admission each).
@@ -173,13 +175,12 @@ class Book:
                     self._retire(found)
                 taking = self._taking.get(key)
                 if taking is None:
-                    taking = self._taking[key] = threading.Event()
-                    taken = None
+                    mine = self._taking[key] = threading.Event()
                     break
             taking.wait(timeout=TAKE_WAIT_SECONDS)
         else:
             return self._alone(key, request)
-        if taken is None:
+        if mine is not None:
             try:
                 size = self._size(key, request, budgets)
                 if size is None:
@@ -188,7 +189,8 @@ class Book:
             finally:
                 with self._lock:
                     self._taking.pop(key, None)
-                taking.set()
+                mine.set()
+        assert taken is not None
         return self._written(taken, request)
 
     def _written(self, admitted: Admitted, request: AdmissionRequest) -> Admitted:

@@ -19,8 +19,11 @@ from tenants.models import Organization
 from usage.models import UsageRecord
 
 # Refusals that happen before the provider call and are not a ceiling: no healthy connection
-# left (health ejection after injected failures) and the database being unreachable.
+# left (health ejection after injected failures) and the database being unreachable. The second
+# is a problem of the run unless the database really was away (`unavailable_ok`): with it up, a
+# request with room must be admitted, whatever edits race it.
 REFUSED_503 = {"connection_unavailable", "budget_unavailable"}
+UNAVAILABLE = "budget_unavailable"
 
 
 @dataclass
@@ -33,10 +36,14 @@ class CeilingReport:
     excess_nano: int  # billed above reserved worst cases, on those records
     reserved_nano: int
     peak_nano: int | None  # highest spent + reserved the sampler saw (None: not sampled)
+    # Where the window started (spent + reserved carried in when created mid-period): above the
+    # amount only when requests were admitted while no cap, or a looser one, stood (a cap deleted
+    # and created again, say). From there it admits nothing until it is back under its amount.
+    start_nano: int = 0
 
     @property
     def limit_nano(self) -> int:
-        return self.amount_nano + self.excess_nano
+        return max(self.amount_nano, self.start_nano) + self.excess_nano
 
     @property
     def ok(self) -> bool:
@@ -95,10 +102,14 @@ def _truth_problems(organization_id: int, records: list[UsageRecord]) -> list[st
         start, end = period_bounds(period=b.period, tz=b.timezone, now=now)
         inside = [r for r in records if r.admitted_at >= start and (end is None or r.admitted_at < end)]
         booked, excess = sum(r.cost_nano for r in inside), sum(r.excess_nano for r in inside)
-        if booked > b.amount_nano + excess:
+        # A cap created (or switched on) mid-period starts where its window did: the period's
+        # spend and the requests in flight that were admitted before it stood.
+        window = Window.objects.filter(budget=b, budget_version=b.version, period_start=start).first()
+        began = window.seed_spent_nano + window.seed_reserved_nano if window is not None else 0
+        if booked > max(b.amount_nano, began) + excess:
             out.append(
                 f"P1: organization cap: the period's records add to {booked} nano-USD, over the cap "
-                f"{b.amount_nano} + excess {excess}"
+                f"{b.amount_nano} (its window started at {began}) + excess {excess}"
             )
     return out
 
@@ -131,6 +142,7 @@ def _ceilings(organization_id: int, records: list[UsageRecord], peaks: dict[int,
                 excess_nano=sum(r.excess_nano for r in charged),
                 reserved_nano=w.reserved_nano,
                 peak_nano=None if peaks is None else peaks.get(w.id, 0),
+                start_nano=w.seed_spent_nano + w.seed_reserved_nano,
             )
         )
     return out
@@ -145,6 +157,7 @@ def check_organization(
     scenario: str = "",
     worst_nano: int = 0,
     actual_nano: int = 0,
+    unavailable_ok: bool = True,
 ) -> RunReport:
     """Decide the four properties for one organization from its rows.
 
@@ -185,7 +198,7 @@ def check_organization(
             refused[s.code or str(s.status)] += 1
             if s.status == 402 and s.code not in ceiling_codes:
                 problems.append(f"P2: {what} refused with 402 '{s.code}', which names no ceiling of this run")
-            if s.status == 503 and s.code not in REFUSED_503:
+            if s.status == 503 and (s.code not in REFUSED_503 or (s.code == UNAVAILABLE and not unavailable_ok)):
                 problems.append(f"P2: {what} got 503 '{s.code}'")
             if rec is not None or s.request_id in live:
                 problems.append(f"P2: {what} was refused but has a usage row or reservation")
@@ -210,7 +223,8 @@ def check_organization(
         if not c.ok:
             problems.append(
                 f"P1: {c.label}: recorded {c.booked_nano}, counter {c.spent_nano}, peak held "
-                f"{c.peak_nano} nano-USD over the cap {c.amount_nano} + excess {c.excess_nano}"
+                f"{c.peak_nano} nano-USD over the cap {c.amount_nano} (started at {c.start_nano}) + excess "
+                f"{c.excess_nano}"
             )
     holds_left = Hold.objects.filter(reservation__organization_id=organization_id).count()
     unapplied = sum(1 for r in records if not r.applied)

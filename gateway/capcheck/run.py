@@ -58,6 +58,7 @@ def create_run(*, plan: Plan, scenario: str, concurrency: int) -> Setup:
         plan=plan,
         tokens=tokens,
         organization=org,
+        concurrency=concurrency,
         project=main,
         model=model,
         echo=echo,
@@ -117,11 +118,16 @@ def run_one(*, plan: Plan, scenario: str, concurrency: int) -> RunReport:
         scenario=scenario,
         worst_nano=setup.tokens.worst_nano,
         actual_nano=setup.tokens.actual_nano,
+        unavailable_ok=shape.database_outage,
     )
     books = shape.books(setup, list(UsageRecord.objects.filter(organization=setup.organization)))
     if books:
         report.problems += books
         report.properties[1] = False
+    told = shape.refusals(setup, sent)
+    if told:
+        report.problems += told
+        report.properties[2] = False
     if sampler.errors:
         report.problems.append(f"note: {sampler.errors} of {sampler.samples + sampler.errors} samples failed")
     if during is not None:

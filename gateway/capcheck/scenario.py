@@ -35,6 +35,7 @@ class Build:
     tokens: Tokens
     organization: Organization
     project: Project  # "Main", where key A lives
+    concurrency: int  # requests in the burst
     model: Model  # the run's own priced catalog model
     echo: Connection
     route_id: int
@@ -95,6 +96,10 @@ def _no_problems(setup: Setup, records: list[UsageRecord]) -> list[str]:
     return []
 
 
+def _no_refusal_problems(setup: Setup, sent: list[Sent]) -> list[str]:
+    return []
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -114,5 +119,11 @@ class Scenario:
     # Checks beyond the four properties, from the run's usage records: each problem found is a
     # P1 failure ("P1: ..." text).
     books: Callable[[Setup, list[UsageRecord]], list[str]] = _no_problems
+    # Checks of what the requests were told, beyond the four properties (e.g. refusals a ceiling
+    # with room should not have made): each problem found is a P2 failure ("P2: ..." text).
+    refusals: Callable[[Setup, list[Sent]], list[str]] = _no_refusal_problems
     # Whether the run's echo connection honours the x-capgate-echo-fail header.
     fault_headers: bool = False
+    # Whether the scenario takes the database away: only then may a request be answered 503
+    # budget_unavailable (gateway/capcheck/check.py).
+    database_outage: bool = False

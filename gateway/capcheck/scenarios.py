@@ -10,6 +10,9 @@ default and the run all read this list.
   per day); each refusal names the ceiling that refused it.
 - failures: every third request makes echo answer 500 (a failed-upstream row each).
 - admin-actions: the cap edited and the end customer deleted mid-burst (admin_actions.py).
+- cap-appears: the organization's alert budget switched to block mid-burst; narrower-budget: a
+  key budget created mid-burst while processes hold slices of a loose cap, and no request may be
+  refused by it (cap_changes.py).
 - server-tools, service-tier, route-alias: paid features and route aliases, with the books
   checked against echo's bill (billing.py).
 - jobs: every request a one-line OpenAI batch on echo, admitted at submission, held by its job
@@ -21,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from budgets.models import Budget
-from gateway.capcheck import billing, jobs
+from gateway.capcheck import billing, cap_changes, jobs
 from gateway.capcheck.admin_actions import ADMIN_ACTIONS
 from gateway.capcheck.scenario import Build, Scenario
 from tenants.models import Project
@@ -51,6 +54,8 @@ ALL: dict[str, Scenario] = {
         Scenario(name="multi", prepare=_multi),
         Scenario(name="failures", mode=lambda i: "fault" if i % 3 == 2 else "plain", fault_headers=True),
         ADMIN_ACTIONS,
+        cap_changes.CAP_APPEARS,
+        cap_changes.NARROWER_BUDGET,
         billing.SERVER_TOOLS,
         billing.SERVICE_TIER,
         billing.ROUTE_ALIAS,

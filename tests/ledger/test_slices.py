@@ -354,7 +354,7 @@ def test_a_cap_that_appears_mid_flight_counts_requests_admitted_from_a_zero_slic
     # then: the new window carried all five in flight, so nothing more fits
     w = Window.objects.filter(budget=cap).order_by("-budget_version").first()
     assert w is not None
-    assert w.reserved_nano == 5 * WORST
+    assert w.reserved_nano == w.seed_reserved_nano == 5 * WORST
     # and the in-flight five settle onto it, leaving nothing held
     _settle(book, in_flight, cost=WORST)
     drain_all()
