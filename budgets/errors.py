@@ -31,3 +31,9 @@ class BudgetUnavailable(CapgateError):
     status = 503
     code = "budget_unavailable"
     type = "budget_unavailable"
+
+
+class SubjectGone(BudgetUnavailable):
+    """Who the request is charged to (its project, member, key or end customer) was deleted while
+    it was being admitted; nothing was reserved. The gateway resolves who pays again (an end
+    customer named by header is created anew) and admits again; a deleted key is then refused."""

@@ -117,6 +117,9 @@ class Window(models.Model):
     # seed_spent_nano, where a window starts: above its amount when requests were admitted while
     # no cap (or a looser one) stood, and then it admits nothing until it is back under.
     seed_reserved_nano = models.BigIntegerField(default=0, db_default=0)
+    # Whether the budget blocked at this window's version (a mode change is a new version): an
+    # alert window's counters answer to no amount, whatever the budget's mode is later.
+    blocking = models.BooleanField(default=True, db_default=True)
     budget_version = models.PositiveIntegerField(default=1, db_default=1)  # Budget.version it counts for
     # Set when the budget's version moves on: an admission that still names this window (it read
     # the budget before the edit) is refused by the admission statement and retries.

@@ -111,7 +111,7 @@ def create_budget(*, organization: Organization, actor: Actor, scope: str, amoun
             **{k: v for k, v in subject.items() if v not in (None, "")},
             **fields,
         )
-        notify_budgets_changed(organization_id=organization.id)  # sent at commit
+        notify_budgets_changed(budget=budget)  # sent at commit
     audit(
         organization=organization,
         actor=actor,
@@ -151,7 +151,7 @@ def update_budget(*, budget: Budget, actor: Actor, **fields: Any) -> dict[str, l
             budget.version = locked.version + 1
             budget.version_at = timezone.now()
             Budget.objects.filter(pk=budget.pk).update(version=budget.version, version_at=budget.version_at)
-        notify_budgets_changed(organization_id=budget.organization_id)  # sent at commit
+        notify_budgets_changed(budget=budget)  # sent at commit
         return save_changes(obj=budget, organization=budget.organization, actor=actor, fields=fields)
 
 
@@ -173,7 +173,7 @@ def delete_budget(*, budget: Budget, actor: Actor) -> None:
             with transaction.atomic():
                 budget_for_update(budget.pk)
                 ledger_windows.release_budget(budget.pk)
-                notify_budgets_changed(organization_id=budget.organization_id)  # sent at commit
+                notify_budgets_changed(budget=budget)  # sent at commit
                 audit(
                     organization=budget.organization,
                     actor=actor,

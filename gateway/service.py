@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from budgets.errors import SubjectGone
 from budgets.models import Budget, Reservation
 from core.errors import CapgateError
 from gateway.errors import GatewayError
@@ -153,30 +154,47 @@ def admit_call(
     sliced: bool = True,
 ) -> tuple[ApiKey, Prepared]:
     """Everything before the provider call, in one trip to a database thread:
-    authenticate, validate, route, resolve customer and run, admit."""
-    key = authenticate(raw_key)
-    if shape_error is not None:
-        raise shape_error
-    assert shape is not None
-    targets = resolve_route(key=key, name=shape.model, kind=kind)
-    alive = [t for t in targets if healthy(t.connection.id)]  # type: ignore[operator]
-    if not alive:
-        raise GatewayError(
-            f"Every connection serving '{shape.model}' is failing; retry later.",
-            code="connection_unavailable",
-            status=503,
-        )
-    who = payer(key=key, customer_id=customer_id, run_id=run_id, run_budget_usd=run_budget_usd)
-    prepared = reserve(
-        payer=who,
-        request_id=request_id,
-        model=shape.model,
-        shape=shape,
-        targets=alive,
-        owner_id=owner_id,
-        sliced=sliced,
-    )
-    return key, prepared
+    authenticate, validate, route, resolve customer and run, admit.
+
+    A subject deleted while the request was being admitted (an end customer, say) makes it
+    resolve who pays again and admit again: an end customer named by header is created anew, as
+    for any first sight, and a deleted key is refused by its authentication.
+    """
+    for attempt in range(SUBJECT_ATTEMPTS):
+        key = authenticate(raw_key)
+        if shape_error is not None:
+            raise shape_error
+        assert shape is not None
+        targets = resolve_route(key=key, name=shape.model, kind=kind)
+        alive = [t for t in targets if healthy(t.connection.id)]  # type: ignore[operator]
+        if not alive:
+            raise GatewayError(
+                f"Every connection serving '{shape.model}' is failing; retry later.",
+                code="connection_unavailable",
+                status=503,
+            )
+        who = payer(key=key, customer_id=customer_id, run_id=run_id, run_budget_usd=run_budget_usd)
+        try:
+            prepared = reserve(
+                payer=who,
+                request_id=request_id,
+                model=shape.model,
+                shape=shape,
+                targets=alive,
+                owner_id=owner_id,
+                sliced=sliced,
+            )
+        except SubjectGone:
+            if attempt + 1 == SUBJECT_ATTEMPTS:
+                raise
+            continue
+        return key, prepared
+    raise AssertionError("unreachable")
+
+
+# A subject deleted mid-admission is resolved again this many times in all (each deletion is one
+# administrative action; three in a row for one request is an operator deleting in a loop).
+SUBJECT_ATTEMPTS = 3
 
 
 # gateway/proxy.py imports these from here.

@@ -23,7 +23,7 @@ from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Least
 from django.utils import timezone
 
-from budgets.errors import BudgetExceeded, BudgetUnavailable
+from budgets.errors import BudgetExceeded, BudgetUnavailable, SubjectGone
 from budgets.models import Budget, Reservation
 from budgets.scopes import CHARGED_COLUMNS, RANK, matching_sql, refusal_code
 from ledger.locks import ADMIT_WINDOW_LOCK
@@ -197,7 +197,7 @@ def _admit_statement(params: dict) -> tuple[bool, list[Ceiling]]:
         raise
     except IntegrityError as exc:
         if getattr(exc.__cause__, "sqlstate", None) == "23503":  # foreign key: the subject was just deleted
-            raise BudgetUnavailable(
+            raise SubjectGone(
                 "Who this request is charged to (its project, member, key or end customer) "
                 "was deleted while it was being admitted; nothing was reserved."
             ) from exc

@@ -5,13 +5,16 @@ ledger/slices.py, whose docstring tells the whole life of a slice."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from django.db import connection
+from django.db import IntegrityError, connection
 
-from budgets.models import Reservation
-from budgets.scopes import CHARGED_COLUMNS, matching_sql
+from budgets.errors import SubjectGone
+from budgets.models import Budget, Reservation
+from budgets.scopes import CHARGED_COLUMNS, matching_sql, subject_filter
 from ledger.locks import WINDOW_LOCK_STRENGTH
 
 SLICE = Reservation.Origin.SLICE
@@ -151,9 +154,17 @@ def admit_unblocked(*, reservation: Reservation) -> bool:
         "deadline_at": reservation.deadline_at,
         "origin": reservation.origin,
     }
-    with connection.cursor() as cursor:
-        cursor.execute(ADMIT_UNBLOCKED_SQL, params)
-        return bool(cursor.fetchone()[0])
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(ADMIT_UNBLOCKED_SQL, params)
+            return bool(cursor.fetchone()[0])
+    except IntegrityError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == "23503":  # foreign key: the subject was just deleted
+            raise SubjectGone(
+                "Who this request is charged to (its project, member, key or end customer) "
+                "was deleted while it was being admitted; nothing was reserved."
+            ) from exc
+        raise
 
 
 # Give a slice's unused part back: lock its row, take `amount` off it and its positive holds
@@ -206,32 +217,46 @@ def give_back(*, slice_id: uuid.UUID, amount_nano: int, close: bool) -> bool:
     return bool(found)
 
 
-# Notification payloads on NOTIFY_CHANNEL: comma-separated tokens. A number is a window that
-# refused a request; `org:<id>` says an organization's budgets changed (created, edited or
-# deleted), so every slice of it was taken under budgets that are no longer current.
-ORG_PREFIX = "org:"
+# Notification payloads on NOTIFY_CHANNEL. Comma-separated window ids: those windows refused a
+# request. A JSON object {"org": id, "column": name or null, "value": ...}: a budget of that
+# organization and subject (column null: the whole organization) was created, edited or deleted,
+# so the slices of that subject were taken under budgets that are no longer current.
 
 
-def notify_budgets_changed(*, organization_id: int) -> None:
-    """Tell every gateway process an organization's budgets changed: each retires its slices of
-    that organization and gives their unused parts back at once, instead of when they lapse. A
-    window created for the change carries every live slice's whole row, unused part included, and
-    until that part is back the new ceiling refuses requests it has room for. Inside a
-    transaction the notification is sent when it commits (and not at all if it rolls back)."""
+def notify_budgets_changed(*, budget: Budget) -> None:
+    """Tell every gateway process a budget changed: each retires its slices of the budget's
+    subject and gives their unused parts back at once, instead of when they lapse. A window
+    created for the change carries every live slice's whole row, unused part included, and until
+    that part is back the new ceiling refuses requests it has room for. Inside a transaction the
+    notification is sent when it commits (and not at all if it rolls back)."""
+    [(column, value)] = subject_filter(budget).items() or [(None, None)]
+    payload = json.dumps({"org": budget.organization_id, "column": column, "value": value})
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, f"{ORG_PREFIX}{organization_id}"])
+        cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, payload])
 
 
-def parse_notification(payload: str) -> tuple[list[int], list[int]]:
-    """(window ids, organization ids) named by a NOTIFY_CHANNEL payload; anything else is ignored."""
-    windows, orgs = [], []
-    for token in payload.split(","):
-        token = token.strip()
-        if token.isdigit():
-            windows.append(int(token))
-        elif token.startswith(ORG_PREFIX) and token[len(ORG_PREFIX) :].isdigit():
-            orgs.append(int(token[len(ORG_PREFIX) :]))
-    return windows, orgs
+@dataclass(frozen=True)
+class Changed:
+    """A budget change's subject: the organization, and the subject column and value (None: all)."""
+
+    organization_id: int
+    column: str | None
+    value: object
+
+
+def parse_notification(payload: str) -> tuple[list[int], list[Changed]]:
+    """(windows that refused, subjects whose budgets changed) named by a NOTIFY_CHANNEL payload;
+    anything malformed is ignored (a lost notice costs utilization, never the cap)."""
+    if payload.startswith("{"):
+        try:
+            data = json.loads(payload)
+            org, column = int(data["org"]), data.get("column")
+        except (ValueError, KeyError, TypeError):
+            return [], []
+        if column is not None and column not in CHARGED_COLUMNS:
+            return [], []
+        return [], [Changed(organization_id=org, column=column, value=data.get("value"))]
+    return [int(t) for t in payload.split(",") if t.strip().isdigit()], []
 
 
 # What live slices hold on a window: their unused parts and the requests admitted from them and

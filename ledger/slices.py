@@ -64,6 +64,7 @@ from ledger.admission import AdmissionRequest, Admitted, Ceiling, admit
 from ledger.carving import (
     NOTIFY_CHANNEL,
     SLICE,
+    Changed,
     admit_unblocked,
     give_back,
     notify_refused,
@@ -380,18 +381,21 @@ class Book:
                 self._close(s)
 
     def on_notification(self, payload: str) -> int:
-        """Act on a NOTIFY_CHANNEL payload (another process refused on a window, or an
-        organization's budgets changed); returns how many slices it retired."""
-        window_ids, organization_ids = parse_notification(payload)
-        return self.recall(window_ids) + self.recall_organizations(organization_ids)
+        """Act on a NOTIFY_CHANNEL payload (another process refused on a window, or a budget
+        changed); returns how many slices it retired."""
+        window_ids, changed = parse_notification(payload)
+        return self.recall(window_ids) + sum(self.recall_subject(c) for c in changed)
 
-    def recall_organizations(self, organization_ids: Sequence[int]) -> int:
-        """Retire every slice charging one of these organizations (their budgets changed)."""
-        wanted = set(organization_ids)
-        if not wanted:
-            return 0
+    def recall_subject(self, changed: Changed) -> int:
+        """Retire every slice charging the subject of a budget that changed."""
+        org = CHARGED_COLUMNS.index("organization_id")
+        col = None if changed.column is None else CHARGED_COLUMNS.index(changed.column)
         with self._lock:
-            hit = [s for s in self._slices.values() if s.key[1][0] in wanted]
+            hit = [
+                s
+                for s in self._slices.values()
+                if s.key[1][org] == changed.organization_id and (col is None or s.key[1][col] == changed.value)
+            ]
             for s in hit:
                 self._retire(s)
             return len(hit)

@@ -154,9 +154,9 @@ def _create(budget: Budget, bounds: tuple[datetime, datetime | None], *, carry: 
            AND (u.reservation_id IS NULL OR u.reservation_id NOT IN (SELECT id FROM live))
     ), win AS (
         INSERT INTO budgets_window (budget_id, budget_version, period_start, period_end, spent_nano,
-                                    reserved_nano, seed_spent_nano, seed_reserved_nano, touched_at)
+                                    reserved_nano, seed_spent_nano, seed_reserved_nano, blocking, touched_at)
         SELECT %(budget)s, %(version)s, %(start)s, %(end)s, seed.spent, carried.reserved, seed.spent,
-               carried.reserved, now()
+               carried.reserved, %(block)s, now()
           FROM seed, (SELECT CASE WHEN %(block)s THEN (SELECT coalesce(sum(amount_nano), 0) FROM live) ELSE 0 END
                              AS reserved) AS carried
             -- Not for a budget deleted or reconfigured since it was read. FOR SHARE: a deletion or

@@ -126,7 +126,7 @@ def _ceilings(organization_id: int, records: list[UsageRecord], peaks: dict[int,
     out = []
     windows = (
         Window.objects.select_related("budget")
-        .filter(budget__organization_id=organization_id, budget__mode=Budget.Mode.BLOCK)
+        .filter(budget__organization_id=organization_id, budget__mode=Budget.Mode.BLOCK, blocking=True)
         .order_by("budget_id", "period_start")
     )
     for w in windows:

@@ -13,15 +13,6 @@ from .test_capcheck import capcheck
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture(params=[True, False], ids=["slices-on", "slices-off"])
-def slices_setting(request, settings, monkeypatch):
-    from ledger import slices
-
-    monkeypatch.setattr(slices, "book", slices.Book())
-    settings.CAPGATE = {**settings.CAPGATE, "SLICES": request.param, "SLICE_MIN_REQUESTS": 2}
-    return request.param
-
-
 def test_a_cap_switched_on_mid_burst_counts_every_request_in_flight(gateway, slices_setting):
     out, error = capcheck(gateway, "--scenario", "cap-appears", "--concurrency", "60")
     assert error is None, out
