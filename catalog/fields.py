@@ -94,6 +94,57 @@ def token_count_field(**kwargs: Any) -> WholeNumberField:
     return WholeNumberField(min_value=1, max_value=MAX_INT, **kwargs)
 
 
+TIER_RATES = ("input", "output", "cache_read", "cache_write", "cache_write_1h")
+
+
+class PriceTierField(serializers.Field):
+    """A model's prompt-size tiers: a list, ascending by threshold, of {"above_input_tokens": N,
+    and any of TIER_RATES as a price}. Stored as JSON with each price a Decimal string."""
+
+    default_error_messages = {
+        "invalid": "Must be a list of tiers, each an object with above_input_tokens and prices.",
+        "order": "Tier thresholds must be whole numbers of at least 1, each above the one before.",
+        "keys": "A tier has unknown keys ({keys}); expected above_input_tokens, " + ", ".join(TIER_RATES) + ".",
+        "empty": "A tier must price at least one of " + ", ".join(TIER_RATES) + ".",
+    }
+
+    def __init__(self, **kwargs: Any):
+        kwargs.setdefault("required", False)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> list[dict[str, Any]]:
+        if not isinstance(data, list) or not all(isinstance(t, dict) for t in data):
+            self.fail("invalid")
+        tiers: list[dict[str, Any]] = []
+        previous = 0
+        for raw in data:
+            unknown = set(raw) - {"above_input_tokens", *TIER_RATES}
+            if unknown:
+                self.fail("keys", keys=", ".join(sorted(unknown)))
+            above = raw.get("above_input_tokens")
+            if isinstance(above, bool) or not isinstance(above, int) or above <= previous or above > MAX_INT:
+                self.fail("order")
+            previous = above
+            tier: dict[str, Any] = {"above_input_tokens": above}
+            for key in TIER_RATES:
+                if raw.get(key) is None:
+                    continue
+                if isinstance(raw[key], float):  # a JSON number with a fraction is not exact
+                    raise serializers.ValidationError(f'{key}: must be a decimal string such as "2.50".')
+                try:
+                    price = _price("input_usd_per_mtok").run_validation(raw[key])
+                except serializers.ValidationError as exc:
+                    raise serializers.ValidationError(f"{key}: {' '.join(map(str, exc.detail))}") from exc
+                tier[key] = format(price.normalize(), "f")
+            if len(tier) == 1:
+                self.fail("empty")
+            tiers.append(tier)
+        return tiers
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
 class PriceSerializer(serializers.Serializer):
     """A catalog model's list price, as `apply`, the price file and the staff price form set it
     (the fields of catalog.services.set_model_price, and the price file's batch and video prices).
@@ -117,5 +168,6 @@ class PriceSerializer(serializers.Serializer):
     server_tool_result_tokens = token_count_field()
     long_context_threshold_tokens = token_count_field()
     batch_multiplier = _price("batch_multiplier")  # the price file's; apply and the form do not set it yet
+    price_tiers = PriceTierField()  # the price file's too
     video_usd_per_second = _price("video_usd_per_second")
     tokenizer = choice_field("Tokenizer", TOKENIZERS, nullable=True, required=False)

@@ -107,6 +107,11 @@ class Model(models.Model):
     long_context_threshold_tokens = models.PositiveIntegerField(null=True, blank=True)
     long_context_input_multiplier = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
     long_context_output_multiplier = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
+    # Prompt-size tiers as the provider lists them, ascending: [{"above_input_tokens": 200000,
+    # "input": "2.5", "output": "15", "cache_read": "0.25", ...}] (Decimal strings, USD per 1M
+    # tokens). Above a threshold every token of the request is billed at that tier's rates; a rate
+    # a tier does not list stays the base rate. Validated by catalog.fields.PriceTierField.
+    price_tiers = models.JSONField(default=list, blank=True)
     # Batch APIs (OpenAI /v1/batches, Anthropic message batches) bill every token rate at this
     # multiple of the standard price (0.5 for both today). Null: batches are bounded and billed at
     # the standard price, which is never below the batch price.
@@ -123,6 +128,10 @@ class Model(models.Model):
     # so the prompt is bounded by its bytes (gateway/tokens.py, issue 14).
     tokenizer = models.CharField(max_length=20, null=True, blank=True, choices=TOKENIZERS)
     prices_as_of = models.DateField(null=True, blank=True)
+    # What the price catalog last said for each field it loads (catalog key -> JSON value). A
+    # field whose value differs from it was edited by an operator, so a reload keeps it; null: the
+    # row predates this record, and a reload keeps every difference (--overwrite replaces them).
+    catalog_values = models.JSONField(null=True, blank=True)
 
     class Meta:
         constraints = [

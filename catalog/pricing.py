@@ -49,15 +49,28 @@ class Rates:
     cache_write_1h: Decimal | None = None  # None: 1-hour cache writes are not priced
     web_search_per_use: Decimal | None = None  # USD per search; None: not priced
     server_tool_result_tokens: int | None = None  # input tokens one search may add
-    long_context_threshold: int | None = None
-    long_context_input: Decimal = Decimal(1)
-    long_context_output: Decimal = Decimal(1)
+    # Prompt-size tiers, ascending: above a tier's threshold every token of the request is billed
+    # at that tier's rates (the providers' "cliff" rule, not a marginal one).
+    tiers: tuple["Tier", ...] = ()
     model: str = ""  # "provider/name", for errors
 
     @property
     def max_input(self) -> Decimal:
         # The most expensive way the provider could bill an input token (e.g. a cache write).
         return max(self.input, self.cache_read, self.cache_write)
+
+
+@dataclass(frozen=True)
+class Tier:
+    """The token rates of a request whose prompt (input + cache reads + cache writes) has more
+    than `above` tokens, with the request's service tier applied."""
+
+    above: int
+    input: Decimal
+    output: Decimal
+    cache_read: Decimal
+    cache_write: Decimal
+    cache_write_1h: Decimal | None
 
 
 @dataclass(frozen=True)
@@ -118,21 +131,74 @@ def rates_for(*, model: Model, connection: Connection | None = None, tier: str |
         raise UnpricedModel(model)
     m = tier_multiplier(model, tier)
     cache_read, cache_write, cache_1h = pick("cache_read"), pick("cache_write"), pick("cache_write_1h")
-    return Rates(
+    base = Tier(
+        above=0,
         input=input_rate * m,
         output=output_rate * m,
         # Missing cache prices: the provider bills those tokens as plain input.
         cache_read=(cache_read if cache_read is not None else input_rate) * m,
         cache_write=(cache_write if cache_write is not None else input_rate) * m,
         cache_write_1h=cache_1h * m if cache_1h is not None else None,
+    )
+    return Rates(
+        input=base.input,
+        output=base.output,
+        cache_read=base.cache_read,
+        cache_write=base.cache_write,
+        cache_write_1h=base.cache_write_1h,
         per_request=model.per_request_usd or Decimal(0),
         web_search_per_use=model.web_search_usd_per_use,
         server_tool_result_tokens=model.server_tool_result_tokens,
-        long_context_threshold=model.long_context_threshold_tokens,
-        long_context_input=model.long_context_input_multiplier or Decimal(1),
-        long_context_output=model.long_context_output_multiplier or Decimal(1),
+        tiers=_tiers(model, base, m),
         model=model.name,
     )
+
+
+def _tiers(model: Model, base: Tier, m: Decimal) -> tuple[Tier, ...]:
+    """The model's prompt-size tiers: its listed tier prices (a rate a tier does not list stays
+    the base rate, negotiated or not; an unpriced cache rate follows the tier's input) and the
+    long-context band given as multipliers of the base."""
+    tiers = []
+    for raw in model.price_tiers or ():
+        tier_input = _tier_rate(raw, "input", base.input, m)
+        tiers.append(
+            Tier(
+                above=int(raw["above_input_tokens"]),
+                input=tier_input,
+                output=_tier_rate(raw, "output", base.output, m),
+                cache_read=_tier_rate(
+                    raw, "cache_read", base.cache_read if model.cache_read_usd_per_mtok is not None else tier_input, m
+                ),
+                cache_write=_tier_rate(
+                    raw,
+                    "cache_write",
+                    base.cache_write if model.cache_write_usd_per_mtok is not None else tier_input,
+                    m,
+                ),
+                cache_write_1h=Decimal(raw["cache_write_1h"]) * m
+                if raw.get("cache_write_1h") is not None
+                else base.cache_write_1h,
+            )
+        )
+    if model.long_context_threshold_tokens is not None:
+        band_in = model.long_context_input_multiplier or Decimal(1)
+        band_out = model.long_context_output_multiplier or Decimal(1)
+        tiers.append(
+            Tier(
+                above=model.long_context_threshold_tokens,
+                input=base.input * band_in,
+                output=base.output * band_out,
+                cache_read=base.cache_read * band_in,
+                cache_write=base.cache_write * band_in,
+                cache_write_1h=base.cache_write_1h * band_in if base.cache_write_1h is not None else None,
+            )
+        )
+    return tuple(sorted(tiers, key=lambda t: t.above))
+
+
+def _tier_rate(raw: dict, key: str, fallback: Decimal, m: Decimal) -> Decimal:
+    value = raw.get(key)
+    return Decimal(value) * m if value is not None else fallback
 
 
 def batch_rates(*, rates: Rates, model: Model) -> Rates:
@@ -150,6 +216,18 @@ def batch_rates(*, rates: Rates, model: Model) -> Rates:
         per_request=rates.per_request * m,
         cache_write_1h=rates.cache_write_1h * m if rates.cache_write_1h is not None else None,
         web_search_per_use=rates.web_search_per_use * m if rates.web_search_per_use is not None else None,
+        tiers=tuple(_scaled(t, m) for t in rates.tiers),
+    )
+
+
+def _scaled(tier: Tier, m: Decimal) -> Tier:
+    return dataclasses.replace(
+        tier,
+        input=tier.input * m,
+        output=tier.output * m,
+        cache_read=tier.cache_read * m,
+        cache_write=tier.cache_write * m,
+        cache_write_1h=tier.cache_write_1h * m if tier.cache_write_1h is not None else None,
     )
 
 
@@ -166,26 +244,39 @@ def _nano(tokens: int, usd_per_mtok: Decimal) -> Decimal:
     return Decimal(tokens) * usd_per_mtok * _NANO_PER_TOKEN_PER_USD_PER_MTOK
 
 
-def _band(rates: Rates, input_tokens: int) -> tuple[Decimal, Decimal]:
-    """(input, output) multipliers of the long-context band the request's input falls in."""
-    if rates.long_context_threshold is not None and input_tokens > rates.long_context_threshold:
-        return rates.long_context_input, rates.long_context_output
-    return Decimal(1), Decimal(1)
+def _base(rates: Rates) -> Tier:
+    return Tier(0, rates.input, rates.output, rates.cache_read, rates.cache_write, rates.cache_write_1h)
+
+
+def _tier_at(rates: Rates, prompt_tokens: int) -> Tier:
+    """The tier that bills a prompt of this many tokens: the highest one it is above."""
+    applied = _base(rates)
+    for tier in rates.tiers:
+        if prompt_tokens > tier.above:
+            applied = tier
+    return applied
+
+
+def _reachable(rates: Rates, bound_tokens: int) -> list[Tier]:
+    """Every tier a prompt of at most `bound_tokens` could be billed at. The bound takes the
+    dearest rate among them, not the tier of the bound itself: a tier is not assumed dearer."""
+    return [_base(rates), *(t for t in rates.tiers if bound_tokens > t.above)]
 
 
 def worst_case_nano(*, bound: TokenBound, rates: Rates) -> int:
     """Raises UnpricedFeature when the bound needs a price the catalog lacks."""
-    max_input = rates.max_input
-    if bound.cache_1h:
-        if rates.cache_write_1h is None:
-            raise UnpricedFeature(rates.model, "1-hour cache writes")
-        max_input = max(max_input, rates.cache_write_1h)
+    if bound.cache_1h and rates.cache_write_1h is None:
+        raise UnpricedFeature(rates.model, "1-hour cache writes")
     if bound.web_searches and rates.web_search_per_use is None:
         raise UnpricedFeature(rates.model, "web search")
-    band_in, band_out = _band(rates, bound.input_tokens)
+    tiers = _reachable(rates, bound.input_tokens)
+    max_input = max(max(t.input, t.cache_read, t.cache_write) for t in tiers)
+    if bound.cache_1h:
+        max_input = max(max_input, *(t.cache_write_1h or Decimal(0) for t in tiers))
+    max_output = max(t.output for t in tiers)
     total = (
-        _nano(bound.input_tokens, max_input * band_in)
-        + _nano(bound.output_tokens * bound.choices, rates.output * band_out)
+        _nano(bound.input_tokens, max_input)
+        + _nano(bound.output_tokens * bound.choices, max_output)
         + rates.per_request * _NANO_PER_USD
         + bound.web_searches * (rates.web_search_per_use or Decimal(0)) * _NANO_PER_USD
     )
@@ -193,20 +284,22 @@ def worst_case_nano(*, bound: TokenBound, rates: Rates) -> int:
 
 
 def nano_per_output_token(*, rates: Rates, input_tokens: int) -> Decimal:
-    """What one more output token can cost, in nano-USD, at the band the input falls in."""
-    return rates.output * _band(rates, input_tokens)[1] * _NANO_PER_TOKEN_PER_USD_PER_MTOK
+    """What one more output token can cost, in nano-USD, at the dearest tier an input of at
+    most this many tokens can reach."""
+    return max(t.output for t in _reachable(rates, input_tokens)) * _NANO_PER_TOKEN_PER_USD_PER_MTOK
 
 
 def cost_nano(*, usage: Usage, rates: Rates) -> int:
-    """The actual cost of reported usage. A priced feature the catalog lacks a price for is
-    billed at the nearest known rate (1-hour writes at the 5-minute rate); the caller flags it."""
-    band_in, band_out = _band(rates, usage.prompt_tokens)
+    """The actual cost of reported usage, at the tier its prompt size falls in. A priced feature
+    the catalog lacks a price for is billed at the nearest known rate (1-hour writes at the
+    5-minute rate); the caller flags it."""
+    tier = _tier_at(rates, usage.prompt_tokens)
     total = (
-        _nano(usage.input_tokens, rates.input * band_in)
-        + _nano(usage.output_tokens, rates.output * band_out)
-        + _nano(usage.cache_read_tokens, rates.cache_read * band_in)
-        + _nano(usage.cache_write_tokens, rates.cache_write * band_in)
-        + _nano(usage.cache_write_1h_tokens, (rates.cache_write_1h or rates.cache_write) * band_in)
+        _nano(usage.input_tokens, tier.input)
+        + _nano(usage.output_tokens, tier.output)
+        + _nano(usage.cache_read_tokens, tier.cache_read)
+        + _nano(usage.cache_write_tokens, tier.cache_write)
+        + _nano(usage.cache_write_1h_tokens, tier.cache_write_1h or tier.cache_write)
         + rates.per_request * _NANO_PER_USD
         + usage.web_search_requests * (rates.web_search_per_use or Decimal(0)) * _NANO_PER_USD
     )

@@ -66,13 +66,36 @@ def snapshot(obj: models.Model, fields: Iterable[str]) -> dict[str, Any]:
 
 def audit(
     *,
-    organization: Organization,
+    organization: Organization | None,
     actor: Actor,
     action: str,
     obj: models.Model,
     changes: Mapping[str, Any] | None = None,
 ) -> AuditLogEntry:
-    return AuditLogEntry.objects.create(
+    """One entry; organization None for a deployment-wide change (the list-price catalog)."""
+    entry = _entry(organization, actor, action, obj, changes)
+    entry.save()
+    return entry
+
+
+def audit_all(
+    *,
+    organization: Organization | None,
+    actor: Actor,
+    entries: Iterable[tuple[str, models.Model, Mapping[str, Any] | None]],
+) -> list[AuditLogEntry]:
+    """Many (action, obj, changes) entries in one insert, for a load that changes many objects."""
+    return AuditLogEntry.objects.bulk_create(_entry(organization, actor, *e) for e in entries)
+
+
+def _entry(
+    organization: Organization | None,
+    actor: Actor,
+    action: str,
+    obj: models.Model,
+    changes: Mapping[str, Any] | None,
+) -> AuditLogEntry:
+    return AuditLogEntry(
         organization=organization,
         actor_user_id=actor.user_id,
         actor=actor.label[:200],

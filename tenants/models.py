@@ -176,7 +176,10 @@ class AuditLogEntry(models.Model):
         UPDATE = "update"
         DELETE = "delete"
 
-    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="audit_log")
+    # Null for deployment-wide changes that belong to no organization (the list-price catalog).
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="audit_log", null=True, blank=True
+    )
     actor_user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )

@@ -259,7 +259,7 @@ def test_every_problem_is_reported_at_once():
 
 
 def test_command_loads_the_shipped_catalog_and_prints_totals(shipped):
-    out = run()
+    out = run("--file", str(DEFAULT_CATALOG_PATH))
     count = len(shipped["models"])
     assert "created openai/gpt-4o: input 2.5, output 10, cache_read 1.25, cache_write -" in out
     assert "provider echo created" in out
@@ -268,7 +268,7 @@ def test_command_loads_the_shipped_catalog_and_prints_totals(shipped):
     )
     assert Model.objects.count() == count
 
-    out = run()
+    out = run("--file", str(DEFAULT_CATALOG_PATH))
     assert out.strip() == f"prices as of {shipped['prices_as_of']}: 0 created, 0 updated, {count} unchanged, 0 kept"
 
 
@@ -279,7 +279,7 @@ def test_command_file_overwrite_and_dry_run(tmp_path):
     Model.objects.filter(name="big").update(input_usd_per_mtok=Decimal("2.5"))
 
     out = run("--file", str(path))
-    assert "kept acme/big (differs from the catalog; --overwrite replaces it): input 2.5 (catalog 3)" in out
+    assert "kept acme/big (edited by an operator; --overwrite replaces it): input 2.5 (catalog 3)" in out
     assert out.strip().endswith("0 created, 0 updated, 1 unchanged, 1 kept")
 
     out = run("--file", str(path), "--overwrite", "--dry-run")
@@ -293,7 +293,7 @@ def test_command_file_overwrite_and_dry_run(tmp_path):
 
 
 def test_command_rejects_a_bad_file_and_changes_nothing(tmp_path):
-    run()
+    run("--file", str(DEFAULT_CATALOG_PATH))
     before = snapshot()
     bad = _with(lambda d: d["models"][0].update(input="-3"))
     path = tmp_path / "bad.json"
