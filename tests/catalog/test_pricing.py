@@ -56,3 +56,62 @@ def test_negotiated_rates_override_list_prices(opus, acme):
     discounted = Connection(organization=acme.org, name="d", kind="anthropic", output_usd_per_mtok=Decimal("50"))
     assert rates_for(model=opus, connection=discounted).output == Decimal("50")
     assert rates_for(model=opus, connection=discounted).input == Decimal("15")
+
+
+# --- prompt-size tiers ------------------------------------------------------------------------
+
+
+def _tiered(provider, tiers):
+    return Model.objects.create(
+        provider=provider,
+        name="tiered",
+        input_usd_per_mtok=Decimal("2"),
+        output_usd_per_mtok=Decimal("10"),
+        cache_read_usd_per_mtok=Decimal("0.2"),
+        price_tiers=tiers,
+    )
+
+
+def test_a_bound_takes_the_dearest_tier_it_can_reach_not_the_tier_of_the_bound(opus):
+    # given: a middle tier dearer than the top one (a price shape no rule should assume away)
+    model = _tiered(
+        opus.provider,
+        [
+            {"above_input_tokens": 1000, "input": "5", "output": "40"},
+            {"above_input_tokens": 2000, "input": "3", "output": "20"},
+        ],
+    )
+    rates = rates_for(model=model)
+    # when: a prompt of at most 3000 tokens, which may land in either tier
+    bound = worst_case_nano(bound=TokenBound(input_tokens=3000, output_tokens=10), rates=rates)
+    # then: bounded at the middle tier's rates, which a 1500-token prompt is billed at
+    assert bound == 3000 * 5000 + 10 * 40_000
+    assert cost_nano(usage=Usage(input_tokens=1500, output_tokens=10), rates=rates) == 1500 * 5000 + 10 * 40_000
+    assert cost_nano(usage=Usage(input_tokens=2500, output_tokens=10), rates=rates) == 2500 * 3000 + 10 * 20_000
+    # a tier's unlisted rate stays the base rate (cache reads here)
+    assert cost_nano(usage=Usage(cache_read_tokens=2500), rates=rates) == 2500 * 200
+    # control: bounding at the bound's own tier would be below the 1500-token prompt's bill
+    top_only = rates_for(model=_tiered_top_only(opus.provider))
+    assert worst_case_nano(bound=TokenBound(input_tokens=1500, output_tokens=10), rates=top_only) < 1500 * 5000
+
+
+def _tiered_top_only(provider):
+    return Model.objects.create(
+        provider=provider,
+        name="top-only",
+        input_usd_per_mtok=Decimal("2"),
+        output_usd_per_mtok=Decimal("10"),
+        price_tiers=[{"above_input_tokens": 2000, "input": "3", "output": "20"}],
+    )
+
+
+def test_tiers_apply_to_the_service_tier_and_batch_multipliers_too(opus):
+    from catalog.pricing import batch_rates
+
+    model = _tiered(opus.provider, [{"above_input_tokens": 1000, "input": "4", "output": "30"}])
+    model.priority_multiplier = Decimal(2)
+    model.batch_multiplier = Decimal("0.5")
+    priority = rates_for(model=model, tier="priority")
+    assert priority.tiers[0].input == Decimal(8) and priority.tiers[0].output == Decimal(60)
+    batch = batch_rates(rates=rates_for(model=model), model=model)
+    assert worst_case_nano(bound=TokenBound(input_tokens=2000, output_tokens=0), rates=batch) == 2000 * 2000
