@@ -160,6 +160,8 @@ class Connection(models.Model):
     class Kind(models.TextChoices):
         OPENAI = "openai"
         ANTHROPIC = "anthropic"
+        # Azure OpenAI: deployment URLs and api-version (options), an api-key or an Entra token.
+        AZURE_OPENAI = "azure_openai"
         ECHO = "echo"
 
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="connections")
@@ -174,6 +176,8 @@ class Connection(models.Model):
     cache_read_usd_per_mtok = price_field()
     cache_write_usd_per_mtok = price_field()
     # echo: {"delay_ms", "chunks", "prompt_tokens", "completion_tokens", "text"}
+    # azure_openai: {"api_version": "2024-10-21", "auth": "api_key" | "entra",
+    #                "deployments": {"<catalog model name>": "<deployment name>"}}
     options = models.JSONField(default=dict, blank=True)
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)

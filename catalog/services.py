@@ -4,6 +4,7 @@ list prices — validated and audited."""
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
@@ -70,8 +71,32 @@ def _check_connection(fields: dict[str, Any]) -> None:
         _check_destination(url)
     if "options" in fields and not isinstance(fields["options"], dict):
         raise InvalidChange("An object.", param="options")
+    _check_azure_options(fields.get("options") or {})
     for name in RATE_FIELDS:
         _check_rate(name, fields.get(name))
+
+
+_AZURE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_AZURE_VERSION = re.compile(r"\d{4}-\d{2}-\d{2}(-preview)?")
+
+
+def _check_azure_options(options: dict[str, Any]) -> None:
+    """An Azure OpenAI connection's api-version, auth and deployment names: each goes into the
+    upstream URL or headers, so only their documented shapes are accepted."""
+    version = options.get("api_version")
+    if version is not None and not (isinstance(version, str) and _AZURE_VERSION.fullmatch(version)):
+        raise InvalidChange('options.api_version: an Azure api-version such as "2024-10-21".', param="options")
+    if options.get("auth") not in (None, "api_key", "entra"):
+        raise InvalidChange('options.auth: "api_key" (an api-key header) or "entra" (a bearer token).', param="options")
+    deployments = options.get("deployments")
+    if deployments is not None and not (
+        isinstance(deployments, dict)
+        and all(isinstance(k, str) and isinstance(v, str) and _AZURE_NAME.fullmatch(v) for k, v in deployments.items())
+    ):
+        raise InvalidChange(
+            "options.deployments: an object of model name to deployment name (letters, digits, . _ -).",
+            param="options",
+        )
 
 
 def _check_destination(url: str, *, param: str = "base_url", what: str = "A base URL") -> None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import httpx
 
@@ -26,8 +27,32 @@ PATHS = {
 }
 
 
-def upstream_url(target: Target, kind: str) -> str:
+AZURE_API_VERSION = "2024-10-21"  # the GA version whose streams report usage (include_usage)
+# Azure OpenAI serves each endpoint under a deployment: /openai/deployments/{name}/chat/completions.
+AZURE_PATHS = {"chat": "chat/completions", "embeddings": "embeddings"}
+
+
+def _openai_url(target: Target, kind: str) -> str:
     return connection_url(target.connection.base_url, PATHS[kind])
+
+
+def _azure_url(target: Target, kind: str) -> str:
+    """The deployment's URL with its api-version. The deployment is the one the connection maps
+    the catalog model to, else the model's own name (Azure's default when a deployment is named
+    after its model)."""
+    options = target.connection.options
+    deployment = (options.get("deployments") or {}).get(target.model.name) or target.model.name
+    base = httpx.URL(target.connection.base_url)
+    prefix = base.raw_path.decode("ascii").partition("?")[0].rstrip("/")
+    path = f"{prefix}/openai/deployments/{quote(deployment, safe='')}/{AZURE_PATHS[kind]}"
+    version = options.get("api_version") or AZURE_API_VERSION
+    return str(
+        base.copy_with(raw_path=path.encode("ascii"), query=None, fragment=None).copy_set_param("api-version", version)
+    )
+
+
+def upstream_url(target: Target, kind: str) -> str:
+    return _URLS.get(target.connection.kind, _openai_url)(target, kind)
 
 
 @functools.lru_cache(maxsize=1024)  # a pure function of two strings, parsed twice per call uncached
@@ -44,19 +69,40 @@ def connection_url(base_url: str, path: str) -> str:
     return str(base.copy_with(path=prefix + path, query=None, fragment=None))
 
 
+def _bearer(target: Target, client_headers: dict[str, str], headers: dict[str, str]) -> None:
+    if target.connection.plain_secret:
+        headers["authorization"] = f"Bearer {target.connection.plain_secret}"
+
+
+def _anthropic(target: Target, client_headers: dict[str, str], headers: dict[str, str]) -> None:
+    headers["x-api-key"] = target.connection.plain_secret
+    # Only the headers the billing inventory classifies (their values were checked when the
+    # request was shaped); anthropic-version is always sent.
+    for name in billing.HEADERS["messages"]:
+        if name in client_headers:
+            headers[name] = client_headers[name]
+    headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
+
+
+def _azure(target: Target, client_headers: dict[str, str], headers: dict[str, str]) -> None:
+    # A resource key goes in `api-key`; a Microsoft Entra ID access token is a bearer token.
+    if target.connection.options.get("auth") == "entra":
+        _bearer(target, client_headers, headers)
+    else:
+        headers["api-key"] = target.connection.plain_secret
+
+
+# Each connection kind's URL and credentials; a kind not listed speaks OpenAI's.
+_URLS: dict[str, Callable[[Target, str], str]] = {"azure_openai": _azure_url}
+_AUTH: dict[str, Callable[[Target, dict[str, str], dict[str, str]], None]] = {
+    "anthropic": _anthropic,
+    "azure_openai": _azure,
+}
+
+
 def upstream_headers(target: Target, client_headers: dict[str, str]) -> dict[str, str]:
     headers = {"content-type": "application/json", "accept-encoding": "identity"}
-    secret = target.connection.plain_secret
-    if target.connection.kind == "anthropic":
-        headers["x-api-key"] = secret
-        # Only the headers the billing inventory classifies (their values were checked when the
-        # request was shaped); anthropic-version is always sent.
-        for name in billing.HEADERS["messages"]:
-            if name in client_headers:
-                headers[name] = client_headers[name]
-        headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
-    elif secret:
-        headers["authorization"] = f"Bearer {secret}"
+    _AUTH.get(target.connection.kind, _bearer)(target, client_headers, headers)
     # The fake upstream used by tests and benchmarks takes its fault knobs from these.
     for name, value in client_headers.items():
         if name.startswith("x-upstream-") and target.connection.options.get("forward_test_headers"):

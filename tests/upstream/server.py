@@ -1,4 +1,4 @@
-"""Fake LLM provider speaking the OpenAI and Anthropic wire formats, for tests and benchmarks.
+"""Fake LLM provider speaking the OpenAI, Anthropic and Azure OpenAI wire formats, for tests and benchmarks.
 
 A plain ASGI app served by uvicorn. Behaviour is driven by "knobs" (see ``DEFAULTS``) that can be
 set globally with ``POST /_control`` or per request with ``X-Upstream-<knob>`` headers
@@ -27,7 +27,7 @@ from urllib.parse import parse_qs
 import httpx
 import uvicorn
 
-from tests.upstream import files, job_routes, jobs, media
+from tests.upstream import azure, files, job_routes, jobs, media
 
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -133,6 +133,7 @@ class _Exchange:
         self.body: dict[str, Any] = {}
         self.uploads: dict[str, tuple[str, bytes]] = {}  # multipart files: name -> (filename, bytes)
         self.query: dict[str, str] = {}
+        self.deployment = ""  # Azure OpenAI: the deployment in the URL (tests/upstream/azure.py)
         self.headers: Headers = {}
         self.store: jobs.JobStore | None = None
         self.knobs: dict[str, Any] = dict(DEFAULTS)
@@ -541,7 +542,15 @@ class UpstreamApp:
         ex = _Exchange(receive, send)
         qs = scope.get("query_string", b"").decode("latin-1")
         ex.query = {k: v[-1] for k, v in parse_qs(qs).items()}
-        if path.startswith("/v1/"):
+        if path.startswith(azure.PREFIX):
+            v1_path, deployment, refusal = azure.to_v1(path, ex.query, headers)
+            if refusal is not None:
+                self.last[path] = {"method": method, "headers": headers, "query": ex.query}
+                await ex.json(*refusal)
+                return
+            ex.deployment = deployment
+            await self._v1(ex, method, v1_path, headers, raw, seen_as=path)
+        elif path.startswith("/v1/"):
             await self._v1(ex, method, path, headers, raw)
         else:
             await self._control(ex, method, path, scope.get("query_string", b""), raw)
@@ -579,7 +588,9 @@ class UpstreamApp:
         else:
             await ex.json(404, {"error": f"unknown path {method} {path}"})
 
-    async def _v1(self, ex: _Exchange, method: str, path: str, hdrs: Headers, raw: bytes) -> None:
+    async def _v1(
+        self, ex: _Exchange, method: str, path: str, hdrs: Headers, raw: bytes, seen_as: str | None = None
+    ) -> None:
         self.requests += 1
         number = self.requests  # fail_every is keyed on this global, 1-based counter
         self.by_path[path] = self.by_path.get(path, 0) + 1
@@ -597,7 +608,7 @@ class UpstreamApp:
                     body, ex.uploads = files.parse_multipart(raw, hdrs["content-type"])
                 except ValueError as exc:
                     body = f"malformed multipart body: {exc}"
-            self.last[path] = {"method": method, "body": body, "headers": hdrs}
+            self.last[seen_as or path] = {"method": method, "body": body, "headers": hdrs, "query": ex.query}
             handler = ROUTES.get((method, path)) or job_routes.route(self.store, method, path)
             try:
                 ex.knobs = dict(self.settings)
@@ -613,6 +624,8 @@ class UpstreamApp:
                 status = 404 if isinstance(exc, LookupError) else 400
                 await ex.json(status, _error_body(dialect, status, str(exc)))
                 return
+            if ex.deployment:  # Azure: the deployment names the model, whatever the body says
+                body = {**body, "model": ex.deployment}
             ex.body = body
             every = ex.knobs["fail_every"]
             ex.fail = ex.knobs["fail"] if every <= 0 or number % every == 0 else ""
