@@ -191,6 +191,8 @@ class PriceSerializer(serializers.ModelSerializer):
             "context_window",
             "max_image_tokens",
             "tokenizer",
+            "price_tiers",
+            "batch_multiplier",
             "prices_as_of",
             "priced",
         ]
