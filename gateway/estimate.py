@@ -139,6 +139,7 @@ def shape_messages(body: dict, headers: dict[str, str] | None = None) -> Shape:
     geo = body.get("inference_geo")
     if geo is not None and geo != "global":
         refused.append("inference_geo")
+    refused += fields.messages_speed_and_edits(body)
     tools = fields.classify_tools(body, "messages")
     extra_output = 0
     thinking = body.get("thinking")

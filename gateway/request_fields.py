@@ -34,6 +34,33 @@ def _unsupported(message: str, *, code: str, param: str | None = None) -> Gatewa
     return bad_request(message, code=code, param=param)
 
 
+CONTEXT_EDITS_THAT_ONLY_CLEAR = ("clear_thinking", "clear_tool_uses")
+
+
+def messages_speed_and_edits(body: dict) -> list[str]:
+    """Messages fields refused under a blocking cap by value: fast mode (priced above the standard
+    rate, with no catalog price), and a context_management edit other than clearing (compaction
+    runs a model call of its own; clearing only drops context the body already bounds)."""
+    refused = []
+    speed = body.get("speed")
+    if speed not in (None, "standard", "fast"):
+        raise bad_request("'speed' must be 'standard' or 'fast'.", param="speed")
+    if speed == "fast":
+        refused.append("speed")
+    cm = body.get("context_management")
+    if cm is not None:
+        edits = cm.get("edits") if isinstance(cm, dict) else None
+        typed = isinstance(edits, list) and all(isinstance(e, dict) and isinstance(e.get("type"), str) for e in edits)
+        if not typed:
+            raise bad_request(
+                "'context_management.edits' must be an array of objects with a string 'type'.",
+                param="context_management",
+            )
+        if any(billing.undated(e["type"]) not in CONTEXT_EDITS_THAT_ONLY_CLEAR for e in edits):
+            refused.append("context_management")
+    return refused
+
+
 def service_tier(body: dict, allowed: set[str]) -> str | None:
     tier = body.get("service_tier")
     if tier is None:

@@ -445,9 +445,29 @@ async def _responses(ex: _Exchange) -> None:
             }
             for i, p in enumerate(pieces)
         ),
+        # Like the provider, each part and item is closed before the response completes; clients
+        # (Codex) build the turn's message from output_item.done, not from the deltas.
+        {
+            "type": "response.output_text.done",
+            "sequence_number": len(pieces) + 3,
+            "item_id": f"msg_{rid}",
+            "output_index": 0,
+            "content_index": 0,
+            "text": "".join(pieces),
+            "logprobs": [],
+        },
+        {
+            "type": "response.content_part.done",
+            "sequence_number": len(pieces) + 4,
+            "item_id": f"msg_{rid}",
+            "output_index": 0,
+            "content_index": 0,
+            "part": items[-1]["content"][0],
+        },
+        {"type": "response.output_item.done", "sequence_number": len(pieces) + 5, "output_index": 0, "item": items[-1]},
         {
             "type": "response.completed",
-            "sequence_number": len(pieces) + 3,
+            "sequence_number": len(pieces) + 6,
             "response": {**response, "output": [items[-1], *items[:-1]]},
         },  # the message first, as streamed
     ]
