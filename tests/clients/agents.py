@@ -123,22 +123,24 @@ NO_STREAM_RETRIES = "stream_max_retries = 0\n"
 
 
 def codex_config(
-    *, base_url: str, model: str, headers: dict[str, str] | None = None, stream_retries: bool = False
+    *, base_url: str, model: str, env_headers: dict[str, str] | None = None, stream_retries: bool = False
 ) -> str:
-    """The README's provider block for capgate."""
+    """The README's provider block for capgate; `env_headers`: header -> the variable it is read from."""
     extra = ""
-    if headers:
-        extra = "http_headers = { " + ", ".join(f'"{k}" = "{v}"' for k, v in headers.items()) + " }\n"
+    if env_headers:
+        extra = "env_http_headers = { " + ", ".join(f'"{k}" = "{v}"' for k, v in env_headers.items()) + " }\n"
     retries = "" if stream_retries else NO_STREAM_RETRIES
     return CODEX_CONFIG.format(model=model, base_url=base_url, headers=extra, retries=retries)
 
 
-def codex(home: Path, prompt: str, *, base_url: str, key: str, model: str, **kw) -> Run:
+def codex(
+    home: Path, prompt: str, *, base_url: str, key: str, model: str, env: dict[str, str] | None = None, **kw
+) -> Run:
     """`codex exec --json PROMPT` with capgate as its model provider (~/.codex/config.toml)."""
     (home / ".codex").mkdir(parents=True, exist_ok=True)
     (home / ".codex" / "config.toml").write_text(codex_config(base_url=base_url, model=model, **kw))
     work = home / "work"
     work.mkdir(parents=True, exist_ok=True)
-    env = _base_env(home) | {"CAPGATE_API_KEY": key}
+    env = _base_env(home) | {"CAPGATE_API_KEY": key} | (env or {})
     argv = [binary("codex"), "exec", "--skip-git-repo-check", "--json", prompt]
     return _run(argv, env=env, cwd=work)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from budgets.models import Reservation
+from budgets.models import Budget, Reservation
 from requestlog.models import Refusal
 from tests.clients import agents
 from tests.clients.conftest import COMPLETION_TOKENS, PROMPT_TOKENS, requests_seen
+from tests.conftest import window_of
 from tests.gateway.conftest import KEY, wait_settled
 from usage.models import UsageRecord
 
@@ -59,3 +60,28 @@ def test_claude_code_shows_capgates_402_and_does_not_retry(gateway, agent_tenant
     assert upstream.stats()["requests"] == 0
     assert not Reservation.objects.exists()
     assert not UsageRecord.objects.exists()
+
+
+def test_claude_codes_custom_headers_put_a_session_under_its_own_run_budget(gateway, agent_tenant, upstream, tmp_path):
+    # given: the README's ANTHROPIC_CUSTOM_HEADERS naming a run and its budget
+    run_headers = {"X-Capgate-Run": "fix-issue-42", "X-Capgate-Run-Budget-Usd": "10"}
+    # when: two prompts of the same run
+    for _ in range(2):
+        run = agents.claude(
+            tmp_path, "Say hello", base_url=gateway.url, key=KEY, model="claude-test", headers=run_headers
+        )
+        assert run.returncode == 0 and run.json()["is_error"] is False, run.output
+    # then: one lifetime run budget of $10, charged with both calls
+    wait_settled()
+    budget = Budget.objects.get(scope="run")
+    assert (budget.run_id, budget.amount_nano, budget.period) == ("fix-issue-42", 10 * 10**9, "lifetime")
+    assert list(UsageRecord.objects.values_list("run_id", flat=True)) == ["fix-issue-42"] * 2
+    assert window_of(budget).spent_nano == 2 * COST_NANO
+
+
+def test_a_run_whose_budget_is_spent_is_refused_and_the_agent_shows_why(gateway, agent_tenant, upstream, tmp_path):
+    run_headers = {"X-Capgate-Run": "tiny-run", "X-Capgate-Run-Budget-Usd": "0.01"}
+    run = agents.claude(tmp_path, "Say hello", base_url=gateway.url, key=KEY, model="claude-test", headers=run_headers)
+    assert run.json()["api_error_status"] == 402
+    assert "Refused by run budget" in run.json()["result"]
+    assert upstream.stats()["requests"] == 0

@@ -8,10 +8,11 @@ import json
 
 import pytest
 
-from budgets.models import Reservation
+from budgets.models import Budget, Reservation
 from requestlog.models import Refusal
 from tests.clients import agents
 from tests.clients.conftest import COMPLETION_TOKENS, PROMPT_TOKENS, requests_seen
+from tests.conftest import window_of
 from tests.gateway.conftest import KEY, wait_settled
 from usage.models import UsageRecord
 
@@ -72,3 +73,21 @@ def test_without_the_readmes_retry_setting_codex_repeats_a_refusal(gateway, agen
     run = agents.codex(tmp_path, "Say hello", base_url=gateway.url, key=KEY, model="gpt-test", stream_retries=True)
     assert run.returncode != 0
     assert requests_seen() > 1
+
+
+def test_codex_env_http_headers_put_a_session_under_its_own_run_budget(gateway, agent_tenant, upstream, tmp_path):
+    # given: the README's provider block reading the run headers from the environment
+    env_headers = {"X-Capgate-Run": "CAPGATE_RUN", "X-Capgate-Run-Budget-Usd": "CAPGATE_RUN_BUDGET_USD"}
+    env = {"CAPGATE_RUN": "codex-task-7", "CAPGATE_RUN_BUDGET_USD": "10"}
+    # when
+    run = agents.codex(
+        tmp_path, "Say hello", base_url=gateway.url, key=KEY, model="gpt-test", env=env, env_headers=env_headers
+    )
+    # then: the turn is charged to a lifetime run budget of $10
+    assert run.returncode == 0, run.output
+    wait_settled()
+    budget = Budget.objects.get(scope="run")
+    assert (budget.run_id, budget.amount_nano) == ("codex-task-7", 10 * 10**9)
+    rec = UsageRecord.objects.get()
+    assert rec.run_id == "codex-task-7"
+    assert window_of(budget).spent_nano == rec.cost_nano > 0
