@@ -4,8 +4,8 @@ Claude Code and the Anthropic SDK (`client.messages.count_tokens`) call it to si
 reserves nothing and writes no usage record (the provider does not bill it), but it is a request:
 it counts against the key's rate limits like one, with its input bound as its tokens.
 
-1. Shape the body as a Messages request (the same field, header, beta and tool checks; an
-   unknown field is a 400 here too) and route its model.
+1. Shape the body as a Messages request (the same checks; what the billing inventory does not
+   list passes, counted, since nothing is charged) and route its model.
 2. Rate limits (429 in Anthropic's shape).
 3. Count: locally when the first target's model has a known tokenizer (gateway/tokens.py);
    else from the first Anthropic connection of the route that answers; else, when none can (an
@@ -23,12 +23,13 @@ from django.db import DatabaseError
 
 from budgets.errors import BudgetUnavailable
 from core.errors import CapgateError
-from gateway import runtime, tokens
+from gateway import metrics, runtime, tokens
 from gateway.errors import render
 from gateway.estimate import Shape, parse_json, shape_messages
 from gateway.http import ClientGone, Request
 from gateway.limits import enforce_limits
 from gateway.providers import connection_url, upstream_headers
+from gateway.request_fields import collecting_unclassified
 from gateway.routing import Target, authenticate, resolve_route
 from gateway.upstream import client
 
@@ -37,9 +38,12 @@ PATH = "/v1/messages/count_tokens"
 
 
 def plan_count(*, raw_key: str | None, body: dict, headers: dict[str, str]) -> tuple[Shape, list[Target]]:
-    """Steps 1 and 2 (on a database thread): the shaped body and the route's targets."""
+    """Steps 1 and 2 (on a database thread): the shaped body and the route's targets. What the
+    billing inventory does not list passes here, counted: a count is never charged."""
     key = authenticate(raw_key)
-    shape = shape_messages(body, headers)
+    with collecting_unclassified() as found:
+        shape = shape_messages(body, headers)
+    metrics.count_unclassified("count_tokens", [f"{item.what}:{item.name}" for item in found])
     targets = resolve_route(key=key, name=shape.model, kind="messages")
     enforce_limits(key=key, customer=None, tokens=shape.text_tokens, targets=targets)
     return shape, targets

@@ -49,6 +49,7 @@ class Shape:
     service_tier: str | None = None  # as requested ("auto" when absent)
     patch: dict = field(default_factory=dict)  # fields rewritten upstream (tools with max_uses)
     forward_headers: dict = field(default_factory=dict)  # classified headers sent upstream
+    unclassified: tuple = ()  # what the inventory does not list (request_fields.Unclassified)
     # Responses API: earlier context the provider adds from its stored state, as
     # ("response", previous_response_id) or ("conversation", id); bounded from what capgate relayed.
     context_ref: tuple[str, str] | None = None

@@ -67,16 +67,32 @@ def test_an_echo_route_answers_the_input_bound(gateway, wired, upstream):
     ("body", "headers", "status"),
     [
         ({"model": "claude-test"}, {}, 400),  # no messages
-        ({"model": "claude-test", "messages": MESSAGES, "brand_new": 1}, {}, 400),
-        ({"model": "claude-test", "messages": MESSAGES}, {"anthropic-beta": "something-new-2099-01-01"}, 400),
+        ({"model": "claude-test", "messages": MESSAGES, "max_tokens": "many"}, {}, 400),
+        ({"model": "claude-test", "messages": "hi"}, {}, 400),
         ({"model": "nope", "messages": MESSAGES}, {}, 404),
     ],
 )
-def test_a_bad_count_is_refused_in_anthropics_shape_before_the_provider(gateway, wired, upstream, body, headers, status):
+def test_a_bad_count_is_refused_in_anthropics_shape_before_the_provider(
+    gateway, wired, upstream, body, headers, status
+):
     resp = httpx.post(gateway.url + "/v1/messages/count_tokens", json=body, headers={"x-api-key": KEY, **headers})
     assert resp.status_code == status
     assert resp.json()["type"] == "error"
     assert upstream.stats()["requests"] == 0
+
+
+def test_what_the_inventory_does_not_list_is_counted_and_passed_on(gateway, wired, upstream):
+    # a count is never charged, so no cap is at stake even under a blocking budget
+    wired.budget(amount="5")
+    resp = httpx.post(
+        gateway.url + "/v1/messages/count_tokens",
+        json={"model": "claude-test", "messages": MESSAGES, "brand_new": 1},
+        headers={"x-api-key": KEY, "anthropic-beta": "something-new-2099-01-01"},
+    )
+    assert resp.status_code == 200
+    sent = upstream.last("/v1/messages/count_tokens")
+    assert sent["body"]["brand_new"] == 1
+    assert "something-new-2099-01-01" in sent["headers"]["anthropic-beta"]
 
 
 def test_counts_use_the_keys_request_rate_limit(gateway, wired, upstream):
