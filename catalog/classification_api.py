@@ -5,6 +5,7 @@ blocking cap sees."""
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions, mixins, serializers, viewsets
 from rest_framework.permissions import BasePermission
 
@@ -45,6 +46,7 @@ class ClassificationSerializer(serializers.ModelSerializer):
         validators: list = []  # one row per scope and name: classify() updates it
 
 
+@extend_schema(tags=["classifications"])
 class ClassificationViewSet(viewsets.GenericViewSet, mixins.ListModelMixin, mixins.CreateModelMixin):
     """List the classifications, or set one (POST creates it, or changes the class and reason
     of the one with the same organization, endpoint, what and name)."""

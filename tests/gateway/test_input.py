@@ -57,7 +57,7 @@ def test_openai_bad_input_is_a_400_in_openai_shape(gateway, wired, body, raw, pa
         {"model": "echo-1", "max_tokens": 10},
         {"model": "echo-1", "max_tokens": 0, "messages": MSG},
         {"model": "echo-1", "max_tokens": 10, "messages": MSG, "system": 5},
-        {"model": "echo-1", "max_tokens": 10, "messages": MSG, "n": 2},
+        {"model": "echo-1", "max_tokens": 10, "messages": MSG, "stream": "yes"},
     ],
 )
 def test_anthropic_bad_input_is_a_400_in_anthropic_shape(gateway, wired, body):
