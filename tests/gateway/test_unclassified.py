@@ -155,3 +155,28 @@ def test_a_bad_classification_is_refused_naming_the_field_and_changes_nothing(wi
         classify(actor=OPERATOR, organization=None, **fields)
     assert refused.value.param == param
     assert not Classification.objects.exists() and not ClassificationChange.objects.exists()
+
+
+def test_without_the_refusal_under_a_cap_an_unlisted_paid_option_overspends_it(gateway, wired, upstream, monkeypatch):
+    # given: a $0.05 cap and an unlisted option that (like a new paid feature) makes the provider
+    # bill ten times the output the bound allowed for
+    from gateway import unclassified
+
+    budget = wired.budget(amount="0.05")
+    upstream.control(completion_tokens="max", overbill=10)
+    body = {**CHAT, "max_tokens": 100, "brand_new_paid_option": True}
+    # with the guard: refused before the provider, nothing spent
+    assert _post(gateway, body).status_code == 400
+    assert upstream.stats()["requests"] == 0
+    # when the guard is removed (unclassified names pass even under a cap)
+    real = unclassified.decide
+    monkeypatch.setattr(
+        unclassified,
+        "decide",
+        lambda *, shape, organization_id, blocking: real(shape=shape, organization_id=organization_id, blocking=False),
+    )
+    assert _post(gateway, body).status_code == 200
+    # then: the provider billed past the cap
+    wait_settled()
+    rec = UsageRecord.objects.get()
+    assert rec.cost_nano > budget.amount_nano > rec.reserved_nano
