@@ -224,3 +224,61 @@ class RouteTarget(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["route", "position"], name="route_target_position_unique"),
         ]
+
+
+class Classification(models.Model):
+    """The deployment operator's class for a request field, tool type, Anthropic beta or provider
+    header the billing inventory (gateway/billing/) does not list, for one endpoint: for every
+    organization (organization null) or for one, which then wins over the deployment's. The
+    gateway reads these on each request (through its lookup cache), so a new client version's
+    additions are unblocked without a release. Written only by catalog/classifications.py."""
+
+    class What(models.TextChoices):
+        FIELD = "field"
+        TOOL = "tool"
+        BETA = "beta"
+        HEADER = "header"
+
+    class Cls(models.TextChoices):
+        FREE = "free"  # cannot change the bill
+        TOKENS = "tokens"  # bounded by the input bytes and the output ceiling
+        REFUSED = "refused"  # refused under a blocking cap, passed where none applies
+
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, null=True, blank=True, related_name="classifications"
+    )
+    endpoint = models.CharField(max_length=20)  # chat | messages | responses | embeddings
+    what = models.CharField(max_length=10, choices=What.choices)
+    name = models.CharField(max_length=200)
+    cls = models.CharField(max_length=10, choices=Cls.choices)
+    reason = models.TextField()
+    updated_by = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organization", "endpoint", "what", "name"],
+                nulls_distinct=False,
+                name="classification_unique_per_scope",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.endpoint} {self.what} {self.name}: {self.cls}"
+
+
+class ClassificationChange(models.Model):
+    """The audit trail of classifications, deployment-wide ones included (the organization audit
+    log needs an organization). Rows outlive what they describe: names, not references."""
+
+    organization_slug = models.CharField(max_length=100, blank=True)  # "": the deployment
+    endpoint = models.CharField(max_length=20)
+    what = models.CharField(max_length=10)
+    name = models.CharField(max_length=200)
+    cls_before = models.CharField(max_length=10, blank=True)  # "": newly classified
+    cls_after = models.CharField(max_length=10)
+    reason = models.TextField()
+    actor = models.CharField(max_length=200)
+    created_at = models.DateTimeField(auto_now_add=True)

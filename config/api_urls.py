@@ -7,6 +7,7 @@ from rest_framework.routers import SimpleRouter
 
 from budgets.api import BudgetViewSet, OrganizationViewSet, ProjectViewSet, ReservationViewSet
 from catalog.api import ConnectionViewSet, PriceViewSet, RouteViewSet
+from catalog.classification_api import ClassificationViewSet
 from jobs.api import JobViewSet
 from ratelimits.api import RateLimitViewSet
 from requestlog.api import RequestLogViewSet
@@ -18,6 +19,8 @@ ORG = r"orgs/(?P<org_slug>[-a-zA-Z0-9_]+)"
 
 router = SimpleRouter()
 router.register(r"orgs", OrganizationViewSet, basename="organization")
+# The deployment's, not an organization's: staff only.
+router.register(r"classifications", ClassificationViewSet, basename="classification")
 for prefix, viewset in [
     ("projects", ProjectViewSet),
     ("members", MemberViewSet),

@@ -18,7 +18,7 @@ from django.db import DatabaseError
 
 from budgets.errors import BudgetExceeded, BudgetUnavailable
 from core.errors import CapgateError
-from gateway import metrics, ops, proxy, reservations, runtime, upstream
+from gateway import count_tokens, metrics, ops, proxy, reservations, runtime, upstream
 from gateway.errors import GatewayError, render
 from gateway.estimate import parse_json
 from gateway.http import ClientGone, Request
@@ -57,6 +57,8 @@ async def handle(req: Request) -> None:
                 "anthropic" if kind == "messages" else "openai",
             )
         return await proxy.handle(req, kind)
+    if path == count_tokens.PATH and req.method == "POST":
+        return await count_tokens.handle(req)
     for method, pattern, handler in ROUTES:
         matched = pattern.match(path)
         if matched is not None and req.method == method:

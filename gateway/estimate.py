@@ -49,6 +49,7 @@ class Shape:
     service_tier: str | None = None  # as requested ("auto" when absent)
     patch: dict = field(default_factory=dict)  # fields rewritten upstream (tools with max_uses)
     forward_headers: dict = field(default_factory=dict)  # classified headers sent upstream
+    unclassified: tuple = ()  # what the inventory does not list (request_fields.Unclassified)
     # Responses API: earlier context the provider adds from its stored state, as
     # ("response", previous_response_id) or ("conversation", id); bounded from what capgate relayed.
     context_ref: tuple[str, str] | None = None
@@ -139,6 +140,7 @@ def shape_messages(body: dict, headers: dict[str, str] | None = None) -> Shape:
     geo = body.get("inference_geo")
     if geo is not None and geo != "global":
         refused.append("inference_geo")
+    refused += fields.messages_speed_and_edits(body)
     tools = fields.classify_tools(body, "messages")
     extra_output = 0
     thinking = body.get("thinking")

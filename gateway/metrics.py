@@ -61,6 +61,15 @@ UPSTREAM_ERRORS = Counter(
     "Upstream calls that failed (connect error, timeout, 429 or 5xx), per connection.",
     ["connection", "reason"],
 )
+UNCLASSIFIED = Counter(
+    "capgate_unclassified",
+    "Admitted requests carrying a field, tool type, beta or header the billing inventory does not list "
+    "(passed because no blocking budget applied), by endpoint and name (what:name).",
+    ["endpoint", "name"],
+)
+# Names are the client's to choose: past this many distinct ones a process counts the rest as "other".
+UNCLASSIFIED_NAMES_MAX = 200
+_unclassified_names: set[tuple[str, str]] = set()
 ADMISSION_LATENCY = Histogram(
     "capgate_admission_latency_seconds",
     "Time to authenticate, price and admit (or refuse) one gateway request.",
@@ -118,6 +127,17 @@ def counting(scope: dict, send: Send) -> Send:
         await send(message)
 
     return wrapped
+
+
+def count_unclassified(endpoint: str, names: list[str]) -> None:
+    for name in names:
+        label = (endpoint, name[:100])
+        if label not in _unclassified_names:
+            if len(_unclassified_names) >= UNCLASSIFIED_NAMES_MAX:
+                label = (endpoint, "other")
+            else:
+                _unclassified_names.add(label)
+        UNCLASSIFIED.labels(*label).inc()
 
 
 def observe_admission(seconds: float) -> None:

@@ -10,6 +10,7 @@ Every admitted request ends in exactly one usage record (DESIGN §1, property 2-
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -36,6 +37,7 @@ from gateway.providers import (
     usage_from_body,
 )
 from gateway.recorder import recorder
+from gateway.request_fields import collecting_unclassified
 from gateway.service import Prepared, Target, admit_call
 from gateway.streams import NOT_BILLED, Attempt, slot_of
 from gateway.upstream import client
@@ -103,10 +105,14 @@ class ProxyCall:
             body = parse_json(raw)
             self.model_name = str(body.get("model") or "") if isinstance(body, dict) else ""
             background = self.kind == "responses" and body.get("background") is True and BACKGROUND is not None
-            # A background response is bounded like the same response in the foreground.
-            shape = SHAPERS[self.kind](
-                {k: v for k, v in body.items() if k != "background"} if background else body, self.req.headers
-            )
+            # A background response is bounded like the same response in the foreground. What the
+            # billing inventory does not list is decided once the budgets are known (gateway/unclassified.py).
+            with collecting_unclassified() as found:
+                shape = SHAPERS[self.kind](
+                    {k: v for k, v in body.items() if k != "background"} if background else body, self.req.headers
+                )
+            if found:
+                shape = dataclasses.replace(shape, unclassified=tuple(found))
         except CapgateError as exc:
             shape_error = exc
         bg = runtime.background
@@ -153,6 +159,8 @@ class ProxyCall:
         assert shape is not None
         self.text_tokens = shape.text_tokens
         self.shape = shape
+        if self.prepared is not None and self.prepared.unclassified:
+            metrics.count_unclassified(self.kind, self.prepared.unclassified)
         if self.kind == "responses" and body.get("background") is True and BACKGROUND is not None:
             return await BACKGROUND(self, body)
         options = body.get("stream_options")
@@ -391,6 +399,7 @@ class ProxyCall:
                 **outcome.__dict__,
                 "latency_ms": int((time.monotonic() - self.started) * 1000),
                 "input_bound": p.input_bound,
+                "error": _with_unclassified(outcome.error, p.unclassified),
             }
         )
         try:
@@ -407,6 +416,14 @@ class ProxyCall:
             )
         if runtime.background is not None:
             runtime.background.kick_drain()
+
+
+def _with_unclassified(error: str, names: list[str]) -> str:
+    """The record's note names what passed unclassified (no blocking budget applied to it)."""
+    if not names:
+        return error
+    note = "unclassified: " + ", ".join(names)
+    return f"{error}; {note}" if error else note
 
 
 def _loads(data: bytes) -> object:

@@ -8,13 +8,16 @@ counted), and the byte bound on text.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 
 from gateway import billing
-from gateway.errors import GatewayError, bad_request
+from gateway.errors import bad_request
 
 MAX_OUTPUT_TOKENS_ACCEPTED = 1_000_000
 MAX_SERVER_TOOL_USES = 100
@@ -24,14 +27,71 @@ IMAGE_PARTS = {"image_url", "image", "input_image"}
 UNBOUNDED_PARTS = {"input_audio", "audio", "file", "document", "input_file", "video"}
 
 
+@dataclass(frozen=True)
+class Unclassified:
+    """A field, tool type, beta or provider header the billing inventory does not list."""
+
+    what: str  # field | tool | beta | header
+    name: str
+    code: str  # the 400's code when it is refused: unsupported_parameter | _tool | _beta | _header
+    message: str
+    param: str | None
+
+
+# Set while the proxy shapes a live request: what the inventory does not know is collected here
+# instead of refused, because whether it may pass depends on the request's budgets, known only
+# once its key is (gateway/unclassified.py decides). Unset, it is a 400 at once.
+_collected: ContextVar[list[Unclassified] | None] = ContextVar("capgate_unclassified", default=None)
+
+
+@contextmanager
+def collecting_unclassified() -> Iterator[list[Unclassified]]:
+    found: list[Unclassified] = []
+    token = _collected.set(found)
+    try:
+        yield found
+    finally:
+        _collected.reset(token)
+
+
+def _unknown(what: str, name: str, message: str, *, code: str, param: str | None) -> None:
+    found = _collected.get()
+    if found is None:
+        raise bad_request(message, code=code, param=param)
+    found.append(Unclassified(what=what, name=name, code=code, message=message, param=param))
+
+
 def check_params(body: dict, kind: str) -> None:
-    unknown = sorted(set(body) - ALLOWED[kind])
-    if unknown:
-        raise bad_request(f"Unsupported parameter: '{unknown[0]}'.", param=unknown[0], code="unsupported_parameter")
+    for name in sorted(set(body) - ALLOWED[kind]):
+        _unknown("field", name, f"Unsupported parameter: '{name}'.", code="unsupported_parameter", param=name)
 
 
-def _unsupported(message: str, *, code: str, param: str | None = None) -> GatewayError:
-    return bad_request(message, code=code, param=param)
+CONTEXT_EDITS_THAT_ONLY_CLEAR = ("clear_thinking", "clear_tool_uses")
+
+
+def messages_speed_and_edits(body: dict) -> list[str]:
+    """Messages fields refused under a blocking cap by value: fast mode (priced above the standard
+    rate, with no catalog price), and a context_management edit other than clearing (compaction
+    runs a model call of its own; clearing only drops context the body already bounds)."""
+    refused = []
+    speed = body.get("speed")
+    if speed not in (None, "standard", "fast"):
+        raise bad_request("'speed' must be 'standard' or 'fast'.", param="speed")
+    if speed == "fast":
+        refused.append("speed")
+    cm = body.get("context_management")
+    if cm is not None:
+        edits = cm.get("edits") if isinstance(cm, dict) else None
+        if not isinstance(edits, list) or not all(
+            isinstance(e, dict) and isinstance(e.get("type"), str) for e in edits
+        ):
+            raise bad_request(
+                "'context_management.edits' must be an array of objects with a string 'type'.",
+                param="context_management",
+            )
+        if any(billing.undated(e["type"]) not in CONTEXT_EDITS_THAT_ONLY_CLEAR for e in edits):
+            refused.append("context_management")
+    return refused
 
 
 def service_tier(body: dict, allowed: set[str]) -> str | None:
@@ -102,9 +162,16 @@ def classify_tools(body: dict, kind: str) -> Tools:
             raise bad_request(f"tools[{i}].type must be a string.", param=f"tools[{i}].type")
         name = billing.undated(raw_type)
         if name not in known:
-            raise _unsupported(
-                f"Unsupported tool type: '{raw_type}'.", code="unsupported_tool", param=f"tools[{i}].type"
+            _unknown(
+                "tool",
+                raw_type,
+                f"Unsupported tool type: '{raw_type}'.",
+                code="unsupported_tool",
+                param=f"tools[{i}].type",
             )
+            out.overhead += cfg["BUILTIN_TOOL_OVERHEAD_TOKENS"]  # passed on: its definition is body bytes
+            patched.append(tool)
+            continue
         entry = known[name]
         if entry.cls == billing.REFUSED:
             out.refused.append(name)
@@ -149,7 +216,9 @@ def check_headers(headers: dict[str, str], kind: str) -> None:
             and name not in billing.HEADERS[kind]
             and name not in billing.NOT_FORWARDED
         ):
-            raise _unsupported(f"Unsupported header: '{name}'.", code="unsupported_header", param=name)
+            # Passed on where no cap is at stake means counted, never forwarded: only listed
+            # headers reach a provider.
+            _unknown("header", name, f"Unsupported header: '{name}'.", code="unsupported_header", param=name)
 
 
 def anthropic_headers(headers: dict[str, str]) -> tuple[dict[str, str], list[str], set[str]]:
@@ -169,9 +238,14 @@ def anthropic_headers(headers: dict[str, str]) -> tuple[dict[str, str], list[str
             name = billing.undated(value)
             entry = billing.ANTHROPIC_BETAS.get(name)
             if entry is None:
-                raise _unsupported(
-                    f"Unsupported anthropic-beta value: '{value}'.", code="unsupported_beta", param="anthropic-beta"
+                _unknown(
+                    "beta",
+                    value,
+                    f"Unsupported anthropic-beta value: '{value}'.",
+                    code="unsupported_beta",
+                    param="anthropic-beta",
                 )
+                continue
             betas.add(name)
             if entry.cls == billing.REFUSED:
                 refused.append("anthropic_beta")

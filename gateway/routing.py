@@ -122,10 +122,13 @@ def resolve_route(*, key: ApiKey, name: str, kind: str) -> list[Target]:
         lookups.put(cache_key, routed)
     targets = [t for t in routed if t.connection.enabled and t.connection.kind in COMPATIBLE[kind]]
     if not targets:
+        # A configuration error, not an outage: a 503 would read as "overloaded" and be retried.
         raise GatewayError(
-            f"No enabled connection of a compatible kind serves '{name}' on this endpoint.",
-            code="connection_unavailable",
-            status=503,
+            f"No enabled connection of a compatible kind serves '{name}' on this endpoint; add one to the "
+            "route (or enable it).",
+            code="no_compatible_connection",
+            status=400,
+            param="model",
         )
     return targets
 

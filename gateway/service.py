@@ -17,6 +17,7 @@ from datetime import timedelta
 from budgets.errors import SubjectGone
 from budgets.models import Budget, Reservation
 from core.errors import CapgateError
+from gateway import unclassified
 from gateway.errors import GatewayError
 from gateway.estimate import Shape
 from gateway.limits import enforce_limits
@@ -39,6 +40,7 @@ class Prepared:
     remaining_nano: int | None = None  # the tightest ceiling's room after this reservation
     input_bound: str = "bytes"  # how the prompt was bounded: "exact" (its tokenizer) or "bytes"
     input_tokens: int = 0  # the prompt tokens reserved (per sampling pass, before images)
+    unclassified: list[str] = field(default_factory=list)  # passed unlisted names (gateway/unclassified.py)
 
 
 def reserve(
@@ -136,6 +138,7 @@ def _prepare(
         remaining_nano=remaining - sized.worst_nano if remaining is not None else None,
         input_bound=sized.input_bound,
         input_tokens=sized.shape.text_tokens if sized.shape else 0,
+        unclassified=unclassified.labels(sized.shape) if sized.shape else [],
     )
 
 

@@ -28,7 +28,7 @@ from catalog.pricing import (
     rates_for,
     worst_case_nano,
 )
-from gateway import responses, tokens
+from gateway import responses, tokens, unclassified
 from gateway.errors import GatewayError
 from gateway.estimate import Shape
 from gateway.routing import Target
@@ -232,6 +232,7 @@ def size(*, key: ApiKey, shape: Shape, targets: list[Target], budgets: list[Budg
         if earlier is None and blocking:
             raise responses.unknown_context(shape.context_ref)
         shape = dataclasses.replace(shape, text_tokens=shape.text_tokens + (earlier or 0))
+    shape = unclassified.decide(shape=shape, organization_id=key.organization_id, blocking=blocking)
     if blocking and shape.refused:
         field = shape.refused[0]
         raise GatewayError(

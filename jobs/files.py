@@ -11,13 +11,14 @@ from __future__ import annotations
 import re
 from email import policy
 from email.parser import BytesParser
+from urllib.parse import parse_qsl
 
 import httpx
 
 from gateway import proxy, runtime
 from gateway.errors import GatewayError, bad_request
 from gateway.http import Request
-from jobs import service, sizing
+from jobs import selectors, service, sizing
 from jobs.http import endpoint, refuse_unlisted, upstream_failed
 from jobs.upstream import loads, send
 from tenants.models import ApiKey
@@ -97,6 +98,50 @@ async def upload(req: Request, key: ApiKey, match: re.Match[str]) -> None:
     await req.respond(resp.status_code, resp.content)
 
 
+# OpenAI's GET /v1/files: `limit` 1 to 10,000 (default 10,000), `order` desc by default.
+MAX_LIST_LIMIT = 10_000
+
+
+@endpoint("openai")
+async def list_files(req: Request, key: ApiKey, match: re.Match[str]) -> None:
+    """The organization's files, from capgate's own rows (no provider call): uploads and the
+    batch output and error files registered for it."""
+    query = dict(parse_qsl(req.scope.get("query_string", b"").decode("latin-1")))
+    try:
+        limit = int(query.get("limit", MAX_LIST_LIMIT))
+    except ValueError:
+        raise bad_request("'limit' must be an integer.", param="limit") from None
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        raise bad_request(f"'limit' must be between 1 and {MAX_LIST_LIMIT}.", param="limit")
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise bad_request("'order' must be 'asc' or 'desc'.", param="order")
+    rows, has_more = await runtime.db(
+        selectors.files_page,
+        organization_id=key.organization_id,
+        after=query.get("after"),
+        limit=limit,
+        order=order,
+        purpose=query.get("purpose"),
+    )
+    data = [
+        {
+            "id": row.file_id,
+            "object": "file",
+            "bytes": row.size_bytes,
+            "created_at": int(row.created_at.timestamp()),
+            "filename": row.filename,
+            "purpose": row.purpose,
+            "status": "processed",
+            "expires_at": None,
+            "status_details": None,
+        }
+        for row in rows
+    ]
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    await req.json(200, {"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": has_more})
+
+
 async def _owned(key: ApiKey, file_id: str):
     row = await runtime.db(service.owned_file, organization_id=key.organization_id, file_id=file_id)
     if row is None or row.connection is None:
@@ -134,4 +179,4 @@ async def _proxy(req: Request, connection, method: str, path: str, raw: bool = F
     return resp.status_code
 
 
-__all__ = ["GatewayError", "content", "delete", "parse_multipart", "retrieve", "upload"]
+__all__ = ["GatewayError", "content", "delete", "list_files", "parse_multipart", "retrieve", "upload"]

@@ -79,6 +79,7 @@ def install() -> None:
         return
     for method, path, handler in (
         ("POST", r"/v1/files", files.upload),
+        ("GET", r"/v1/files", files.list_files),
         ("GET", rf"/v1/files/{_ID}", files.retrieve),
         ("DELETE", rf"/v1/files/{_ID}", files.delete),
         ("GET", rf"/v1/files/{_ID}/content", files.content),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db.models import OuterRef, QuerySet, Subquery
 
 from budgets.models import Reservation
-from jobs.models import Job
+from jobs.models import Job, JobFile
 
 LIVE_STATES = (Job.State.LIVE, Job.State.CANCELLING)
 
@@ -31,3 +31,21 @@ def jobs_of(
     if kind:
         rows = rows.filter(kind=kind)
     return rows
+
+
+def files_page(
+    *, organization_id: int, after: str | None, limit: int, order: str, purpose: str | None
+) -> tuple[list[JobFile], bool]:
+    """One page of the organization's files as OpenAI pages them: ordered by creation (`order`
+    asc or desc), starting after the file named `after` (unknown: from the start), at most
+    `limit`; and whether more follow."""
+    rows = JobFile.objects.filter(organization_id=organization_id)
+    if purpose:
+        rows = rows.filter(purpose=purpose)
+    rows = rows.order_by("id" if order == "asc" else "-id")
+    if after:
+        anchor = rows.filter(file_id=after).first()
+        if anchor is not None:
+            rows = rows.filter(id__gt=anchor.id) if order == "asc" else rows.filter(id__lt=anchor.id)
+    found = list(rows[: limit + 1])
+    return found[:limit], len(found) > limit

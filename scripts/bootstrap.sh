@@ -22,3 +22,5 @@ fi
 # against tiktoken's pinned sha256 (docs/decisions.md): nothing is downloaded at request time.
 command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq npm >/dev/null; }
 .venv/bin/python scripts/tiktoken_data.py .venv/share/tiktoken >/dev/null
+# Claude Code and Codex CLI, pinned, into .clients/ for tests/clients/ (scripts/clients.sh).
+bash scripts/clients.sh >/dev/null

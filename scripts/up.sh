@@ -58,11 +58,16 @@ capgate is running.
   Health      http://127.0.0.1:$PORT/healthz  and  /readyz      Metrics  http://127.0.0.1:$PORT/metrics
   Logs        var/log/{gateway,worker,beat}.log        Stop: bash scripts/down.sh
 
-The demo organization has a \$5 monthly blocking cap and a route "echo-1" to the built-in
+The demo organization has a \$25 monthly blocking cap and a route "echo-1" to the built-in
 echo provider. Try:
 
   curl http://127.0.0.1:$PORT/v1/chat/completions \\
     -H "Authorization: Bearer $KEY" -H "Content-Type: application/json" \\
     -d '{"model": "echo-1", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 100}'
+
+Claude Code (README, "Claude Code, Codex and other agents"; bash scripts/clients.sh installs it):
+
+  ANTHROPIC_BASE_URL=http://127.0.0.1:$PORT ANTHROPIC_API_KEY=$KEY \\
+    .clients/node_modules/.bin/claude -p "Say hello" --model echo-1
 
 TXT

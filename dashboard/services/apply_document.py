@@ -2,7 +2,8 @@
 
 apply_config(data=..., dry_run=...):
 1. Walks the document in dependency order (prices, then per organization: the organization,
-   projects, members, keys, connections, routes, budgets, rate limits), matching each item to
+   projects, members, keys, connections, routes, budgets, rate limits; then the operator's
+   classifications of what the billing inventory does not list), matching each item to
    an existing row by its natural key (slug, email, name). Each item's fields go through the
    management API's serializer (the API's rules and messages), then the same service as the
    dashboard and API, so every change is validated and audited (actor "apply").
@@ -50,6 +51,9 @@ from dashboard.services.apply_catalog import (
     apply_price,
     apply_route,
 )
+from dashboard.services.apply_classifications import FIELDS as CLASSIFICATION_FIELDS
+from dashboard.services.apply_classifications import REQUIRED as CLASSIFICATION_REQUIRED
+from dashboard.services.apply_classifications import apply_classification
 from dashboard.services.apply_rate_limits import FIELDS as RATE_LIMIT_FIELDS
 from dashboard.services.apply_rate_limits import apply_rate_limit
 from tenants.api.views import EndCustomerSerializer, KeySerializer, MemberSerializer
@@ -71,13 +75,17 @@ T = TypeVar("T")
 def apply_config(*, data: Any, dry_run: bool = False) -> ApplyResult:
     """Apply the document; raises ApplyError listing every bad item (then nothing changed)."""
     result = ApplyResult(dry_run=dry_run)
-    root = _Item(data, "$", {"organizations", "prices"})
+    root = _Item(data, "$", {"organizations", "prices", "classifications"})
     result.errors += root.problems
     with transaction.atomic():
         for i, price in enumerate(_attempt(result, "$.prices", root.list, "prices") or []):
             _attempt(result, f"prices[{i}]", _apply_price, price, f"prices[{i}]", result)
         for i, org in enumerate(_attempt(result, "$.organizations", root.list, "organizations") or []):
             _apply_organization(org, f"organizations[{i}]", result)
+        # After the organizations: a classification may name one the file creates.
+        for i, raw in enumerate(_attempt(result, "$.classifications", root.list, "classifications") or []):
+            where = f"classifications[{i}]"
+            _attempt(result, where, _apply_classification, raw, where, result)
         if result.errors:
             raise ApplyError.of(result.errors)  # leaving the block rolls every item back
         if dry_run:
@@ -122,6 +130,10 @@ def _apply_organization(data: Any, path: str, result: ApplyResult) -> None:
         for i, raw in enumerate(_attempt(result, path, item.list, name) or []):
             where = f"{path}.{name}[{i}]"
             _attempt(result, where, _apply_item, apply_one, org, raw, where, allowed, required, result)
+
+
+def _apply_classification(data: Any, path: str, result: ApplyResult) -> None:
+    apply_classification(_Item(data, path, CLASSIFICATION_FIELDS, CLASSIFICATION_REQUIRED), result)
 
 
 def _apply_price(data: Any, path: str, result: ApplyResult) -> None:

@@ -91,6 +91,7 @@ JOB_HEADERS_NOT_FORWARDED: dict[str, dict[str, str]] = {
         "anthropic-version": "capgate's own wire-format version is sent",
         "anthropic-beta": "the requests are bounded without betas, so none is sent",
         "anthropic-user-profile-id": "not sent: the batch is attributed to the connection's account",
+        "anthropic-workspace-id": "not sent: the connection's own account and workspace are billed",
     },
     "videos": {},
 }

@@ -104,6 +104,15 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "container": _e(REFUSED, "code-execution containers are billed by the hour"),
         "mcp_servers": _e(REFUSED, "remote MCP tool results add input the body cannot show"),
         "inference_geo": _e(REFUSED, "regional inference is priced above the global rate; 'global' is free"),
+        "speed": _e(
+            REFUSED, "'fast' is fast mode, priced above the standard rate and not in the catalog; 'standard' is free"
+        ),
+        "context_management": _e(
+            TOKENS,
+            "clear_thinking and clear_tool_uses edits only drop earlier context, so the whole body still bounds "
+            "the input; a compact edit runs a model call of its own and is refused under a blocking cap",
+        ),
+        "diagnostics": _e(FREE, "asks for the reason of a prompt-cache miss in the response; not billed"),
         "metadata": _e(FREE, IDENT),
         "stop_sequences": _e(FREE, "can only end the output sooner"),
         "stream": _e(FREE, "same tokens, delivered as events"),
@@ -154,6 +163,16 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "prompt": _e(REFUSED, "a stored prompt template adds input the body cannot show"),
         "context_management": _e(REFUSED, "server-side compaction runs model calls of its own"),
         "moderation": _e(REFUSED, "moderation of input and output has no documented price"),
+        "access_programs": _e(
+            FREE, "selects an access program (e.g. Cyber) the organization is authorized for; same token prices"
+        ),
+        "image": _e(FREE, "image context compression can only lower the input; the bound counts images uncompressed"),
+        "background_options": _e(
+            TOKENS,
+            "a background job's completion window: the discounted windows cost less than the foreground "
+            "price the job is bounded at",
+        ),
+        "client_metadata": _e(FREE, "labels the client sends about itself (Codex's turn metadata)"),
         "max_tool_calls": _e(FREE, "can only lower the number of built-in tool calls"),
         "tool_choice": _e(FREE, "chooses among tools already in the body"),
         "parallel_tool_calls": _e(FREE, "tool calls are output inside the output ceiling"),
@@ -196,6 +215,7 @@ HEADERS: dict[str, dict[str, Entry]] = {
 # account), so they cannot change the bill. Any other header with a provider prefix is refused.
 NOT_FORWARDED = {
     "anthropic-dangerous-direct-browser-access": "a browser-use acknowledgement for the SDK",
+    "anthropic-workspace-id": "the connection's own account and workspace are billed",
     "openai-organization": "the connection's own account is billed",
     "openai-project": "the connection's own account is billed",
 }
@@ -221,6 +241,54 @@ ANTHROPIC_BETAS: dict[str, Entry] = {
     "mcp-client": _e(REFUSED, "remote MCP tool results add input the body cannot show"),
     "files-api": _e(REFUSED, "file references add input the body cannot show"),
     "skills": _e(REFUSED, "skills run in billed code-execution containers"),
+    # Claude Code's own (it sends claude-code, interleaved-thinking, context-management,
+    # per-turn-control, mid-conversation-tool-changes, thinking-token-count, advanced-tool-use, effort).
+    "claude-code": _e(FREE, "identifies the Claude Code client"),
+    "per-turn-control": _e(TOKENS, "per-turn settings carried in the body"),
+    "advanced-tool-use": _e(
+        TOKENS,
+        "tool search over deferred tool definitions that are in the body (defer_loading only keeps them out of "
+        "the context) and tool-use examples (body bytes); programmatic tool calling needs a code_execution tool, "
+        "refused under a blocking cap",
+    ),
+    "mid-conversation-tool-changes": _e(TOKENS, "tools changed between turns are in the body"),
+    "mid-conversation-output-config": _e(TOKENS, "output settings changed between turns stay inside max_tokens"),
+    "mid-conversation-system-clear-at": _e(TOKENS, "system text changed between turns is in the body"),
+    "inline-tools": _e(TOKENS, "tools defined inside messages are body bytes"),
+    "thinking-token-count": _e(FREE, "reports how many thinking tokens were used"),
+    "thinking-display-updates": _e(TOKENS, "thinking is billed inside max_tokens however it is displayed"),
+    "thinking-binding-controls": _e(TOKENS, "thinking stays inside max_tokens"),
+    "dev-full-thinking": _e(TOKENS, "full instead of summarized thinking, billed inside max_tokens either way"),
+    "output-300k": _e(TOKENS, "output stays within max_tokens"),
+    "model-context-window-exceeded": _e(FREE, "a stop reason instead of an error at the context limit"),
+    "cache-diagnosis": _e(FREE, "reports why a prompt-cache prefix was not reused"),
+    "token-counting": _e(FREE, "token counting is not billed"),
+    "message-batches": _e(TOKENS, "batches are bounded on their own endpoint, at the batch price"),
+    "pdfs": _e(TOKENS, "document parts are parts nothing bounds: refused under a blocking cap"),
+    "task-budgets": _e(FREE, "a task budget can only end an agent's work sooner"),
+    "user-profiles-billing": _e(FREE, IDENT),
+    "fast-mode": _e(REFUSED, "fast mode is priced above the standard rate; the catalog has no fast price"),
+    "compact": _e(REFUSED, "server-side compaction runs model calls of its own"),
+    "server-side-fallback": _e(REFUSED, "the provider may serve the request with another, differently priced model"),
+    "fallback-credit": _e(REFUSED, "changes how a fallback is billed, in a way the catalog cannot price"),
+    "advisor-tool": _e(REFUSED, "an advisor model's calls are billed on top of the request"),
+    "agent-memory": _e(REFUSED, "memory stored server-side adds input the body cannot show"),
+    "dreaming": _e(REFUSED, "server-side background work the body cannot bound"),
+    "message-threads": _e(REFUSED, "a server-side thread adds earlier context the body cannot show"),
+    "managed-agents": _e(REFUSED, "managed agent sessions run and bill server-side"),
+    "mcp-tunnels": _e(REFUSED, "remote MCP tool results add input the body cannot show"),
+    "efs": _e(REFUSED, "file storage for code-execution containers, billed on its own"),
+    "experimental-claude-tag": _e(REFUSED, "undocumented: refused under a blocking cap until classified"),
+    # Admin and account APIs: they change nothing a Messages call bills.
+    "admin-user-sign-out": _e(FREE, "an Admin API beta; no effect on a Messages call"),
+    "analytics-usage-cost": _e(FREE, "an Admin API beta; no effect on a Messages call"),
+    "spend-limit-reads": _e(FREE, "an Admin API beta; no effect on a Messages call"),
+    "telemetry-destinations": _e(FREE, "an Admin API beta; no effect on a Messages call"),
+    "webhooks": _e(FREE, "an Admin API beta; no effect on a Messages call"),
+    "google-managed-data-controls": _e(FREE, "an account data-control setting; no effect on a Messages call"),
+    "ce-claude-code-managed-settings": _e(FREE, "an enterprise admin beta; no effect on a Messages call"),
+    "ce-plugins": _e(FREE, "an enterprise admin beta; no effect on a Messages call"),
+    "ce-user-management": _e(FREE, "an enterprise admin beta; no effect on a Messages call"),
 }
 
 # Tool `type` values, per endpoint, by name without the date suffix.
@@ -255,6 +323,15 @@ TOOL_TYPES: dict[str, dict[str, Entry]] = {
         "text_editor": _e(TOKENS, "client-side tool: a fixed definition overhead"),
         "computer": _e(TOKENS, "client-side tool: a fixed definition overhead"),
         "memory": _e(TOKENS, "client-side tool: a fixed definition overhead"),
+        "tool_search_tool_regex": _e(
+            TOKENS, "searches deferred tool definitions that are in the body; what it loads is already bounded"
+        ),
+        "tool_search_tool_bm25": _e(
+            TOKENS, "searches deferred tool definitions that are in the body; what it loads is already bounded"
+        ),
+        "advisor": _e(REFUSED, "an advisor model's calls are billed on top of the request"),
+        "browser_toolset": _e(REFUSED, "a hosted browser session is billed on its own"),
+        "computer_toolset": _e(REFUSED, "a hosted computer session is billed on its own"),
         "code_execution": _e(REFUSED, "code-execution containers are billed by the hour"),
         "mcp_toolset": _e(REFUSED, "remote MCP tool results add input the body cannot show"),
     },

@@ -6,13 +6,17 @@ from __future__ import annotations
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+from django.contrib.auth import get_user_model
 from rest_framework import mixins
 
+from catalog.classifications import classify
 from config.api_urls import router
+from tenants.audit import Actor
 
 from .conftest import Org, client
 
 ENVELOPE = {"count", "next", "previous", "results"}
+_CLASS = {"endpoint": "chat", "what": "field", "cls": "free"}
 
 
 def list_paths(schema: dict) -> list[str]:
@@ -28,9 +32,14 @@ def test_every_list_endpoint_pages_by_limit_and_offset(org_a: Org):
     # the walk covers every registered list view, so a new one cannot slip past it
     listed = sum(1 for _, viewset, _ in router.registry if issubclass(viewset, mixins.ListModelMixin))
     assert len(paths) == listed >= 16, paths
+    # the operator's classifications are the deployment's, not an organization's: a staff user reads them
+    staff = get_user_model().objects.create_user("ops@example.com", "ops@example.com", "pw", is_staff=True)
+    classify(actor=Actor("ops", operator=True), organization=None, **_CLASS, name="a", reason="r")
+    classify(actor=Actor("ops", operator=True), organization=None, **_CLASS, name="b", reason="r")
     paged = set()
     for path in paths:
         url = path.replace("{org_slug}", org_a.slug)
+        c = client(user=staff) if path == "/api/classifications/" else client(user=org_a.owner)
         body = c.get(url, {"limit": 1}).json()
         assert set(body) == ENVELOPE, (path, body)
         assert len(body["results"]) == min(1, body["count"]) and body["previous"] is None, path
@@ -41,7 +50,7 @@ def test_every_list_endpoint_pages_by_limit_and_offset(org_a: Org):
             assert second["previous"] is not None and second["results"] != body["results"], path
         else:
             assert body["next"] is None, path
-    assert {"usage", "requests"} <= paged  # next and previous were really followed, on the former outliers
+    assert {"usage", "requests", "classifications"} <= paged  # next and previous were really followed
 
 
 @pytest.mark.django_db

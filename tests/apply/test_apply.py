@@ -55,7 +55,7 @@ def test_demo_file_declares_the_demo_organization():
     target = Route.objects.get(organization=org, name="echo-1").targets.get()
     assert (target.connection, str(target.model)) == (echo, "echo/echo-1")
     monthly = Budget.objects.get(organization=org, scope="organization")
-    assert (monthly.mode, monthly.period, monthly.amount_nano) == ("block", "month", 5_000_000_000)
+    assert (monthly.mode, monthly.period, monthly.amount_nano) == ("block", "month", 25_000_000_000)
     daily = Budget.objects.get(organization=org, scope="key")
     assert (daily.mode, daily.period, daily.amount_nano, daily.api_key) == ("alert", "day", 1_000_000_000, key)
     # the fixed secret is not printed (it is in the file); audit names apply
@@ -86,11 +86,11 @@ def test_dry_run_prints_the_diff_and_changes_nothing(tmp_path):
     # when
     out = run(write(tmp_path, data), "--dry-run")
     # then
-    assert "~ budget demo/Demo monthly cap: amount_usd: 5.00 → 7.50" in out
+    assert "~ budget demo/Demo monthly cap: amount_usd: 25.00 → 7.50" in out
     assert "+ project demo/research" in out
     assert "nothing changed" in out
     assert counts() == before
-    assert Budget.objects.get(name="Demo monthly cap").amount_nano == 5_000_000_000
+    assert Budget.objects.get(name="Demo monthly cap").amount_nano == 25_000_000_000
     # and the real run does what the dry run said
     out = run(write(tmp_path, data))
     assert Budget.objects.get(name="Demo monthly cap").amount_nano == 7_500_000_000

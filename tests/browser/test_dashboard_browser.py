@@ -120,7 +120,7 @@ def test_owner_caps_spend_sees_it_and_exports_csv(gateway, page):  # noqa: F811
     text = row.inner_text()
     assert "$0.396" in text and "$0.50" in text and "79.2%" in text and "blocks" in text
     monthly = page.locator(".budget-row", has_text="Demo monthly cap").inner_text()
-    assert "$0.396" in monthly and "$5.00" in monthly
+    assert "$0.396" in monthly and "$25.00" in monthly
     shot(page, "overview")
 
     # and the usage page totals it and exports it as CSV

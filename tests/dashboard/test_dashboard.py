@@ -73,6 +73,8 @@ def pages(o: Org) -> list[tuple[str, str]]:
         ("get", u("alerts")),
         ("get", u("audit")),
         ("get", u("charts")),
+        ("get", u("inventory")),
+        ("post", u("inventory")),
     ]
 
 

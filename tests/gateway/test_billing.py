@@ -364,14 +364,17 @@ def test_fields_the_cap_cannot_bound_are_refused_under_it_and_name_the_field(
         ("/v1/messages", {}, {"anthropic-priority-lane": "yes"}, "unsupported_header"),
     ],
 )
-def test_unknown_fields_tools_and_betas_are_refused_with_400_and_nothing_is_reserved(
+def test_unknown_fields_tools_and_betas_are_refused_with_400_under_a_cap_and_nothing_is_reserved(
     gateway, wired, path, body, headers, code
 ):
+    # (with no blocking budget they pass, counted: tests/gateway/test_unclassified.py)
+    wired.budget(amount="5")
     model = "gpt-test" if path.endswith("completions") else "claude-test"
     full = {"model": model, "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}], **body}
     resp = post(gateway, full, path=path, headers=headers)
     assert resp.status_code == 400
     assert code in resp.text
+    assert "/api/classifications/" in resp.text  # where to classify it
     assert not UsageRecord.objects.exists()
 
 

@@ -445,9 +445,29 @@ async def _responses(ex: _Exchange) -> None:
             }
             for i, p in enumerate(pieces)
         ),
+        # Like the provider, each part and item is closed before the response completes; clients
+        # (Codex) build the turn's message from output_item.done, not from the deltas.
+        {
+            "type": "response.output_text.done",
+            "sequence_number": len(pieces) + 3,
+            "item_id": f"msg_{rid}",
+            "output_index": 0,
+            "content_index": 0,
+            "text": "".join(pieces),
+            "logprobs": [],
+        },
+        {
+            "type": "response.content_part.done",
+            "sequence_number": len(pieces) + 4,
+            "item_id": f"msg_{rid}",
+            "output_index": 0,
+            "content_index": 0,
+            "part": items[-1]["content"][0],
+        },
+        {"type": "response.output_item.done", "sequence_number": len(pieces) + 5, "output_index": 0, "item": items[-1]},
         {
             "type": "response.completed",
-            "sequence_number": len(pieces) + 3,
+            "sequence_number": len(pieces) + 6,
             "response": {**response, "output": [items[-1], *items[:-1]]},
         },  # the message first, as streamed
     ]
@@ -480,6 +500,14 @@ async def _embeddings(ex: _Exchange) -> None:
     await ex.respond({"object": "list", "data": data, "model": model, "usage": usage})
 
 
+async def _count_tokens(ex: _Exchange) -> None:
+    """Anthropic's token count: the prompt_tokens knob, as if the provider had counted it."""
+    if not isinstance(ex.body.get("messages"), list):
+        await ex.json(400, _error_body("anthropic", 400, "messages: Field required"))
+        return
+    await ex.json(200, {"input_tokens": ex.knobs["prompt_tokens"]})
+
+
 async def _models(ex: _Exchange) -> None:
     ids = ["gpt-4o-mini", "gpt-4o", "text-embedding-3-small"]
     data = [{"id": m, "object": "model", "created": 1700000000, "owned_by": "fake"} for m in ids]
@@ -489,6 +517,7 @@ async def _models(ex: _Exchange) -> None:
 ROUTES: dict[tuple[str, str], Callable[[_Exchange], Awaitable[None]]] = {
     ("POST", "/v1/chat/completions"): _chat,
     ("POST", "/v1/messages"): _messages,
+    ("POST", "/v1/messages/count_tokens"): _count_tokens,
     ("POST", "/v1/embeddings"): _embeddings,
     ("POST", "/v1/responses"): _responses,
     ("GET", "/v1/models"): _models,
