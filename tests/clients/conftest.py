@@ -1,6 +1,7 @@
 """Fixtures for the real-client tests: the live gateway and its tenant (tests/gateway/conftest.py),
 with headroom slices off and on (money tests run both ways)."""
 
+import time
 from decimal import Decimal
 
 import pytest
@@ -36,5 +37,13 @@ def agent_tenant(wired, upstream, slices_mode):  # noqa: F811
 def requests_seen() -> int:
     """Every request the gateway answered after the key was known: admitted ones have a usage
     record, refused ones a Refusal row (written from the in-memory buffer here)."""
-    buffer.flush()
-    return UsageRecord.objects.count() + Refusal.objects.count()
+    # The gateway's own loop flushes the same buffer: a flush here can find it empty while that
+    # one is still writing, so wait (bounded) for the rows to land. The client has exited by now,
+    # so any retry it made is already among them.
+    deadline = time.monotonic() + 5.0
+    while True:
+        buffer.flush()
+        seen = UsageRecord.objects.count() + Refusal.objects.count()
+        if seen or time.monotonic() > deadline:
+            return seen
+        time.sleep(0.05)
