@@ -410,10 +410,22 @@ class ProxyCall:
             # charges it at its worst case — the safe direction.
             pass
         except DatabaseError:
-            log.warning("usage record for %s spooled: database unavailable", self.request_id)
-            await asyncio.get_running_loop().run_in_executor(
-                None, lambda: append(reservation=p.reservation, outcome=outcome)
-            )
+            # Kept in memory and written again when the database answers (gateway/recorder.py),
+            # and spooled to disk (fsync'd) so that a crash before then loses nothing either. A
+            # spool that cannot be written (full, read-only) costs the crash-safety of this one
+            # record, never the answer: the provider has billed, so the client gets its response.
+            recorder().park(reservation=p.reservation, outcome=outcome)
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: append(reservation=p.reservation, outcome=outcome)
+                )
+                log.warning("usage record for %s spooled: database unavailable", self.request_id)
+            except OSError as exc:
+                log.error(
+                    "usage record for %s kept in memory only: database unavailable and spool not writable (%s)",
+                    self.request_id,
+                    exc,
+                )
         if runtime.background is not None:
             runtime.background.kick_drain()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import select
 import threading
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from functools import partial
 from typing import TypeVar
 
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 log = logging.getLogger("capgate.gateway")
 T = TypeVar("T")
@@ -26,8 +27,9 @@ SETTLE_THREADS = 4
 def _pool_size() -> int:
     pool = settings.DATABASES["default"].get("OPTIONS", {}).get("pool") or {}
     # Each gateway thread holds a pool connection for the life of the process; leave the
-    # dashboard/API's reserved slice (CAPGATE_DB_WEB_CONNECTIONS) to Django's request threads.
-    reserved = int(getattr(settings, "CAPGATE_DB_WEB_CONNECTIONS", 6))
+    # dashboard/API's reserved slice (CAPGATE_DB_WEB_CONNECTIONS) to Django's request threads,
+    # one to the heartbeat's own thread (the `live` lane) and one to /readyz's (`probe`).
+    reserved = int(getattr(settings, "CAPGATE_DB_WEB_CONNECTIONS", 6)) + 2
     return max(SETTLE_THREADS + 1, int(pool.get("max_size", 26)) - reserved) if pool else 20
 
 
@@ -36,27 +38,111 @@ _executor_lock = threading.Lock()
 
 
 def executor(lane: str = "admit") -> ThreadPoolExecutor:
-    """Two lanes of database threads. `settle` (recording outcomes, draining) has its own few
+    """Four lanes of database threads. `settle` (recording outcomes, draining) has its own few
     threads so that a burst of admissions and refusals queued on `admit` never delays the
-    records that give room back to the caps."""
+    records that give room back to the caps; `live` is the heartbeat's one thread, so that
+    proving this process alive never waits behind requests (beat charges a silent process's
+    reservations at worst case); `probe` is /readyz's one thread (gateway/ops.py)."""
     with _executor_lock:
         if lane not in _executors:
             total = _pool_size()
-            size = SETTLE_THREADS if lane == "settle" else max(4, total - SETTLE_THREADS)
+            if lane in ("live", "probe"):
+                size = 1
+            elif lane == "settle":
+                size = SETTLE_THREADS
+            else:
+                size = max(4, total - SETTLE_THREADS)
             _executors[lane] = ThreadPoolExecutor(max_workers=size, thread_name_prefix=f"capgate-db-{lane}")
         return _executors[lane]
 
 
+# How often the connection pool tries to reconnect while the database is away. psycopg_pool
+# backs off exponentially (1 s, 2 s, 4 s, ...), so after a 20 s outage its next attempt could be
+# 15 s after the database was back, every admission meanwhile timing out of the pool with 503.
+# A refused local connect costs next to nothing: try at a steady pace instead.
+RECONNECT_EVERY_SECONDS = 0.25
+
+
+def reconnect_steadily() -> None:
+    """Make the pool's reconnection attempts steady rather than exponential (its own tunables,
+    class-wide: every pool of this process)."""
+    from psycopg_pool.base import AttemptWithBackoff
+
+    AttemptWithBackoff.INITIAL_DELAY = RECONNECT_EVERY_SECONDS
+    AttemptWithBackoff.DELAY_BACKOFF = 1.0
+
+
+# Guard points (tests/faults/test_db_threads.py removes each and shows a request failing on a
+# connection the restart killed): a held connection that looks dead is dropped before use, and
+# one that turns out dead in use costs one failed attempt, retried at once on a fresh one.
+DROP_DEAD_HELD = True
+RETRY_LOST = True
+
+
+def _close_quietly() -> None:
+    try:
+        connection.close()
+    except DatabaseError:
+        pass
+
+
+def _held_connection_usable() -> bool:
+    """Whether this thread holds a connection that still looks alive; a dead one is dropped.
+
+    Each pool thread keeps its connection between calls. An idle connection in autocommit
+    (these threads never LISTEN) has nothing to read unless the server ended it: a restarted
+    or stopped PostgreSQL sends its termination notice and closes the socket. One poll() of the
+    socket, no round trip, tells such a connection apart, so the call runs on a fresh one
+    instead of failing (a false alarm costs one reconnect)."""
+    raw = connection.connection
+    if raw is None:
+        return False
+    if not DROP_DEAD_HELD:
+        return True
+    try:
+        if raw.closed or raw.broken:
+            raise OSError("closed")
+        poller = select.poll()
+        poller.register(raw.fileno(), select.POLLIN | select.POLLPRI)
+        if not poller.poll(0):
+            return True
+    except Exception:  # cannot be polled (closed, no socket): as good as dead, reconnect
+        pass
+    _close_quietly()
+    return False
+
+
+def _connection_lost() -> bool:
+    raw = connection.connection
+    return raw is None or bool(getattr(raw, "closed", True) or getattr(raw, "broken", True))
+
+
 def _call(fn: Callable[..., T], *args, **kwargs) -> T:
-    # Each pool thread keeps its own connection between calls; one that broke (database
-    # restarted) is dropped so the next call reconnects instead of failing forever.
+    """Run fn on this thread's connection. A held connection that the socket poll could not
+    tell was dead (the server vanished without closing it) costs one failed attempt: it is
+    dropped and fn runs again at once on a fresh one from the pool (which checks what it hands
+    out). A failure on a fresh connection is the database being away: raised, not retried.
+
+    The retry is safe because the connection was lost before or during fn, so fn's
+    transaction did not commit, short of a commit whose answer was lost on the way back; every
+    function run here is keyed by request id or is a compare-and-set, so that case fails on the
+    unique key instead of counting twice."""
+    reused = _held_connection_usable()
+    try:
+        return fn(*args, **kwargs)
+    except (OperationalError, InterfaceError):
+        retry = RETRY_LOST and reused and _connection_lost()
+        _close_quietly()
+        if not retry:
+            raise
+        log.warning("database connection lost while idle: retrying on a fresh connection")
+    except DatabaseError:
+        _close_quietly()
+        raise
     try:
         return fn(*args, **kwargs)
     except DatabaseError:
-        try:
-            connection.close()
-        except DatabaseError:
-            pass
+        _close_quietly()
         raise
 
 
@@ -149,23 +235,26 @@ class Background:
             log.warning("database unavailable at shutdown: beat will settle this process's records")
 
     async def _heartbeat(self) -> None:
+        # On the `live` lane (its own thread and connection, never queued behind requests), and
+        # retried every HEARTBEAT_RETRY seconds after a failure rather than a whole interval: a
+        # process says it is alive as soon as the database answers again (budgets/instances.py
+        # measures a silence from the database's own start, so the outage itself is not counted).
         from budgets.instances import alive_ids, heartbeat, register
         from ledger import slices
 
         interval = settings.CAPGATE["HEARTBEAT_INTERVAL"].total_seconds()
         while True:
+            wait = interval
             try:
+                if self.instance_id is None or not await db(heartbeat, instance_id=self.instance_id, lane="live"):
+                    self.instance_id = (await db(register, lane="live")).id
                 # Slices are sized by how many processes share a ceiling's room (ledger/slices.py).
-                live = await db(alive_ids, grace=settings.CAPGATE["HEARTBEAT_GRACE"])
+                live = await db(alive_ids, grace=settings.CAPGATE["HEARTBEAT_GRACE"], lane="live")
                 slices.book.processes = max(1, len(live))
             except DatabaseError:
-                log.warning("could not count live gateway processes: database unavailable")
-            await asyncio.sleep(interval)
-            try:
-                if self.instance_id is None or not await db(heartbeat, instance_id=self.instance_id):
-                    self.instance_id = (await db(register)).id
-            except DatabaseError:
-                log.warning("heartbeat failed: database unavailable")
+                log.warning("heartbeat failed: database unavailable; retrying in %.1f s", HEARTBEAT_RETRY)
+                wait = min(interval, HEARTBEAT_RETRY)
+            await asyncio.sleep(wait)
 
     async def _slices(self) -> None:
         # Headroom slices (ledger/slices.py): retire the ones past their time or period, and give
@@ -238,23 +327,34 @@ class Background:
                 )
 
     async def _replay(self) -> None:
+        # Records parked in memory (gateway/recorder.py) and spooled to disk (ledger/spool.py)
+        # go to the outbox once the database answers. Nothing ends this loop but cancellation:
+        # any other failure is logged and the next round tries again.
+        from gateway.recorder import recorder
         from ledger.spool import pending, replay
 
         while True:
-            await asyncio.sleep(2.0)
-            if not pending():
-                continue
+            await asyncio.sleep(REPLAY_INTERVAL)
             try:
+                parked = recorder()
+                if parked.parked and await parked.retry_parked():
+                    self.kick_drain()
+                if not await asyncio.get_running_loop().run_in_executor(None, pending):
+                    continue
                 n = await db(replay, lane="settle")
                 if n:
                     log.info("replayed %d spooled usage records", n)
                     self.kick_drain()
             except DatabaseError:
                 pass  # still down: try again next round
+            except Exception:
+                log.exception("spool replay failed; retrying in %.1f s", REPLAY_INTERVAL)
 
 
 background: Background | None = None
 SLICE_TICK_SECONDS = 0.1
+HEARTBEAT_RETRY = 0.5  # seconds between heartbeats while the database does not answer
+REPLAY_INTERVAL = 1.0  # seconds between attempts to move parked and spooled records to the outbox
 
 
 def conninfo() -> str:
@@ -272,7 +372,7 @@ def conninfo() -> str:
 
 
 def _on_every_thread(fn: Callable[[], None], *, timeout: float = 30.0) -> None:
-    for lane in ("admit", "settle"):
+    for lane in ("admit", "settle", "live", "probe"):
         _on_every_thread_of(executor(lane), fn, timeout=timeout)
 
 

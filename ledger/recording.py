@@ -332,13 +332,21 @@ def release(*, reservation: Reservation, error: str = "") -> UsageRecord:
     return rec
 
 
-def expire(*, now: datetime | None = None, limit: int = 1000, dead_owner_ids: Sequence[int] = ()) -> int:
+def expire(
+    *,
+    now: datetime | None = None,
+    limit: int = 1000,
+    dead_owner_ids: Sequence[int] = (),
+    dead_owner_seen_before: datetime | None = None,
+) -> int:
     """Charge lapsed reservations at their worst case, as `estimated`: the call may have gone
     out, and charging is the safe direction. A later true report corrects it.
 
     Lapsed: the lease ran out, the hard deadline passed, or the owning gateway process is dead
     (`dead_owner_ids`: stopped heartbeating past the grace) — so a crash settles within the
-    grace, not a whole lease later.
+    grace, not a whole lease later. With `dead_owner_seen_before`, only a dead owner's
+    reservations made before then are charged: one made later proves its owner was alive then
+    (a process judged dead on a stale heartbeat keeps what it admitted since).
 
     A reservation whose usage record already exists (applied or not) is never touched: the
     insert is ON CONFLICT DO NOTHING on the unique request id, so two expiries racing charge
@@ -347,7 +355,10 @@ def expire(*, now: datetime | None = None, limit: int = 1000, dead_owner_ids: Se
     now = now or timezone.now()
     lapsed_q = Q(expires_at__lt=now) | Q(deadline_at__lt=now)
     if dead_owner_ids:
-        lapsed_q |= Q(owner_id__in=list(dead_owner_ids))
+        dead_q = Q(owner_id__in=list(dead_owner_ids))
+        if dead_owner_seen_before is not None:
+            dead_q &= Q(created_at__lt=dead_owner_seen_before)
+        lapsed_q |= dead_q
     with transaction.atomic():
         # Claim the lapsed reservations: concurrent expiries skip each other's, so each
         # reservation is considered by one of them and the count below is this call's own.
