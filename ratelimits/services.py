@@ -165,7 +165,13 @@ def limiters() -> _Limiters:
     with _limiters_lock:
         if _limiters is None or _limiters.url != url:
             # Short socket timeouts: a Redis that hangs must not hold admission threads.
-            shared = storage_from_string(url, wrap_exceptions=True, socket_connect_timeout=0.25, socket_timeout=0.25)
+            shared = storage_from_string(
+                url,
+                wrap_exceptions=True,
+                socket_connect_timeout=0.25,
+                socket_timeout=0.25,
+                **settings.REDIS_SOCKET_HEALTH,
+            )
             shared.dependencies["redis"]  # noqa: B018 — load it now, once
             _limiters = _Limiters(
                 url=url,

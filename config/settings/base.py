@@ -310,6 +310,8 @@ CAPGATE = {
     "RATE_LIMIT_STORAGE_URL": env("CAPGATE_RATE_LIMIT_STORAGE_URL", default=REDIS_URL),
     # A body larger than this is refused with 413 before it is parsed.
     "MAX_BODY_BYTES": env.int("CAPGATE_MAX_BODY_BYTES", default=20 * 1024 * 1024),
+    # A request body (up to MAX_BODY_BYTES, or a job's file) must arrive within this; 408 after.
+    "BODY_READ_TIMEOUT_SECONDS": env.float("CAPGATE_BODY_READ_TIMEOUT_SECONDS", default=60.0),
     # JSON nested deeper than this is refused with 400 (gateway and API): Python's parser would
     # otherwise recurse into a RecursionError. Real requests nest about 20 levels.
     "MAX_JSON_DEPTH": env.int("CAPGATE_MAX_JSON_DEPTH", default=64),
