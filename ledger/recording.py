@@ -175,6 +175,7 @@ def _insert(rows: list[UsageRecord], *, carved: Sequence[Reservation] = ()) -> d
     one = "(" + ", ".join(["%s"] * len(fields)) + ")"
     params = [f.get_db_prep_save(f.pre_save(row, True), connection) for row in rows for f in fields]
     carve_sql, carve_args = (CARVE_SQL + ";", carve_params(carved)) if carved else ("", [])
+    n = len(carved)
     with connection.cursor() as cursor:
         cursor.execute(
             f"SET LOCAL synchronous_commit = off; {carve_sql}"
@@ -188,7 +189,20 @@ def _insert(rows: list[UsageRecord], *, carved: Sequence[Reservation] = ()) -> d
             if n < len(carved):  # recorded before, or the slice was charged whole by expiry
                 log.info("%d of %d requests not carved from their slices", len(carved) - n, len(carved))
             cursor.cursor.nextset()  # past the carve's count
-        return dict(cursor.fetchall())
+        inserted = dict(cursor.fetchall())
+    if carved and n < len(carved):
+        _stop_charged_slices(carved)
+    return inserted
+
+
+def _stop_charged_slices(carved: Sequence[Reservation]) -> None:
+    """A request not carved from its slice may have found the slice charged by expiry (its row
+    gone): this process must not admit from it again (ledger/slices.py `Book.charged`)."""
+    from ledger import slices  # ledger/slices.py imports the admission this module's callers use
+
+    ids = {r.slice_id for r in carved if r.slice_id is not None}
+    present = set(Reservation.objects.filter(id__in=ids).values_list("id", flat=True))
+    slices.book.charged([i for i in ids if i not in present])
 
 
 def _record_one(row: UsageRecord, outcome: Outcome, reservation: Reservation) -> UsageRecord | RecordRejected:
