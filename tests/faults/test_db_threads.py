@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import DatabaseError, connection
 
-from gateway import runtime
+from gateway import dbthreads
 from tests.faults.conftest import PrivatePostgres
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,14 +40,14 @@ def _after_a_restart(pg: PrivatePostgres) -> list[object]:
     thread = ThreadPoolExecutor(1)
     try:
         with pg.as_default():
-            assert thread.submit(runtime._call, _select_one).result() == 1  # the thread now holds a connection
+            assert thread.submit(dbthreads._call, _select_one).result() == 1  # the thread now holds a connection
             connection.close()
             pg.stop()
             pg.start()
             results: list[object] = []
             for _ in range(2):
                 try:
-                    results.append(thread.submit(runtime._call, _select_one).result())
+                    results.append(thread.submit(dbthreads._call, _select_one).result())
                 except DatabaseError as exc:
                     results.append(exc)
             thread.submit(lambda: connection.close()).result()  # looked up on that thread
@@ -62,14 +62,14 @@ def test_the_first_call_after_a_restart_succeeds_on_a_fresh_connection(bare_clus
 
 def test_without_the_socket_check_a_dead_connection_costs_one_attempt_retried_at_once(bare_cluster, monkeypatch):
     # given: the held connection is not checked before use: the call finds it dead
-    monkeypatch.setattr(runtime, "DROP_DEAD_HELD", False)
+    monkeypatch.setattr(dbthreads, "DROP_DEAD_HELD", False)
     # then: the call is retried at once on a fresh connection, and succeeds
     assert _after_a_restart(bare_cluster) == [1, 1]
 
 
 def test_removal_without_either_guard_the_first_call_after_a_restart_fails(bare_cluster, monkeypatch):
-    monkeypatch.setattr(runtime, "DROP_DEAD_HELD", False)
-    monkeypatch.setattr(runtime, "RETRY_LOST", False)
+    monkeypatch.setattr(dbthreads, "DROP_DEAD_HELD", False)
+    monkeypatch.setattr(dbthreads, "RETRY_LOST", False)
     first, second = _after_a_restart(bare_cluster)
     assert isinstance(first, DatabaseError)  # the request that met the dead connection
     assert second == 1  # the connection was dropped after failing: the next call reconnects
