@@ -331,6 +331,13 @@ def _store() -> aioredis.Redis:
     return found
 
 
+async def drop_idle() -> None:
+    """Close this event loop's idle job-store connections (gateway/runtime.py, periodically)."""
+    found = _stores.get(asyncio.get_running_loop())
+    if found is not None:
+        await found.connection_pool.disconnect(inuse_connections=False)
+
+
 async def send(
     connection: Any,
     method: str,

@@ -76,7 +76,15 @@ class Background:
         await asyncio.get_running_loop().run_in_executor(None, warm_thread_connections)
         self._tasks = [
             asyncio.create_task(c())
-            for c in (self._heartbeat, self._drain, self._replay, self._request_log, self._slices, self._listen)
+            for c in (
+                self._heartbeat,
+                self._drain,
+                self._replay,
+                self._request_log,
+                self._slices,
+                self._listen,
+                self._redis_idle,
+            )
         ]
 
     async def stop(self) -> None:
@@ -172,6 +180,21 @@ class Background:
                     pass
             except DatabaseError:
                 log.warning("drain failed: database unavailable; records stay in the outbox")
+
+    async def _redis_idle(self) -> None:
+        # Idle pooled Redis sockets are closed every REDIS_IDLE_DROP_SECONDS (the next call
+        # reconnects): after a Redis restart, the ones no call happens to reuse would otherwise sit
+        # half-closed (CLOSE-WAIT) for as long as the process lives.
+        from gateway import echo_jobs
+        from ratelimits.services import drop_idle_redis
+
+        while True:
+            await asyncio.sleep(settings.CAPGATE["REDIS_IDLE_DROP_SECONDS"])
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, drop_idle_redis)
+                await echo_jobs.drop_idle()
+            except Exception:  # hygiene only: never ends the loop
+                log.exception("could not close idle Redis connections")
 
     async def _request_log(self) -> None:
         # Refusals noted in memory (requestlog/buffer.py) go to the database here, one INSERT per

@@ -153,6 +153,15 @@ _limiters: _Limiters | None = None
 _limiters_lock = threading.Lock()
 
 
+def drop_idle_redis() -> None:
+    """Close the shared limiter's idle Redis connections (gateway/runtime.py, periodically)."""
+    current = _limiters
+    storage = getattr(current.shared, "storage", None) if current is not None else None
+    client = getattr(storage, "storage", None)
+    if client is not None:
+        client.connection_pool.disconnect(inuse_connections=False)
+
+
 def limiters() -> _Limiters:
     """The shared (Redis) limiter and this process's in-memory fallback."""
     global _limiters

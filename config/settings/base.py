@@ -308,6 +308,8 @@ CAPGATE = {
     # Rate limits' counters (requests and tokens per minute) live here; if it is unreachable,
     # each process falls back to counting in its own memory (docs/security.md, "Rate limits").
     "RATE_LIMIT_STORAGE_URL": env("CAPGATE_RATE_LIMIT_STORAGE_URL", default=REDIS_URL),
+    # Idle pooled Redis connections of a gateway process are closed this often (gateway/runtime.py).
+    "REDIS_IDLE_DROP_SECONDS": env.float("CAPGATE_REDIS_IDLE_DROP_SECONDS", default=60.0),
     # A body larger than this is refused with 413 before it is parsed.
     "MAX_BODY_BYTES": env.int("CAPGATE_MAX_BODY_BYTES", default=20 * 1024 * 1024),
     # A request body (up to MAX_BODY_BYTES, or a job's file) must arrive within this; 408 after.

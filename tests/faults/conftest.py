@@ -26,7 +26,7 @@ import pytest
 from django.db import connection, connections
 
 from gateway import capcheck
-from tests.gateway.conftest import gateway, upstream  # noqa: F401  (fixtures)
+from tests.gateway.conftest import gateway, upstream, wired  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
 
