@@ -21,6 +21,7 @@ from budgets.scopes import CHARGED_COLUMNS
 from catalog.models import Connection
 from catalog.pricing import Usage
 from ledger.carving import CARVE_SQL, carve, carve_params
+from ledger.charged_slices import settle_charged_slices
 from ledger.drain import drain
 from ledger.locks import claim_lapsed, lock_windows, record_for_update, relaxed_commit
 from ledger.signals import send_after_commit
@@ -191,18 +192,11 @@ def _insert(rows: list[UsageRecord], *, carved: Sequence[Reservation] = ()) -> d
             cursor.cursor.nextset()  # past the carve's count
         inserted = dict(cursor.fetchall())
     if carved and n < len(carved):
-        _stop_charged_slices(carved)
+        # Recorded before, or its slice was charged whole by expiry (ledger/charged_slices.py).
+        settle_charged_slices(
+            carved=carved, costs={row.request_id: row.cost_nano for row in rows}, inserted=list(inserted)
+        )
     return inserted
-
-
-def _stop_charged_slices(carved: Sequence[Reservation]) -> None:
-    """A request not carved from its slice may have found the slice charged by expiry (its row
-    gone): this process must not admit from it again (ledger/slices.py `Book.charged`)."""
-    from ledger import slices  # ledger/slices.py imports the admission this module's callers use
-
-    ids = {r.slice_id for r in carved if r.slice_id is not None}
-    present = set(Reservation.objects.filter(id__in=ids).values_list("id", flat=True))
-    slices.book.charged([i for i in ids if i not in present])
 
 
 def _record_one(row: UsageRecord, outcome: Outcome, reservation: Reservation) -> UsageRecord | RecordRejected:
