@@ -7,6 +7,8 @@ import os
 import socket
 from datetime import datetime, timedelta
 
+from django.db import connection
+from django.db.models import Q
 from django.utils import timezone
 
 from budgets.models import GatewayInstance, Reservation
@@ -28,14 +30,29 @@ def stop(*, instance_id: int) -> None:
     GatewayInstance.objects.filter(pk=instance_id).update(stopped_at=timezone.now())
 
 
-def alive_ids(*, grace: timedelta, now: datetime | None = None) -> list[int]:
-    """Instances that heartbeated within `grace` and have not stopped."""
+# Instances silent for longer than this before the database's restart are not given the
+# benefit of the doubt afterwards: no outage lasts that long while a process waits it out.
+LONGEST_OUTAGE = timedelta(hours=1)
+
+
+def database_started_at() -> datetime:
+    """When the database server last started (it was unreachable before then)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_postmaster_start_time()")
+        return cursor.fetchone()[0]
+
+
+def alive_ids(*, grace: timedelta, now: datetime | None = None, started_at: datetime | None = None) -> list[int]:
+    """Instances that have not stopped and heartbeated within `grace`, where a silence is
+    measured from the database's last start: a process cannot heartbeat while the database is
+    down, so for `grace` after a restart every process that heartbeated before it (within
+    LONGEST_OUTAGE) still counts as alive; one that really died is judged a grace later."""
     now = now or timezone.now()
-    return list(
-        GatewayInstance.objects.filter(stopped_at__isnull=True, heartbeat_at__gte=now - grace).values_list(
-            "id", flat=True
-        )
-    )
+    started_at = started_at or database_started_at()
+    heard = Q(heartbeat_at__gte=now - grace)
+    if now - started_at < grace:
+        heard |= Q(heartbeat_at__gte=started_at - LONGEST_OUTAGE)
+    return list(GatewayInstance.objects.filter(heard, stopped_at__isnull=True).values_list("id", flat=True))
 
 
 def dead_ids(*, alive: list[int]) -> list[int]:

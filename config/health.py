@@ -78,11 +78,28 @@ def check_spool() -> Check:
 def readiness() -> tuple[int, dict]:
     """(200 or 503, the body). Every check runs, so a 503 names all that fail."""
     database = check_database()
-    checks = [
-        database,
-        check_migrations() if database.ok else Check("migrations", False, "unknown: database unreachable"),
-        check_spool(),
-    ]
+    return _verdict(
+        [
+            database,
+            check_migrations() if database.ok else Check("migrations", False, "unknown: database unreachable"),
+            check_spool(),
+        ]
+    )
+
+
+def unanswered(*, seconds: float) -> tuple[int, dict]:
+    """The verdict when the database did not answer within `seconds` (it is away: a connect
+    that hangs, or a pool waiting to reconnect): 503 naming it, without waiting any longer."""
+    return _verdict(
+        [
+            Check("database", False, f"no answer within {seconds:g} s"),
+            Check("migrations", False, "unknown: database unreachable"),
+            check_spool(),
+        ]
+    )
+
+
+def _verdict(checks: list[Check]) -> tuple[int, dict]:
     ok = all(c.ok for c in checks)
     body: dict[str, object] = {
         "status": "ready" if ok else "unavailable",

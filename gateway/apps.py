@@ -3,3 +3,8 @@ from django.apps import AppConfig
 
 class GatewayConfig(AppConfig):
     name = "gateway"
+
+    def ready(self) -> None:
+        from gateway.dbthreads import reconnect_steadily
+
+        reconnect_steadily()

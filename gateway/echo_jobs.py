@@ -320,10 +320,22 @@ def _store() -> aioredis.Redis:
         for stale in [other for other in _stores if other.is_closed()]:
             del _stores[stale]
         pool = aioredis.BlockingConnectionPool.from_url(
-            settings.REDIS_URL, max_connections=32, timeout=10, socket_timeout=10, socket_connect_timeout=5
+            settings.REDIS_URL,
+            max_connections=32,
+            timeout=10,
+            socket_timeout=10,
+            socket_connect_timeout=5,
+            **settings.REDIS_SOCKET_HEALTH,
         )
         found = _stores[loop] = aioredis.Redis(connection_pool=pool)
     return found
+
+
+async def drop_idle() -> None:
+    """Close this event loop's idle job-store connections (gateway/runtime.py, periodically)."""
+    found = _stores.get(asyncio.get_running_loop())
+    if found is not None:
+        await found.connection_pool.disconnect(inuse_connections=False)
 
 
 async def send(
@@ -349,6 +361,9 @@ async def send(
             "application/json",
         )
     except RedisError as exc:
+        # Redis went away (or restarted): close the idle sockets at once, so none lingers
+        # half-closed in the pool; the next call connects afresh.
+        await _store().connection_pool.disconnect(inuse_connections=False)
         unavailable = GatewayError(
             f"echo's job store is unavailable: {type(exc).__name__}", code="unavailable", status=503
         )

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
+
+from django.conf import settings
 
 from gateway.errors import GatewayError
 
@@ -27,9 +30,22 @@ class Request:
         return self.headers.get("x-api-key") or None
 
     async def body(self, limit: int) -> bytes:
+        """The whole body, at most `limit` bytes, read within BODY_READ_TIMEOUT_SECONDS: the
+        server (uvicorn) bounds no request read, so a client dribbling a body byte by byte
+        would otherwise hold its connection and task for as long as it likes (408 instead)."""
         declared = self.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
             raise GatewayError(f"The request body exceeds {limit} bytes.", code="request_too_large", status=413)
+        seconds = settings.CAPGATE["BODY_READ_TIMEOUT_SECONDS"]
+        try:
+            async with asyncio.timeout(seconds):
+                return await self._read_body(limit)
+        except TimeoutError:
+            raise GatewayError(
+                f"The request body did not arrive within {seconds:g} s.", code="request_timeout", status=408
+            ) from None
+
+    async def _read_body(self, limit: int) -> bytes:
         chunks: list[bytes] = []
         size = 0
         while True:

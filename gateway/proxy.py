@@ -389,6 +389,7 @@ class ProxyCall:
     async def record(self, outcome: Outcome, target: Target | None = None) -> None:
         """Insert the usage record (group commit with the records of other requests finishing
         meanwhile, gateway/recorder.py); if the database is down, spool it to disk (fsync'd)."""
+        from ledger.admission import disown
         from ledger.recording import RecordRejected
         from ledger.spool import append
 
@@ -406,14 +407,32 @@ class ProxyCall:
             await recorder().record(reservation=p.reservation, outcome=outcome)
         except RecordRejected:
             # Logged once where it was refused, and never spooled (a replay would be refused
-            # forever). The client is still answered; the reservation is left to expiry, which
-            # charges it at its worst case — the safe direction.
-            pass
+            # forever). The client is still answered; the reservation is disowned, so it lapses
+            # with its lease and expiry charges it at its worst case — the safe direction — rather
+            # than this process renewing it until its hard deadline. (A request from a slice has
+            # no row of its own: its part stays in the slice, charged with it.)
+            if p.reservation.slice_id is None:
+                try:
+                    await runtime.db(disown, request_id=p.reservation.request_id, lane="settle")
+                except DatabaseError:
+                    log.warning("could not disown %s: it lapses at its deadline instead", self.request_id)
         except DatabaseError:
-            log.warning("usage record for %s spooled: database unavailable", self.request_id)
-            await asyncio.get_running_loop().run_in_executor(
-                None, lambda: append(reservation=p.reservation, outcome=outcome)
-            )
+            # Kept in memory and written again when the database answers (gateway/recorder.py),
+            # and spooled to disk (fsync'd) so that a crash before then loses nothing either. A
+            # spool that cannot be written (full, read-only) costs the crash-safety of this one
+            # record, never the answer: the provider has billed, so the client gets its response.
+            recorder().park(reservation=p.reservation, outcome=outcome)
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: append(reservation=p.reservation, outcome=outcome)
+                )
+                log.warning("usage record for %s spooled: database unavailable", self.request_id)
+            except OSError as exc:
+                log.error(
+                    "usage record for %s kept in memory only: database unavailable and spool not writable (%s)",
+                    self.request_id,
+                    exc,
+                )
         if runtime.background is not None:
             runtime.background.kick_drain()
 

@@ -31,6 +31,10 @@ class Recorder:
         self._task: asyncio.Task[None] | None = None  # held: the loop keeps only weak references
         self.batches = 0  # INSERTs made (the tests read it)
         self.records = 0
+        # Records the database could not take (it was unreachable): written again by `retry_parked`
+        # until it does. Also spooled to disk where the disk allows, but memory is what keeps a
+        # record when the spool cannot, and what tells this process's slices it settled.
+        self.parked: list[tuple[Reservation, Outcome]] = []
 
     async def record(self, *, reservation: Reservation, outcome: Outcome) -> UsageRecord:
         """The record once committed; raises what `record` would (RecordRejected, ValueError,
@@ -72,6 +76,26 @@ class Recorder:
                         done.set_result(result)
         finally:
             self._writing = False
+
+    def park(self, *, reservation: Reservation, outcome: Outcome) -> None:
+        self.parked.append((reservation, outcome))
+
+    async def retry_parked(self) -> int:
+        """Write the parked records (one INSERT per MAX_BATCH); returns how many the database
+        took. A DatabaseError leaves them parked, in order, and is raised. A record refused for
+        good is dropped here as it is on the request path (logged where it was refused)."""
+        written = 0
+        while self.parked:
+            batch, self.parked = self.parked[:MAX_BATCH], self.parked[MAX_BATCH:]
+            try:
+                results = await runtime.db(record_many, items=batch, lane="settle")
+            except BaseException:
+                self.parked = batch + self.parked
+                raise
+            for (reservation, _), result in zip(batch, results, strict=True):
+                slices.book.settled(reservation)
+                written += not isinstance(result, Exception)
+        return written
 
 
 _recorders: dict[asyncio.AbstractEventLoop, Recorder] = {}

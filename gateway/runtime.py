@@ -1,69 +1,19 @@
-"""Process-wide gateway machinery: the database thread pool, connection health, and the
-background loops started with the ASGI app (heartbeat, micro-batch drain, spool replay,
-request log flush)."""
+"""Process-wide gateway machinery: upstream connection health, and the background loops started
+with the ASGI app (heartbeat, micro-batch drain, spool replay, request log flush). The database
+threads (`db`, `executor`) are gateway/dbthreads.py's, re-exported here for the callers."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
-from typing import TypeVar
 
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
+
+from gateway.dbthreads import close_thread_connections, db, executor, warm_thread_connections  # noqa: F401  (re-exported)
 
 log = logging.getLogger("capgate.gateway")
-T = TypeVar("T")
-
-
-SETTLE_THREADS = 4
-
-
-def _pool_size() -> int:
-    pool = settings.DATABASES["default"].get("OPTIONS", {}).get("pool") or {}
-    # Each gateway thread holds a pool connection for the life of the process; leave the
-    # dashboard/API's reserved slice (CAPGATE_DB_WEB_CONNECTIONS) to Django's request threads.
-    reserved = int(getattr(settings, "CAPGATE_DB_WEB_CONNECTIONS", 6))
-    return max(SETTLE_THREADS + 1, int(pool.get("max_size", 26)) - reserved) if pool else 20
-
-
-_executors: dict[str, ThreadPoolExecutor] = {}
-_executor_lock = threading.Lock()
-
-
-def executor(lane: str = "admit") -> ThreadPoolExecutor:
-    """Two lanes of database threads. `settle` (recording outcomes, draining) has its own few
-    threads so that a burst of admissions and refusals queued on `admit` never delays the
-    records that give room back to the caps."""
-    with _executor_lock:
-        if lane not in _executors:
-            total = _pool_size()
-            size = SETTLE_THREADS if lane == "settle" else max(4, total - SETTLE_THREADS)
-            _executors[lane] = ThreadPoolExecutor(max_workers=size, thread_name_prefix=f"capgate-db-{lane}")
-        return _executors[lane]
-
-
-def _call(fn: Callable[..., T], *args, **kwargs) -> T:
-    # Each pool thread keeps its own connection between calls; one that broke (database
-    # restarted) is dropped so the next call reconnects instead of failing forever.
-    try:
-        return fn(*args, **kwargs)
-    except DatabaseError:
-        try:
-            connection.close()
-        except DatabaseError:
-            pass
-        raise
-
-
-async def db(fn: Callable[..., T], *args, lane: str = "admit", **kwargs) -> T:
-    """Run a synchronous ORM function on a database thread of the given lane."""
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(executor(lane), partial(_call, fn, *args, **kwargs))
 
 
 class Health:
@@ -126,7 +76,15 @@ class Background:
         await asyncio.get_running_loop().run_in_executor(None, warm_thread_connections)
         self._tasks = [
             asyncio.create_task(c())
-            for c in (self._heartbeat, self._drain, self._replay, self._request_log, self._slices, self._listen)
+            for c in (
+                self._heartbeat,
+                self._drain,
+                self._replay,
+                self._request_log,
+                self._slices,
+                self._listen,
+                self._redis_idle,
+            )
         ]
 
     async def stop(self) -> None:
@@ -149,23 +107,26 @@ class Background:
             log.warning("database unavailable at shutdown: beat will settle this process's records")
 
     async def _heartbeat(self) -> None:
+        # On the `live` lane (its own thread and connection, never queued behind requests), and
+        # retried every HEARTBEAT_RETRY seconds after a failure rather than a whole interval: a
+        # process says it is alive as soon as the database answers again (budgets/instances.py
+        # measures a silence from the database's own start, so the outage itself is not counted).
         from budgets.instances import alive_ids, heartbeat, register
         from ledger import slices
 
         interval = settings.CAPGATE["HEARTBEAT_INTERVAL"].total_seconds()
         while True:
+            wait = interval
             try:
+                if self.instance_id is None or not await db(heartbeat, instance_id=self.instance_id, lane="live"):
+                    self.instance_id = (await db(register, lane="live")).id
                 # Slices are sized by how many processes share a ceiling's room (ledger/slices.py).
-                live = await db(alive_ids, grace=settings.CAPGATE["HEARTBEAT_GRACE"])
+                live = await db(alive_ids, grace=settings.CAPGATE["HEARTBEAT_GRACE"], lane="live")
                 slices.book.processes = max(1, len(live))
             except DatabaseError:
-                log.warning("could not count live gateway processes: database unavailable")
-            await asyncio.sleep(interval)
-            try:
-                if self.instance_id is None or not await db(heartbeat, instance_id=self.instance_id):
-                    self.instance_id = (await db(register)).id
-            except DatabaseError:
-                log.warning("heartbeat failed: database unavailable")
+                log.warning("heartbeat failed: database unavailable; retrying in %.1f s", HEARTBEAT_RETRY)
+                wait = min(interval, HEARTBEAT_RETRY)
+            await asyncio.sleep(wait)
 
     async def _slices(self) -> None:
         # Headroom slices (ledger/slices.py): retire the ones past their time or period, and give
@@ -220,6 +181,21 @@ class Background:
             except DatabaseError:
                 log.warning("drain failed: database unavailable; records stay in the outbox")
 
+    async def _redis_idle(self) -> None:
+        # Idle pooled Redis sockets are closed every REDIS_IDLE_DROP_SECONDS (the next call
+        # reconnects): after a Redis restart, the ones no call happens to reuse would otherwise sit
+        # half-closed (CLOSE-WAIT) for as long as the process lives.
+        from gateway import echo_jobs
+        from ratelimits.services import drop_idle_redis
+
+        while True:
+            await asyncio.sleep(settings.CAPGATE["REDIS_IDLE_DROP_SECONDS"])
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, drop_idle_redis)
+                await echo_jobs.drop_idle()
+            except Exception:  # hygiene only: never ends the loop
+                log.exception("could not close idle Redis connections")
+
     async def _request_log(self) -> None:
         # Refusals noted in memory (requestlog/buffer.py) go to the database here, one INSERT per
         # interval, off the admitting threads; if the database is down they wait (bounded).
@@ -238,23 +214,34 @@ class Background:
                 )
 
     async def _replay(self) -> None:
+        # Records parked in memory (gateway/recorder.py) and spooled to disk (ledger/spool.py)
+        # go to the outbox once the database answers. Nothing ends this loop but cancellation:
+        # any other failure is logged and the next round tries again.
+        from gateway.recorder import recorder
         from ledger.spool import pending, replay
 
         while True:
-            await asyncio.sleep(2.0)
-            if not pending():
-                continue
+            await asyncio.sleep(REPLAY_INTERVAL)
             try:
+                parked = recorder()
+                if parked.parked and await parked.retry_parked():
+                    self.kick_drain()
+                if not await asyncio.get_running_loop().run_in_executor(None, pending):
+                    continue
                 n = await db(replay, lane="settle")
                 if n:
                     log.info("replayed %d spooled usage records", n)
                     self.kick_drain()
             except DatabaseError:
                 pass  # still down: try again next round
+            except Exception:
+                log.exception("spool replay failed; retrying in %.1f s", REPLAY_INTERVAL)
 
 
 background: Background | None = None
 SLICE_TICK_SECONDS = 0.1
+HEARTBEAT_RETRY = 0.5  # seconds between heartbeats while the database does not answer
+REPLAY_INTERVAL = 1.0  # seconds between attempts to move parked and spooled records to the outbox
 
 
 def conninfo() -> str:
@@ -269,49 +256,3 @@ def conninfo() -> str:
         host=db_settings.get("HOST") or None,
         port=str(db_settings.get("PORT") or "") or None,
     )
-
-
-def _on_every_thread(fn: Callable[[], None], *, timeout: float = 30.0) -> None:
-    for lane in ("admit", "settle"):
-        _on_every_thread_of(executor(lane), fn, timeout=timeout)
-
-
-def _on_every_thread_of(ex: ThreadPoolExecutor, fn: Callable[[], None], *, timeout: float) -> None:
-    """Run fn once on each of the pool's threads (creating them all): each task waits on a
-    barrier sized to the pool, so no thread can take two."""
-    import threading as _threading
-
-    count = ex._max_workers
-    barrier = _threading.Barrier(count)
-
-    def task() -> None:
-        try:
-            fn()
-        finally:
-            try:
-                barrier.wait(timeout=timeout)
-            except _threading.BrokenBarrierError:
-                pass
-
-    for future in [ex.submit(task) for _ in range(count)]:
-        future.result(timeout=timeout + 5)
-
-
-def warm_thread_connections() -> None:
-    """Open every database thread's connection up front: a burst arriving at a cold process
-    would otherwise wait on dozens of simultaneous connects (and time out of the pool)."""
-
-    def connect() -> None:
-        try:
-            connection.ensure_connection()
-        except DatabaseError:
-            log.warning("could not open a database connection while warming up")
-
-    _on_every_thread(connect)
-
-
-def close_thread_connections() -> None:
-    """Close the database connection held by every database thread (shutdown, tests)."""
-    for ex in list(_executors.values()):
-        # A lambda: `connection` must be looked up in each thread (it is per thread).
-        _on_every_thread_of(ex, lambda: connection.close(), timeout=10)

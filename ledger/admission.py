@@ -331,6 +331,14 @@ def renew(*, owner_ids: Sequence[int], now: datetime | None = None, lease: timed
     return Reservation.objects.filter(owner_id__in=list(owner_ids), deadline_at__gt=now).update(expires_at=now + lease)
 
 
+def disown(*, request_id: str) -> bool:
+    """Let a reservation lapse with its lease: its process stops renewing it, so beat charges it
+    at worst case once the lease runs out (CAPGATE_LEASE_SECONDS), not at its hard deadline.
+    For a request whose usage record the database refused for good: nothing else will settle
+    it. False if it is gone or had no owner."""
+    return Reservation.objects.filter(request_id=request_id, owner__isnull=False).update(owner=None) == 1
+
+
 def hand_to_job(
     *, request_id: str, job_id: str, deadline_at: datetime, now: datetime | None = None, lease: timedelta | None = None
 ) -> bool:

@@ -21,6 +21,7 @@ from budgets.scopes import CHARGED_COLUMNS
 from catalog.models import Connection
 from catalog.pricing import Usage
 from ledger.carving import CARVE_SQL, carve, carve_params
+from ledger.charged_slices import settle_charged_slices
 from ledger.drain import drain
 from ledger.locks import claim_lapsed, lock_windows, record_for_update, relaxed_commit
 from ledger.signals import send_after_commit
@@ -175,6 +176,7 @@ def _insert(rows: list[UsageRecord], *, carved: Sequence[Reservation] = ()) -> d
     one = "(" + ", ".join(["%s"] * len(fields)) + ")"
     params = [f.get_db_prep_save(f.pre_save(row, True), connection) for row in rows for f in fields]
     carve_sql, carve_args = (CARVE_SQL + ";", carve_params(carved)) if carved else ("", [])
+    n = len(carved)
     with connection.cursor() as cursor:
         cursor.execute(
             f"SET LOCAL synchronous_commit = off; {carve_sql}"
@@ -188,7 +190,13 @@ def _insert(rows: list[UsageRecord], *, carved: Sequence[Reservation] = ()) -> d
             if n < len(carved):  # recorded before, or the slice was charged whole by expiry
                 log.info("%d of %d requests not carved from their slices", len(carved) - n, len(carved))
             cursor.cursor.nextset()  # past the carve's count
-        return dict(cursor.fetchall())
+        inserted = dict(cursor.fetchall())
+    if carved and n < len(carved):
+        # Recorded before, or its slice was charged whole by expiry (ledger/charged_slices.py).
+        settle_charged_slices(
+            carved=carved, costs={row.request_id: row.cost_nano for row in rows}, inserted=list(inserted)
+        )
+    return inserted
 
 
 def _record_one(row: UsageRecord, outcome: Outcome, reservation: Reservation) -> UsageRecord | RecordRejected:
@@ -332,13 +340,21 @@ def release(*, reservation: Reservation, error: str = "") -> UsageRecord:
     return rec
 
 
-def expire(*, now: datetime | None = None, limit: int = 1000, dead_owner_ids: Sequence[int] = ()) -> int:
+def expire(
+    *,
+    now: datetime | None = None,
+    limit: int = 1000,
+    dead_owner_ids: Sequence[int] = (),
+    dead_owner_seen_before: datetime | None = None,
+) -> int:
     """Charge lapsed reservations at their worst case, as `estimated`: the call may have gone
     out, and charging is the safe direction. A later true report corrects it.
 
     Lapsed: the lease ran out, the hard deadline passed, or the owning gateway process is dead
     (`dead_owner_ids`: stopped heartbeating past the grace) — so a crash settles within the
-    grace, not a whole lease later.
+    grace, not a whole lease later. With `dead_owner_seen_before`, only a dead owner's
+    reservations made before then are charged: one made later proves its owner was alive then
+    (a process judged dead on a stale heartbeat keeps what it admitted since).
 
     A reservation whose usage record already exists (applied or not) is never touched: the
     insert is ON CONFLICT DO NOTHING on the unique request id, so two expiries racing charge
@@ -347,7 +363,10 @@ def expire(*, now: datetime | None = None, limit: int = 1000, dead_owner_ids: Se
     now = now or timezone.now()
     lapsed_q = Q(expires_at__lt=now) | Q(deadline_at__lt=now)
     if dead_owner_ids:
-        lapsed_q |= Q(owner_id__in=list(dead_owner_ids))
+        dead_q = Q(owner_id__in=list(dead_owner_ids))
+        if dead_owner_seen_before is not None:
+            dead_q &= Q(created_at__lt=dead_owner_seen_before)
+        lapsed_q |= dead_q
     with transaction.atomic():
         # Claim the lapsed reservations: concurrent expiries skip each other's, so each
         # reservation is considered by one of them and the count below is this call's own.

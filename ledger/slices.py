@@ -400,6 +400,24 @@ class Book:
                 self._retire(s)
             return len(hit)
 
+    def charged(self, slice_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int]:
+        """These slices' rows are gone without this process closing them: expiry charged them
+        whole (their owner was taken for dead). Admit nothing more from them, at once, and give
+        nothing back (there is nothing left to give). Returns, for each one this process had,
+        the part it never gave to a request (ledger/charged_slices.py takes it off the charge)."""
+        with self._lock:
+            hit = [s for s in (self._all.pop(i, None) for i in slice_ids) if s is not None]
+            unused = {s.id: max(s.available, 0) if s.blocking else 0 for s in hit}
+            for s in hit:
+                s.retired = True
+                s.available = 0
+                if self._slices.get(s.key) is s:
+                    del self._slices[s.key]
+            self._returns = [r for r in self._returns if r.slice_id not in unused]
+        for s in hit:
+            log.warning("slice %s was charged by expiry while this process used it: no longer admitting from it", s.id)
+        return unused
+
     def recall(self, window_ids: Sequence[int]) -> int:
         """Retire every slice on any of these windows (a refusal there); returns how many."""
         wanted = set(window_ids)

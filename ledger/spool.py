@@ -18,9 +18,11 @@ import fcntl
 import json
 import logging
 import os
+import time
 import uuid
 from datetime import datetime
 from pathlib import Path
+from typing import IO
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
@@ -68,41 +70,102 @@ def append(*, reservation: Reservation, outcome: Outcome) -> Path:
         + "\n"
     )
     path = spool_dir() / f"spool-{os.getpid()}.jsonl"
-    with open(path, "a", encoding="utf-8") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        fh.write(line)
-        fh.flush()
-        os.fsync(fh.fileno())
-    return path
+    while True:
+        with open(path, "a", encoding="utf-8") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            if not _still_at(fh, path):
+                continue  # a replayer claimed the file between our open and our lock: a new one
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return path
+
+
+def _still_at(fh: IO[str], path: Path) -> bool:
+    """Whether the open file is still the one at `path` (not renamed or deleted since)."""
+    try:
+        return os.fstat(fh.fileno()).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def pending() -> list[Path]:
     return sorted(spool_dir().glob("spool-*.jsonl")) + sorted(spool_dir().glob("replaying-*.jsonl"))
 
 
+# Test hook: seconds a replayer waits after claiming a file, before reading it (the replayer
+# race tests widen the window in which a second replayer could take the same file).
+RACE_DELAY_SECONDS = 0.0
+# Guard point: a replayer holds an exclusive lock on the file it replays from claim to unlink,
+# and takes a file only if it gets that lock at once. The tests set it to False to show two
+# replayers then share a file (its records written back twice, or one replayer failing).
+LOCK_CLAIMS = True
+
+
 def replay() -> int:
     """Move every spooled record into the outbox; return how many were inserted or matched.
 
-    A file is claimed by renaming it (atomic), so concurrent replayers never share one. If the
+    One replayer per file: a replayer locks a file (flock, without waiting) before it claims it
+    by renaming it, and keeps the lock until the file is gone, so a concurrent replayer skips it
+    and a writer appending to it waits, then sees it was claimed and starts a new file. A
+    `replaying-*` file left by a replayer that died has no lock, and is taken over. If the
     database fails mid-file, the unreplayed rest is written back for the next attempt.
     """
     moved = 0
-    for path in sorted(spool_dir().glob("spool-*.jsonl")):
-        claimed = path.with_name(f"replaying-{uuid.uuid4().hex}.jsonl")
-        try:
-            path.rename(claimed)
-        except FileNotFoundError:
-            continue  # another replayer took it
-        moved += _replay_file(claimed)
-    for claimed in sorted(spool_dir().glob("replaying-*.jsonl")):
-        # Left by a replayer that died; safe to redo (idempotent by request id).
-        if claimed.exists():
+    for path in sorted(spool_dir().glob("spool-*.jsonl")) + sorted(spool_dir().glob("replaying-*.jsonl")):
+        claimed = _claim(path)
+        if claimed is None:
+            continue
+        with claimed:
+            if RACE_DELAY_SECONDS:
+                time.sleep(RACE_DELAY_SECONDS)
             moved += _replay_file(claimed)
     return moved
 
 
-def _replay_file(path: Path) -> int:
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+def _claim(path: Path) -> _Claimed | None:
+    """The file at `path`, locked and renamed to a `replaying-*` name of this replayer's own;
+    None if it is gone or another replayer holds it."""
+    try:
+        fh = open(path, encoding="utf-8")
+    except FileNotFoundError:
+        return None  # another replayer finished it
+    try:
+        if LOCK_CLAIMS:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if not _still_at(fh, path):
+                raise BlockingIOError("claimed and finished meanwhile")
+        claimed = path.with_name(f"replaying-{uuid.uuid4().hex}.jsonl")
+        path.rename(claimed)
+    except (BlockingIOError, FileNotFoundError):
+        fh.close()
+        return None
+    except BaseException:
+        fh.close()
+        raise
+    return _Claimed(fh, claimed)  # the lock lasts as long as fh is open: until the file is gone
+
+
+class _Claimed:
+    """A claimed spool file, now at `path`, read through `fh` (which holds the lock)."""
+
+    def __init__(self, fh: IO[str], path: Path) -> None:
+        self.fh, self.path = fh, path
+
+    def read(self) -> str:
+        self.fh.seek(0)
+        return self.fh.read()
+
+    def __enter__(self) -> _Claimed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.fh.close()
+
+
+def _replay_file(claimed: _Claimed) -> int:
+    path = claimed.path
+    lines = [line for line in claimed.read().splitlines() if line.strip()]
     done = 0
     for i, line in enumerate(lines):
         try:
@@ -115,7 +178,10 @@ def _replay_file(path: Path) -> int:
             record(reservation=_reservation(entry["reservation"]), outcome=_outcome(entry["outcome"]))
         except (OperationalError, InterfaceError):
             log.warning("spool replay stopped at %s line %d: database unavailable", path, i + 1)
-            _write_rest(path.with_name(f"spool-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"), lines[i:])
+            # Written whole under a name no replayer looks for, then renamed into view.
+            rest = path.with_name(f".rest-{uuid.uuid4().hex}.tmp")
+            _write_rest(rest, lines[i:])
+            rest.rename(path.with_name(f"spool-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"))
             path.unlink()
             return done
         except Exception as exc:  # refused for good (RecordRejected, bad data): dead letter

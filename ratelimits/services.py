@@ -153,6 +153,15 @@ _limiters: _Limiters | None = None
 _limiters_lock = threading.Lock()
 
 
+def drop_idle_redis() -> None:
+    """Close the shared limiter's idle Redis connections (gateway/runtime.py, periodically)."""
+    current = _limiters
+    storage = getattr(current.shared, "storage", None) if current is not None else None
+    client = getattr(storage, "storage", None)
+    if client is not None:
+        client.connection_pool.disconnect(inuse_connections=False)
+
+
 def limiters() -> _Limiters:
     """The shared (Redis) limiter and this process's in-memory fallback."""
     global _limiters
@@ -165,7 +174,13 @@ def limiters() -> _Limiters:
     with _limiters_lock:
         if _limiters is None or _limiters.url != url:
             # Short socket timeouts: a Redis that hangs must not hold admission threads.
-            shared = storage_from_string(url, wrap_exceptions=True, socket_connect_timeout=0.25, socket_timeout=0.25)
+            shared = storage_from_string(
+                url,
+                wrap_exceptions=True,
+                socket_connect_timeout=0.25,
+                socket_timeout=0.25,
+                **settings.REDIS_SOCKET_HEALTH,
+            )
             shared.dependencies["redis"]  # noqa: B018 — load it now, once
             _limiters = _Limiters(
                 url=url,

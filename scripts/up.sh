@@ -34,8 +34,11 @@ start() {  # name, command...
 # loop and its admission Python share one GIL. Each worker is a full gateway process with its
 # own pools, slots, drain and heartbeat; size them together (docs/operations.md, "Workers").
 WORKERS="${CAPGATE_WEB_WORKERS:-$(nproc)}"
+# An idle keep-alive connection is closed after CAPGATE_KEEPALIVE_SECONDS. uvicorn has no
+# timeout on reading a request's headers; the gateway bounds the body itself
+# (CAPGATE_BODY_READ_TIMEOUT_SECONDS, 408). docs/operations.md, "Timeouts".
 start gateway .venv/bin/uvicorn config.asgi:application --host 127.0.0.1 --port "$PORT" --no-access-log \
-  --workers "$WORKERS"
+  --workers "$WORKERS" --timeout-keep-alive "${CAPGATE_KEEPALIVE_SECONDS:-5}"
 start worker .venv/bin/celery -A config worker --loglevel info --concurrency 2
 start beat .venv/bin/celery -A config beat --loglevel info --schedule var/run/celerybeat-schedule
 

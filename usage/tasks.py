@@ -14,6 +14,7 @@ from smtplib import SMTPException
 
 from celery import shared_task
 from django.conf import settings
+from django.utils import timezone
 
 from budgets.instances import alive_ids, dead_ids
 from ledger import spool
@@ -32,11 +33,15 @@ def renew_and_expire() -> dict[str, int]:
     the lapsed ones (owner dead past the grace, or hard deadline passed) at worst case.
 
     Renewal goes first so a live owner's reservation that lapsed a moment ago (a slow beat) is
-    rescued rather than charged at worst case.
+    rescued rather than charged at worst case. A process's silence is counted from the
+    database's last start (budgets/instances.py), so an outage does not make live processes
+    dead; and a reservation made within the grace is never charged for its owner's silence.
     """
-    alive = alive_ids(grace=settings.CAPGATE["HEARTBEAT_GRACE"])
-    renewed = renew(owner_ids=alive)
-    expired = expire(dead_owner_ids=dead_ids(alive=alive))
+    grace = settings.CAPGATE["HEARTBEAT_GRACE"]
+    now = timezone.now()
+    alive = alive_ids(grace=grace, now=now)
+    renewed = renew(owner_ids=alive, now=now)
+    expired = expire(now=now, dead_owner_ids=dead_ids(alive=alive), dead_owner_seen_before=now - grace)
     if expired:
         log.info(
             "renew_and_expire: %s leases renewed, %s reservations expired at worst case",

@@ -91,6 +91,10 @@ DATABASES = {
     "default": {
         **env.db("DATABASE_URL", default="postgres://capgate:capgate@127.0.0.1:15432/capgate"),
         "CONN_MAX_AGE": 0,
+        # The pool checks a connection before handing it out (one empty query): after a database
+        # restart its idle connections are all dead, and a thread reconnecting must not be given
+        # one (gateway/runtime.py drops a thread's own dead connection before using it).
+        "CONN_HEALTH_CHECKS": True,
         "OPTIONS": {
             "pool": {
                 "min_size": env.int("CAPGATE_DB_POOL_MIN", default=2),
@@ -137,6 +141,13 @@ LOGIN_REDIRECT_URL = "dashboard:home"
 LOGOUT_REDIRECT_URL = "login"
 
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:16379/0")
+# Every Redis client of the app (rate limits, the throttle cache, echo's job store): a pooled
+# connection idle for longer than this is pinged before reuse, so one a Redis restart killed is
+# replaced rather than failing a request; TCP keepalive finds peers that vanished silently.
+REDIS_SOCKET_HEALTH = {
+    "health_check_interval": env.int("CAPGATE_REDIS_HEALTH_CHECK_SECONDS", default=15),
+    "socket_keepalive": True,
+}
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
@@ -190,7 +201,7 @@ CACHES = {
         "LOCATION": env("CAPGATE_THROTTLE_CACHE_URL", default=env("REDIS_URL", default="redis://127.0.0.1:16379/0")),
         "KEY_PREFIX": "capgate-throttle",
         "TIMEOUT": 3600,
-        "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
+        "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5, **REDIS_SOCKET_HEALTH},
     },
 }
 SPECTACULAR_SETTINGS = {
@@ -297,8 +308,12 @@ CAPGATE = {
     # Rate limits' counters (requests and tokens per minute) live here; if it is unreachable,
     # each process falls back to counting in its own memory (docs/security.md, "Rate limits").
     "RATE_LIMIT_STORAGE_URL": env("CAPGATE_RATE_LIMIT_STORAGE_URL", default=REDIS_URL),
+    # Idle pooled Redis connections of a gateway process are closed this often (gateway/runtime.py).
+    "REDIS_IDLE_DROP_SECONDS": env.float("CAPGATE_REDIS_IDLE_DROP_SECONDS", default=60.0),
     # A body larger than this is refused with 413 before it is parsed.
     "MAX_BODY_BYTES": env.int("CAPGATE_MAX_BODY_BYTES", default=20 * 1024 * 1024),
+    # A request body (up to MAX_BODY_BYTES, or a job's file) must arrive within this; 408 after.
+    "BODY_READ_TIMEOUT_SECONDS": env.float("CAPGATE_BODY_READ_TIMEOUT_SECONDS", default=60.0),
     # JSON nested deeper than this is refused with 400 (gateway and API): Python's parser would
     # otherwise recurse into a RecursionError. Real requests nest about 20 levels.
     "MAX_JSON_DEPTH": env.int("CAPGATE_MAX_JSON_DEPTH", default=64),
@@ -314,6 +329,8 @@ CAPGATE = {
     "REQUEST_LOG_RETENTION_DAYS": env.int("CAPGATE_REQUEST_LOG_RETENTION_DAYS", default=90),
     # A gateway process that has not heartbeated for this long is presumed dead.
     "HEARTBEAT_GRACE": timedelta(seconds=env.int("CAPGATE_HEARTBEAT_GRACE_SECONDS", default=30)),
+    # /readyz answers within this: a 503 naming the database when it has not answered by then.
+    "READYZ_TIMEOUT_SECONDS": env.float("CAPGATE_READYZ_TIMEOUT_SECONDS", default=1.0),
     # Alert emails link here (the dashboard's public base URL).
     "DASHBOARD_URL": env("CAPGATE_DASHBOARD_URL", default="http://127.0.0.1:8000"),
     # GET /metrics requires `Authorization: Bearer <this>` when set (empty: open, for a scraper

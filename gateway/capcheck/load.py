@@ -11,7 +11,7 @@ import threading
 import time
 
 import httpx
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from budgets.models import Budget, Reservation, Window
 from gateway.capcheck.plan import Plan, Sent, Setup
@@ -115,10 +115,14 @@ def wait_settled(*, organization_id: int, timeout: float) -> float | None:
     that did not happen within `timeout`."""
     began = time.monotonic()
     while True:
-        busy = (
-            UsageRecord.objects.filter(organization_id=organization_id, applied=False).exists()
-            or Reservation.objects.filter(organization_id=organization_id).exists()
-        )
+        try:
+            busy = (
+                UsageRecord.objects.filter(organization_id=organization_id, applied=False).exists()
+                or Reservation.objects.filter(organization_id=organization_id).exists()
+            )
+        except DatabaseError:  # this connection died with a database restart (db-restart): again
+            connection.close()
+            busy = True
         elapsed = time.monotonic() - began
         if not busy:
             return elapsed

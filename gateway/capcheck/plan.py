@@ -44,6 +44,10 @@ class Plan:
     settle_timeout: float = 60.0
     sample_interval: float = 0.01
     keep: bool = False
+    # db-restart only: the scripts/pg-cluster.sh cluster serving the gateway's database, which
+    # the operator allows capcheck to restart, and how long it stays down.
+    restart_db_cluster: str = ""
+    restart_seconds: float = 6.0
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from catalog.models import Connection, Model, Provider, Route, RouteTarget
 from gateway.capcheck.check import RunReport, check_organization
 from gateway.capcheck.load import Sampler, fire, wait_settled
 from gateway.capcheck.plan import INPUT_USD, OUTPUT_USD, CapcheckError, Plan, Sent, Setup, Tokens
+from gateway.capcheck.restart import DB_RESTART
 from gateway.capcheck.scenario import Build, Scenario
 from gateway.capcheck.scenarios import ALL, NAMES
 from tenants.models import ApiKey, Organization, Project
@@ -144,6 +145,10 @@ def run_capcheck(*, plan: Plan, progress: Callable[[RunReport], None] | None = N
     """Every scenario at every concurrency, one fresh organization each."""
     for s in plan.scenarios:
         _scenario(s)
+        if s == DB_RESTART.name and not plan.restart_db_cluster:
+            raise CapcheckError(
+                "db-restart restarts PostgreSQL: name the cluster it may restart with --restart-db-cluster DIR."
+            )
     reports = []
     for scenario in plan.scenarios:
         for n in plan.concurrency:

@@ -17,6 +17,8 @@ default and the run all read this list.
   checked against echo's bill (billing.py).
 - jobs: every request a one-line OpenAI batch on echo, admitted at submission, held by its job
   and settled by the jobs app's poll (jobs.py).
+- db-restart: PostgreSQL restarted mid-burst (restart.py). Never run by default: only when the
+  operator names the cluster capcheck may restart (`--restart-db-cluster DIR`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 from budgets.models import Budget
 from gateway.capcheck import billing, cap_changes, jobs
 from gateway.capcheck.admin_actions import ADMIN_ACTIONS
+from gateway.capcheck.restart import DB_RESTART
 from gateway.capcheck.scenario import Build, Scenario
 from tenants.models import Project
 
@@ -60,6 +63,9 @@ ALL: dict[str, Scenario] = {
         billing.SERVICE_TIER,
         billing.ROUTE_ALIAS,
         jobs.JOBS,
+        DB_RESTART,
     )
 }
-NAMES = tuple(ALL)
+# Scenarios run only when asked for by name, with what they need (run.py checks it).
+OPT_IN = frozenset({DB_RESTART.name})
+NAMES = tuple(n for n in ALL if n not in OPT_IN)

@@ -26,7 +26,7 @@ import pytest
 from django.db import connection, connections
 
 from gateway import capcheck
-from tests.gateway.conftest import gateway, upstream  # noqa: F401  (fixtures)
+from tests.gateway.conftest import gateway, upstream, wired  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,6 +35,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def private_port() -> int:
+    """A free port for a private PostgreSQL cluster or redis-server: from
+    CAPGATE_TEST_PRIVATE_PORTS ("25450-25499") when set, so parallel test runs on one machine
+    keep to their own ranges; else any free port."""
+    span = os.environ.get("CAPGATE_TEST_PRIVATE_PORTS", "")
+    if not span:
+        return free_port()
+    low, high = (int(p) for p in span.split("-"))
+    for port in range(low, high + 1):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port in CAPGATE_TEST_PRIVATE_PORTS={span}")
 
 
 def database_url(*, port: int | None = None, name: str | None = None) -> str:
@@ -143,7 +161,7 @@ class PrivatePostgres:
         # Reachable by the postgres user (pytest's tmp_path is 0700 root's when run as root).
         self.dir = Path(tempfile.mkdtemp(prefix="capgate-pg-"))
         self.dir.chmod(0o755)
-        self.port = free_port()
+        self.port = private_port()
         self.url = database_url(port=self.port, name="capgate")
 
     def _script(self, *args: str) -> None:
@@ -184,7 +202,7 @@ class PrivatePostgres:
 
 class PrivateRedis:
     def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
+        self.port = private_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.workdir = workdir
         self.proc: subprocess.Popen | None = None

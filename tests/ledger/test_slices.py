@@ -262,10 +262,13 @@ def test_a_crashed_process_is_charged_its_slice_at_worst_case(acme):
     assert not Reservation.objects.exists()
     estimated = UsageRecord.objects.get(status="estimated")
     assert estimated.request_id.startswith("slice-") and estimated.cost_nano == 18 * WORST
-    # a late record of a request from the charged slice is kept, not charged again
+    # a late record of a request from the charged slice is not charged again: it corrects the
+    # slice's estimate, its worst case replaced by its true cost (ledger/charged_slices.py)
     _settle(book, taken[2:3], cost=usd("0.002"))
     drain_all()
-    assert window_of(budget).spent_nano == w.spent_nano
+    assert window_of(budget).spent_nano == w.spent_nano - (WORST - usd("0.002"))
+    estimated.refresh_from_db()
+    assert estimated.cost_nano == 18 * WORST - (WORST - usd("0.002"))
     assert audit_counters(record=False).ok
 
 

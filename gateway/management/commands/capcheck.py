@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -64,8 +65,8 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--scenario",
-            default=",".join(SCENARIOS),
-            help=f"comma-separated, from {','.join(SCENARIOS)} (default: all)",
+            default="",
+            help=f"comma-separated, from {','.join(SCENARIOS)},db-restart (default: all but db-restart)",
         )
         parser.add_argument(
             "--concurrency", default="50,200,500", help="requests sent at once per run (default 50,200,500)"
@@ -89,12 +90,31 @@ class Command(BaseCommand):
             help="leave the runs' keys and connections live (and print the keys); by default "
             "they are revoked/disabled. The runs' rows always stay: they are the record.",
         )
+        parser.add_argument(
+            "--restart-db-cluster",
+            default="",
+            metavar="DIR",
+            help="run the db-restart scenario (alone, unless --scenario names others): stop and start the "
+            "scripts/pg-cluster.sh cluster in DIR, which must be the one serving the gateway's database, "
+            "mid-burst. Never done without this flag.",
+        )
+        parser.add_argument(
+            "--restart-seconds", type=float, default=6.0, help="db-restart: how long the database stays down"
+        )
         parser.add_argument("--json", action="store_true", dest="as_json", help="print the reports as JSON")
 
     def handle(self, *args, **opts) -> None:
+        cluster = opts["restart_db_cluster"]
+        if cluster and not (Path(cluster) / "data" / "PG_VERSION").is_file():
+            raise CommandError(
+                f"--restart-db-cluster {cluster}: not a scripts/pg-cluster.sh cluster (no data/PG_VERSION)"
+            )
+        scenario = opts["scenario"] or ("db-restart" if cluster else ",".join(SCENARIOS))
         plan = Plan(
             url=opts["url"].rstrip("/"),
-            scenarios=tuple(s.strip() for s in opts["scenario"].split(",") if s.strip()),
+            scenarios=tuple(s.strip() for s in scenario.split(",") if s.strip()),
+            restart_db_cluster=cluster,
+            restart_seconds=opts["restart_seconds"],
             concurrency=_ints(opts["concurrency"]),
             cap_nano=_money(opts["cap_usd"]),
             key_cap_nano=_money(opts["key_cap_usd"]),

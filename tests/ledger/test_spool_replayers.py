@@ -1,0 +1,115 @@
+"""Two replayers on one spool at once (the gateway's replay loop and the worker's, or two
+gateways on a host): one replayer per file, every record counted once, no line written back
+twice, and neither replayer fails — whether the database answers or not."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from django.db import connection, connections
+
+from budgets.models import Reservation, Window
+from ledger import spool
+from ledger.drain import drain_all
+from ledger.recording import Outcome
+from tests.conftest import Tenant
+from usage.models import UsageRecord
+
+pytestmark = pytest.mark.django_db(transaction=True)
+WORST, COST, N = 37_000_000, 12_000_000, 20
+
+
+@pytest.fixture
+def spooled(acme: Tenant, settings, tmp_path) -> list[str]:
+    """N admitted requests whose records went to the spool (the database was down then)."""
+    settings.CAPGATE = {**settings.CAPGATE, "DATA_DIR": tmp_path}
+    acme.budget(amount="10", period="lifetime")
+    ids = []
+    for i in range(N):
+        reservation = acme.admit(request_id=f"req-spooled-{i}", worst_nano=WORST).reservation
+        spool.append(reservation=reservation, outcome=Outcome(status="served", cost_nano=COST))
+        ids.append(reservation.request_id)
+    return ids
+
+
+@pytest.fixture
+def widened(monkeypatch):
+    # Each replayer waits 0.3 s between claiming a file and reading it: long enough that the
+    # other, released at the same moment, always looks at the same files meanwhile.
+    monkeypatch.setattr(spool, "RACE_DELAY_SECONDS", 0.3)
+
+
+def _replay_together(*, database_down: bool) -> list[object]:
+    """Two replayers released together by a barrier, each on its own connection; returns what
+    each returned or raised."""
+    barrier = threading.Barrier(2)
+    settings = connections.settings["default"]
+
+    def replayer(_: int) -> object:
+        barrier.wait()
+        try:
+            return spool.replay()
+        except Exception as exc:  # reported to the test, which asserts on it
+            return exc
+        finally:
+            connection.close()
+
+    saved = settings["PORT"]
+    if database_down:
+        with socket.socket() as s:  # a closed port: every connect is refused, as when it is down
+            s.bind(("127.0.0.1", 0))
+            settings["PORT"] = s.getsockname()[1]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            return list(pool.map(replayer, range(2)))
+    finally:
+        settings["PORT"] = saved
+
+
+def _spooled_lines() -> Counter[str]:
+    import json
+
+    lines: Counter[str] = Counter()
+    for path in spool.pending():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                lines[json.loads(line)["reservation"]["request_id"]] += 1
+    return lines
+
+
+def test_two_replayers_with_the_database_down_keep_each_record_once_on_disk(spooled, widened):
+    # when: both replay the one spool file while the database refuses connections
+    results = _replay_together(database_down=True)
+    # then: neither failed, and every record is on disk exactly once, for the next replay
+    assert results == [0, 0]
+    assert _spooled_lines() == Counter({rid: 1 for rid in spooled})
+    # and once the database is back, one replay lands them all once
+    assert spool.replay() == N
+    drain_all()
+    assert UsageRecord.objects.count() == N and not spool.pending()
+    assert not Reservation.objects.exists()
+    assert Window.objects.get().spent_nano == N * COST
+
+
+def test_two_replayers_with_the_database_up_land_each_record_once(spooled, widened):
+    results = _replay_together(database_down=False)
+    assert sorted(results) == [0, N]  # one replayer took the file, the other skipped it
+    assert not spool.pending()
+    drain_all()
+    assert sorted(UsageRecord.objects.values_list("request_id", flat=True)) == sorted(spooled)
+    assert Window.objects.get().spent_nano == N * COST
+
+
+def test_removal_without_the_claim_lock_two_replayers_share_a_file(spooled, widened, monkeypatch):
+    # given: replayers that claim by rename alone, without holding a lock on the file
+    monkeypatch.setattr(spool, "LOCK_CLAIMS", False)
+    # when
+    results = _replay_together(database_down=True)
+    # then: the second takes over the first's claimed file: one fails, or records are doubled
+    failed = [r for r in results if isinstance(r, Exception)]
+    doubled = [rid for rid, n in _spooled_lines().items() if n > 1]
+    assert failed or doubled, (results, _spooled_lines())
