@@ -162,6 +162,8 @@ class Connection(models.Model):
         ANTHROPIC = "anthropic"
         # Azure OpenAI: deployment URLs and api-version (options), an api-key or an Entra token.
         AZURE_OPENAI = "azure_openai"
+        # The Gemini API's OpenAI-compatible endpoint, with a Gemini API key as the bearer token.
+        GEMINI = "gemini"
         ECHO = "echo"
 
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="connections")
@@ -178,6 +180,7 @@ class Connection(models.Model):
     # echo: {"delay_ms", "chunks", "prompt_tokens", "completion_tokens", "text"}
     # azure_openai: {"api_version": "2024-10-21", "auth": "api_key" | "entra",
     #                "deployments": {"<catalog model name>": "<deployment name>"}}
+    # gemini: none needed; base_url defaults to https://generativelanguage.googleapis.com/v1beta/openai/
     options = models.JSONField(default=dict, blank=True)
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -51,6 +51,18 @@ def _azure_url(target: Target, kind: str) -> str:
     )
 
 
+# The Gemini API's OpenAI-compatible endpoint: its paths sit directly under this base (no /v1).
+GEMINI_BASE_URL = "https://generativelanguage.googleapis.com/v1beta/openai/"
+GEMINI_PATHS = {"chat": "chat/completions", "embeddings": "embeddings"}
+
+
+def _gemini_url(target: Target, kind: str) -> str:
+    """The endpoint under the connection's base URL, Gemini's own when none is set."""
+    base = httpx.URL(target.connection.base_url or GEMINI_BASE_URL)
+    prefix = base.raw_path.decode("ascii").partition("?")[0].rstrip("/")
+    return str(base.copy_with(raw_path=f"{prefix}/{GEMINI_PATHS[kind]}".encode("ascii"), query=None, fragment=None))
+
+
 def upstream_url(target: Target, kind: str) -> str:
     return _URLS.get(target.connection.kind, _openai_url)(target, kind)
 
@@ -93,7 +105,7 @@ def _azure(target: Target, client_headers: dict[str, str], headers: dict[str, st
 
 
 # Each connection kind's URL and credentials; a kind not listed speaks OpenAI's.
-_URLS: dict[str, Callable[[Target, str], str]] = {"azure_openai": _azure_url}
+_URLS: dict[str, Callable[[Target, str], str]] = {"azure_openai": _azure_url, "gemini": _gemini_url}
 _AUTH: dict[str, Callable[[Target, dict[str, str], dict[str, str]], None]] = {
     "anthropic": _anthropic,
     "azure_openai": _azure,
@@ -133,9 +145,13 @@ def usage_openai(u: dict | None, service_tier: object = None) -> Usage | None:
     unpriced += [
         f"completion_tokens_details.{k}={_count(out_details, k)}" for k in ("audio_tokens",) if _count(out_details, k)
     ]
+    # Output is what the total counts beyond the prompt when that is more than completion_tokens:
+    # Gemini's OpenAI-compatible endpoint leaves its thinking tokens (billed as output) out of
+    # completion_tokens and counts them only in total_tokens. For OpenAI the two agree.
+    output = max(_count(u, "completion_tokens"), _count(u, "total_tokens") - prompt)
     return Usage(
         input_tokens=max(prompt - cached, 0),
-        output_tokens=_count(u, "completion_tokens"),
+        output_tokens=output,
         cache_read_tokens=cached,
         service_tier=service_tier if isinstance(service_tier, str) else None,
         unpriced=tuple(unpriced),

@@ -18,8 +18,8 @@ from tenants.models import ApiKey, hash_key
 
 # Which connection kinds can serve which endpoint without translating formats.
 COMPATIBLE = {
-    "chat": {"openai", "azure_openai", "echo"},
-    "embeddings": {"openai", "azure_openai", "echo"},
+    "chat": {"openai", "azure_openai", "gemini", "echo"},
+    "embeddings": {"openai", "azure_openai", "gemini", "echo"},
     "messages": {"anthropic", "echo"},
     "responses": {"openai", "echo"},
     "videos": {"openai", "echo"},

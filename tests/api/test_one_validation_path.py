@@ -166,7 +166,7 @@ CASES = [
         "Ensure that there are no more than 6 decimal places.",
         "rates.output",
     ),
-    Bad("connection", "kind", "telnet", "telnet", "Kind must be one of openai, anthropic, azure_openai, echo."),
+    Bad("connection", "kind", "telnet", "telnet", f"Kind must be one of {', '.join(Connection.Kind.values)}."),
     Bad("price", "input_usd_per_mtok", "-1", "-1", USD_MIN),
     Bad(
         "price", "output_usd_per_mtok", "0.0000001", "0.0000001", "Ensure that there are no more than 6 decimal places."

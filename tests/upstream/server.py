@@ -1,4 +1,5 @@
-"""Fake LLM provider speaking the OpenAI, Anthropic and Azure OpenAI wire formats, for tests and benchmarks.
+"""Fake LLM provider speaking the OpenAI, Anthropic, Azure OpenAI and Gemini (OpenAI-compatible)
+wire formats, for tests and benchmarks.
 
 A plain ASGI app served by uvicorn. Behaviour is driven by "knobs" (see ``DEFAULTS``) that can be
 set globally with ``POST /_control`` or per request with ``X-Upstream-<knob>`` headers
@@ -27,7 +28,7 @@ from urllib.parse import parse_qs
 import httpx
 import uvicorn
 
-from tests.upstream import azure, files, job_routes, jobs, media
+from tests.upstream import azure, files, gemini, job_routes, jobs, media
 
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -49,6 +50,7 @@ DEFAULTS: dict[str, Any] = {
     "tier": "",  # the tier a request without one (or "auto") is served at ("" = standard)
     "cache_write_1h_tokens": 0,  # of the input, written to the 1-hour cache when ttl "1h" is asked
     "audio_tokens": 0,  # completion audio tokens reported (a paid field capgate cannot price)
+    "thoughts_tokens": 0,  # thinking tokens counted in total_tokens only, as Gemini reports them
     # "o200k_base" | "cl100k_base": chat prompt_tokens counted like the provider (tests/upstream/
     # chatml.py) instead of the fixed prompt_tokens knob.
     "count_prompt": "",
@@ -266,7 +268,7 @@ async def _chat(ex: _Exchange) -> None:
 
         prompt = chatml.prompt_tokens(body, knobs["count_prompt"])
     usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion}
-    usage["total_tokens"] = prompt + completion
+    usage["total_tokens"] = prompt + completion + knobs["thoughts_tokens"]
     if knobs["audio_tokens"]:
         usage["completion_tokens_details"] = {"audio_tokens": knobs["audio_tokens"]}
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
@@ -578,6 +580,13 @@ class UpstreamApp:
                 await ex.json(*refusal)
                 return
             ex.deployment = deployment
+            await self._v1(ex, method, v1_path, headers, raw, seen_as=path)
+        elif path.startswith(gemini.PREFIX):
+            v1_path, refusal = gemini.to_v1(path, headers)
+            if refusal is not None:
+                self.last[path] = {"method": method, "headers": headers, "query": ex.query}
+                await ex.json(*refusal)
+                return
             await self._v1(ex, method, v1_path, headers, raw, seen_as=path)
         elif path.startswith("/v1/"):
             await self._v1(ex, method, path, headers, raw)
