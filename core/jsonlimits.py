@@ -5,17 +5,28 @@ RecursionError (a 500) instead of a parse error. Both the gateway (`gateway/esti
 `parse_json`) and the management API (`core/parsers.py`) load bodies through `loads` here, so
 each refuses such a body with a 400 in its own shape. Nothing in a real request comes near the
 default depth (an OpenAI request with a JSON schema nests about 20 levels).
+
+JSON can carry a lone UTF-16 surrogate (`"\\ud800"`, or its raw bytes, which `json` decodes
+with surrogatepass). Such a string is not text: encoding it as UTF-8 fails wherever it is used
+(the gateway's byte bound, the database), so `loads` refuses it here, once for every door.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from django.conf import settings
 
 DEFAULT_MAX_DEPTH = 64
 _CONTAINERS = (dict, list)
+# Where a lone surrogate can come from: a \uD800-\uDFFF escape, or its UTF-8-like raw bytes
+# (ED A0-BF ..). Valid pairs match too; the walk below then finds them whole (json joins a pair
+# into one character), so only a body that may hold one pays for the walk.
+_MAYBE_SURROGATE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+_MAYBE_SURROGATE_STR = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 class JSONLimitError(ValueError):
@@ -51,7 +62,31 @@ def loads(raw: bytes | str, *, max_bytes: int | None = None, depth: int | None =
         raise too_deep from None
     if opens > limit and _deeper_than(value, limit):
         raise too_deep
+    maybe = _MAYBE_SURROGATE_BYTES if isinstance(raw, bytes) else _MAYBE_SURROGATE_STR
+    if maybe.search(raw) and _has_lone_surrogate(value):
+        raise JSONLimitError(
+            "The request body holds a lone UTF-16 surrogate (\\ud800-\\udfff) in a string; it is not text.",
+            code="invalid_unicode",
+            status=400,
+        )
     return value
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether any string or key in parsed JSON holds a surrogate code point (json decodes a valid
+    pair into one character, so any left is lone), without recursion."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if _SURROGATE.search(node):
+                return True
+        elif isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
 
 
 def _deeper_than(value: Any, limit: int) -> bool:

@@ -31,7 +31,7 @@ async def create(req: Request, key: ApiKey, match: re.Match[str]) -> None:
     file_id, target = body.get("input_file_id"), body.get("endpoint")
     if not isinstance(file_id, str) or not file_id:
         raise bad_request("'input_file_id' is required.", param="input_file_id")
-    if target not in BATCH_ENDPOINTS:
+    if not isinstance(target, str) or target not in BATCH_ENDPOINTS:
         raise bad_request(f"'endpoint' must be one of {sorted(BATCH_ENDPOINTS)}.", param="endpoint")
     if body.get("completion_window") != "24h":
         raise bad_request("'completion_window' must be '24h'.", param="completion_window")

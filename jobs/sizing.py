@@ -168,7 +168,12 @@ def size_openai_file(*, key: ApiKey, raw: bytes) -> tuple[SizedLines, bytes]:
                 code="invalid_batch_file",
             )
         seen.add(custom_id)
-        if item.get("method", "POST") != "POST" or url not in BATCH_ENDPOINTS or not isinstance(body, dict):
+        if (
+            item.get("method", "POST") != "POST"
+            or not isinstance(url, str)
+            or url not in BATCH_ENDPOINTS
+            or not isinstance(body, dict)
+        ):
             raise bad_request(
                 f"{where}: each line is {{custom_id, method: POST, url: one of "
                 f"{sorted(BATCH_ENDPOINTS)}, body: {{...}}}}.",

@@ -138,3 +138,23 @@ def wait_settled(timeout: float = 10.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("records were not settled in time")
+
+
+@pytest.fixture(params=[False, True], ids=["slices-off", "slices-on"])
+def slices_mode(request, settings, monkeypatch) -> bool:
+    """Run a money test with headroom slices off and on (ledger/slices.py), with a fresh book."""
+    from ledger import slices
+
+    monkeypatch.setattr(slices, "book", slices.Book())
+    settings.CAPGATE = {**settings.CAPGATE, "SLICES": request.param}
+    return request.param
+
+
+def assert_nothing_held() -> None:
+    """No reservation, no hold and no usage row: what a refused request must leave."""
+    from budgets.models import Hold, Reservation
+    from usage.models import UsageRecord
+
+    assert not Reservation.objects.exists()
+    assert not Hold.objects.exists()
+    assert not UsageRecord.objects.exists()
