@@ -12,8 +12,10 @@ Who may act on a reservation (issue 15):
 
 Release and settle, after expiry and after each other (decisions.md, 2026-12-01): the first
 settle or release is final and repeating it returns that first result; the other action after
-it is 409 (`reservation_settled` / `reservation_released`). An expiry's worst-case charge is not
-final: the first settle or release after it corrects it (a release to zero), once.
+it is 409 (`reservation_settled` / `reservation_released`), and so is a settle at another cost
+than the first (`reservation_settle_conflict`, kept once on the record, not applied). An
+expiry's worst-case charge is not final: the first settle or release after it corrects it (a
+release to zero), once.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from gateway.estimate import Shape, shape_chat
 from gateway.routing import authenticate, resolve_route, settle_rates
 from gateway.service import reserve
 from gateway.subjects import key_actor, payer
-from ledger.recording import Outcome, record, release
+from ledger.recording import Outcome, note_conflict, record, release
 from tenants.audit import Actor, audit
 from tenants.models import TOKEN_PREFIX, ApiKey, ApiToken
 from tenants.services import authenticate_token
@@ -45,6 +47,12 @@ OWN_FIELDS = ("request_id", "ttl_seconds", "amount_usd")
 # Guard point: the tests set it to False to show that without it any key of the organization
 # can zero the cost of another request's proxied call (issue 15, item 1).
 CHECK_OWNER = True
+
+# Guard point: a settle that loses a race with another settle of the same reservation at another
+# cost is answered 409 and kept apart from the record's reported cost. The tests set it to False
+# to show that without it the loser is told 200 and the audit then reports the request as drift on
+# every run.
+RECORD_CONFLICTS_APART = True
 
 MAX_USD = Decimal("1000000")
 
@@ -259,35 +267,65 @@ def _live_or_expired(reservation: Reservation | None, rec: UsageRecord | None) -
     )
 
 
+def _reported(body: dict, reservation: Reservation) -> tuple[int, Usage]:
+    """The cost a settle reports: `cost_usd`, or `usage` priced at the route's first target."""
+    if "cost_usd" in body:
+        return _usd(body["cost_usd"], "cost_usd", round_up=False), Usage()
+    if not isinstance(body.get("usage"), dict):
+        raise bad_request("Give 'usage' (token counts) or 'cost_usd'.", param="usage")
+    u = body["usage"]
+    counts = {
+        f: _int(u, f) if f in u else 0
+        for f in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+    }
+    usage = Usage(
+        input_tokens=counts["input_tokens"],
+        output_tokens=counts["output_tokens"],
+        cache_read_tokens=counts["cache_read_tokens"],
+        cache_write_tokens=counts["cache_write_tokens"],
+    )
+    target, rates = settle_rates(reservation=reservation)
+    if rates is None:
+        raise bad_request("This reservation has no priced route: settle with 'cost_usd'.", param="usage")
+    return cost_nano(usage=usage, rates=rates), usage
+
+
+def _settled_before(rec: UsageRecord, cost: int) -> tuple[int, dict]:
+    """A settle of a reservation already settled: the same cost again returns the first result;
+    another cost is a conflict — 409 to this caller, kept once on the record, never applied."""
+    if rec.cost_nano == cost or not RECORD_CONFLICTS_APART:
+        return 200, record_view(rec)
+    note_conflict(record_id=rec.pk, cost_nano=cost)
+    raise GatewayError(
+        f"This reservation was settled at ${usd_str(rec.cost_nano)}; a settle at ${usd_str(cost)} conflicts with it "
+        "and is not applied (the first settle is final).",
+        code="reservation_settle_conflict",
+        status=409,
+    )
+
+
 def settle(*, raw_key: str | None, reservation_id: str, body: dict) -> tuple[int, dict]:
-    """Settle with `usage` (priced at the route's first target) or `cost_usd`. Settling twice
-    returns the first result; settling a released reservation is a 409."""
+    """Settle with `usage` (priced at the route's first target) or `cost_usd`.
+
+    1. The first settle is final (a settle after expiry corrects the worst-case charge once).
+    2. Settling again at the same cost returns the first result; at another cost — sequentially
+       or racing the first — it is 409 `reservation_settle_conflict`, kept once on the record.
+    3. Settling a released reservation is a 409."""
     caller = _caller(raw_key)
     reservation, rec = _find(caller, reservation_id)
-    if rec is not None and rec.status != UsageRecord.Status.ESTIMATED:
+    if rec is not None and rec.status == UsageRecord.Status.RELEASED:
         return _already(rec, "settle")
     reservation = _live_or_expired(reservation, rec)
-    if "cost_usd" in body:
-        cost, usage = _usd(body["cost_usd"], "cost_usd", round_up=False), Usage()
-    elif isinstance(body.get("usage"), dict):
-        u = body["usage"]
-        counts = {
-            f: _int(u, f) if f in u else 0
-            for f in ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
-        }
-        usage = Usage(
-            input_tokens=counts["input_tokens"],
-            output_tokens=counts["output_tokens"],
-            cache_read_tokens=counts["cache_read_tokens"],
-            cache_write_tokens=counts["cache_write_tokens"],
-        )
-        target, rates = settle_rates(reservation=reservation)
-        if rates is None:
-            raise bad_request("This reservation has no priced route: settle with 'cost_usd'.", param="usage")
-        cost = cost_nano(usage=usage, rates=rates)
-    else:
-        raise bad_request("Give 'usage' (token counts) or 'cost_usd'.", param="usage")
-    rec = record(reservation=reservation, outcome=Outcome(status="served", cost_nano=cost, usage=usage))
+    cost, usage = _reported(body, reservation)
+    if rec is not None and rec.status != UsageRecord.Status.ESTIMATED:
+        return _settled_before(rec, cost)
+    rec = record(
+        reservation=reservation,
+        outcome=Outcome(status="served", cost_nano=cost, usage=usage),
+        keep_late_report=not RECORD_CONFLICTS_APART,
+    )
+    if RECORD_CONFLICTS_APART and rec.status == UsageRecord.Status.SERVED and rec.cost_nano != cost:
+        return _settled_before(rec, cost)  # a concurrent settle of this reservation won
     from ledger.drain import drain
 
     drain(request_ids=[rec.request_id])

@@ -97,19 +97,21 @@ def build_record(*, reservation: Reservation, outcome: Outcome) -> UsageRecord:
     )
 
 
-def record(*, reservation: Reservation, outcome: Outcome) -> UsageRecord:
+def record(*, reservation: Reservation, outcome: Outcome, keep_late_report: bool = True) -> UsageRecord:
     """Insert the request's usage record (the outbox row). Idempotent by request id.
 
     If a record already exists: an `estimated` one (expiry charged the worst case first) is
     corrected by this true report; anything else is returned unchanged — settling twice
     returns the first result — and a report that disagrees with it is kept on it
-    (`reported_cost_nano`) for the per-request audit, never silently dropped.
+    (`reported_cost_nano`) for the per-request audit, never silently dropped. With
+    `keep_late_report=False` the caller answers such a report itself (the reservation API
+    refuses it as a conflict, `note_conflict`) and it is not kept for the audit.
 
     A subject (project, member, key, end customer) or connection deleted while the request was
     in flight does not lose the record: its reference is cleared, its id and name stay frozen in
     `subject`. Any other refusal is logged once and raised as RecordRejected (never spooled).
     """
-    result = record_many(items=[(reservation, outcome)])[0]
+    result = record_many(items=[(reservation, outcome)], keep_late_report=keep_late_report)[0]
     if isinstance(result, Exception):
         raise result
     return result
@@ -121,7 +123,9 @@ def record(*, reservation: Reservation, outcome: Outcome) -> UsageRecord:
 SPLIT_REFUSED_BATCH = True
 
 
-def record_many(*, items: Sequence[tuple[Reservation, Outcome]]) -> list[UsageRecord | Exception]:
+def record_many(
+    *, items: Sequence[tuple[Reservation, Outcome]], keep_late_report: bool = True
+) -> list[UsageRecord | Exception]:
     """`record` for several requests at once (the gateway's group commit, gateway/recorder.py):
     one INSERT for all of them, in one round trip with a relaxed commit (see relaxed_commit).
     Returns each item's record, or the exception it earned (RecordRejected, or ValueError for a
@@ -139,7 +143,7 @@ def record_many(*, items: Sequence[tuple[Reservation, Outcome]]) -> list[UsageRe
         return out
     if connection.in_atomic_block:  # a caller's transaction (tests, release): the careful path
         for i, row, outcome, reservation in todo:
-            out[i] = _record_one(row, outcome, reservation)
+            out[i] = _record_one(row, outcome, reservation, keep_late_report)
         return out
     try:
         carved = [r for *_, r in todo if r.slice_id is not None and not r.carved]
@@ -148,14 +152,16 @@ def record_many(*, items: Sequence[tuple[Reservation, Outcome]]) -> list[UsageRe
         if not SPLIT_REFUSED_BATCH:
             raise
         for i, row, outcome, reservation in todo:
-            out[i] = _record_one(row, outcome, reservation)
+            out[i] = _record_one(row, outcome, reservation, keep_late_report)
         return out
     for i, row, outcome, reservation in todo:
         pk = inserted.pop(row.request_id, None)
         if pk is None:  # recorded before (or twice in this batch): the first record wins
             existing = UsageRecord.objects.filter(request_id=row.request_id).first()
             out[i] = (
-                _second_report(existing, outcome) if existing is not None else _record_one(row, outcome, reservation)
+                _second_report(existing, outcome, keep_late_report)
+                if existing is not None
+                else _record_one(row, outcome, reservation, keep_late_report)
             )
             continue
         row.pk = pk
@@ -199,15 +205,17 @@ def _insert(rows: list[UsageRecord], *, carved: Sequence[Reservation] = ()) -> d
     return inserted
 
 
-def _record_one(row: UsageRecord, outcome: Outcome, reservation: Reservation) -> UsageRecord | RecordRejected:
+def _record_one(
+    row: UsageRecord, outcome: Outcome, reservation: Reservation, keep_late_report: bool = True
+) -> UsageRecord | RecordRejected:
     """One record through the ORM, detaching subjects deleted in flight."""
     try:
-        return _save_one(row, outcome, reservation)
+        return _save_one(row, outcome, reservation, keep_late_report)
     except RecordRejected as exc:
         return exc
 
 
-def _save_one(row: UsageRecord, outcome: Outcome, reservation: Reservation) -> UsageRecord:
+def _save_one(row: UsageRecord, outcome: Outcome, reservation: Reservation, keep_late_report: bool) -> UsageRecord:
     for attempt in range(2):
         try:
             with transaction.atomic():  # a savepoint when called inside a transaction
@@ -218,7 +226,7 @@ def _save_one(row: UsageRecord, outcome: Outcome, reservation: Reservation) -> U
         except IntegrityError as exc:
             existing = UsageRecord.objects.filter(request_id=row.request_id).first()
             if existing is not None:
-                return _second_report(existing, outcome)
+                return _second_report(existing, outcome, keep_late_report)
             if attempt == 0 and _is_foreign_key_violation(exc) and _detach_deleted(row):
                 row.pk = None
                 continue
@@ -227,10 +235,10 @@ def _save_one(row: UsageRecord, outcome: Outcome, reservation: Reservation) -> U
     raise AssertionError("unreachable")
 
 
-def _second_report(existing: UsageRecord, outcome: Outcome) -> UsageRecord:
+def _second_report(existing: UsageRecord, outcome: Outcome, keep_late_report: bool = True) -> UsageRecord:
     if existing.status == Status.ESTIMATED:
         return correct_estimate(record_id=existing.pk, outcome=outcome)
-    if outcome.status in REPORTED and outcome.cost_nano != existing.cost_nano:
+    if keep_late_report and outcome.status in REPORTED and outcome.cost_nano != existing.cost_nano:
         log.warning(
             "usage record %s is final at %s nano; a later report of %s nano is kept for the audit",
             existing.request_id,
@@ -240,6 +248,15 @@ def _second_report(existing: UsageRecord, outcome: Outcome) -> UsageRecord:
         UsageRecord.objects.filter(pk=existing.pk).update(reported_cost_nano=outcome.cost_nano)
         existing.reported_cost_nano = outcome.cost_nano
     return existing
+
+
+def note_conflict(*, record_id: int, cost_nano: int) -> None:
+    """Keep a conflicting settle on a final record: the first one only, so a client retrying
+    with another cost writes once, and never as the record's cost (the first settle stands).
+    The per-request audit does not count it: it is answered (409), not lost."""
+    UsageRecord.objects.filter(pk=record_id, conflicting_cost_nano__isnull=True).exclude(cost_nano=cost_nano).update(
+        conflicting_cost_nano=cost_nano
+    )
 
 
 def _is_foreign_key_violation(exc: IntegrityError) -> bool:

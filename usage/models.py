@@ -42,6 +42,10 @@ class UsageRecord(Charged):
     # report that reached an already-final record is kept here instead of being lost, and the
     # per-request audit (usage/audit.py) flags every record where the two differ.
     reported_cost_nano = models.BigIntegerField(null=True, blank=True)
+    # The reservation API's settle is final: a later settle of the same reservation at another
+    # cost is a conflict, answered 409 to that caller and kept here once (the first such report).
+    # It is never applied and it is not drift: the record's cost is the first settle's.
+    conflicting_cost_nano = models.BigIntegerField(null=True, blank=True)
     error = models.TextField(blank=True)
     latency_ms = models.PositiveIntegerField(null=True, blank=True)
     # How the reserved worst case bounded the prompt: "exact" (the model's tokenizer), "bytes"

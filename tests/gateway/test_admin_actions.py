@@ -214,7 +214,9 @@ def test_release_and_settle_after_expiry_and_after_each_other(gateway, wired):
     # then each is final: the same again answers the first result, the other action is a 409
     assert act(lapsed_release, "release").status_code == 200
     assert act(lapsed_release, "settle").json()["error"]["code"] == "reservation_released"
-    assert act(lapsed_settle, "settle", "0.09").json()["cost_nano"] == 30_000_000
+    assert act(lapsed_settle, "settle").json()["cost_nano"] == 30_000_000
+    # a settle at another cost conflicts with the first: 409, and the first stands
+    assert act(lapsed_settle, "settle", "0.09").json()["error"]["code"] == "reservation_settle_conflict"
     assert act(lapsed_settle, "release").json()["error"]["code"] == "reservation_settled"
     released = make("fresh")
     assert act(released, "release").status_code == 200

@@ -29,8 +29,10 @@ def test_reserve_settle_is_idempotent_and_frees_the_difference(gateway, wired):
     # settle with token usage (priced at the route's first target: $15/$75 per M)
     s = call(gateway, f"/v1/reservations/{res['id']}/settle", {"usage": {"input_tokens": 1000, "output_tokens": 1000}})
     assert s.status_code == 200 and s.json()["cost_nano"] == 90_000_000
-    twice = call(gateway, f"/v1/reservations/{res['id']}/settle", {"cost_usd": "0.99"})
-    assert twice.json()["cost_nano"] == 90_000_000  # the first result stands
+    twice = call(gateway, f"/v1/reservations/{res['id']}/settle", {"cost_usd": "0.09"})
+    assert twice.status_code == 200 and twice.json()["cost_nano"] == 90_000_000  # the same again: its result
+    other = call(gateway, f"/v1/reservations/{res['id']}/settle", {"cost_usd": "0.99"})
+    assert other.status_code == 409 and other.json()["error"]["code"] == "reservation_settle_conflict"
     wait_settled()
     w = Window.objects.get(budget=budget)
     assert (w.spent_nano, w.reserved_nano) == (90_000_000, 0)
