@@ -54,6 +54,7 @@ async def create(req: Request, key: ApiKey, match: re.Match[str]) -> None:
             body=body,
             input_file_id=file_id,
             detail={"lines": row.line_count},
+            line_models=row.line_models,
         ),
     )
 

@@ -92,6 +92,7 @@ async def upload(req: Request, key: ApiKey, match: re.Match[str]) -> None:
             model_id=sized.target.model.id,
             line_count=len(sized.bounds),
             line_bounds=sized.bounds,
+            line_models=sized.line_models,
             refused_code=sized.refused_code,
             lane="settle",
         )

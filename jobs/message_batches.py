@@ -42,6 +42,7 @@ async def create(req: Request, key: ApiKey, match: re.Match[str]) -> None:
             path="/v1/messages/batches",
             body={"requests": requests},
             detail={"lines": len(requests)},
+            line_models=sized.line_models,
             status_of=_status,
             flavor="anthropic",
         ),

@@ -33,6 +33,9 @@ class JobFile(models.Model):
     model = models.ForeignKey(Model, on_delete=models.SET_NULL, null=True, related_name="+")
     line_count = models.PositiveIntegerField(default=0)
     line_bounds = models.JSONField(default=list, blank=True)
+    # {custom_id: catalog model id} when its lines run on more than one model ({} when they share
+    # `model`): a batch of it settles each line's usage at that line's own model.
+    line_models = models.JSONField(default=dict, blank=True)
     # Why a blocking cap cannot admit a batch of this file ("" if it can): a refused field or an
     # unpriced model, as the 402 code a live request would get.
     refused_code = models.CharField(max_length=100, blank=True)
@@ -73,6 +76,9 @@ class Job(models.Model):
     provider_status = models.CharField(max_length=50, blank=True)  # as the provider last said
     cost_nano = models.BigIntegerField(null=True, blank=True)  # what it was settled at
     detail = models.JSONField(default=dict, blank=True)  # e.g. a video's seconds, a batch's line count
+    # A batch whose lines run on more than one model: {custom_id: catalog model id}, each line's
+    # usage priced at its own model (jobs/settle.py). {}: every line is priced at `model`.
+    line_models = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     deadline_at = models.DateTimeField()  # the hold is never renewed past it
     cancel_requested_at = models.DateTimeField(null=True, blank=True)

@@ -70,16 +70,19 @@ def claim(*, now: datetime | None = None, limit: int | None = None) -> list[Job]
     return jobs
 
 
-async def _lines(client: httpx.AsyncClient, job: Job, path: str, read) -> list:
+async def _lines(client: httpx.AsyncClient, job: Job, path: str, read, report: Report) -> None:
+    """Each billed line's usage into `report`, with the custom_id it answers (what prices it at
+    its own model, jobs/settle.py)."""
     resp = await send(client, job.connection, "GET", path)
     if resp.status_code != 200:
         raise httpx.HTTPStatusError(f"results: {resp.status_code}", request=resp.request, response=resp)
-    out = []
     for line in resp.content.splitlines():
-        usage = read(loads(line)) if line.strip() else None
+        item = loads(line) if line.strip() else None
+        usage = read(item)
         if usage is not None:
-            out.append(usage)
-    return out
+            assert isinstance(item, dict)  # read() answers only for a line object
+            report.usages.append(usage)
+            report.line_ids.append(item.get("custom_id") if isinstance(item.get("custom_id"), str) else "")
 
 
 def _batch_line(item: object):
@@ -121,11 +124,9 @@ async def fetch(client: httpx.AsyncClient, job: Job) -> Report:
         if job.kind == Job.Kind.BATCH:
             report.result_files = {k: data.get(k) for k in ("output_file_id", "error_file_id") if data.get(k)}
             if data.get("output_file_id"):
-                report.usages = await _lines(client, job, f"/v1/files/{data['output_file_id']}/content", _batch_line)
+                await _lines(client, job, f"/v1/files/{data['output_file_id']}/content", _batch_line, report)
         elif job.kind == Job.Kind.MESSAGE_BATCH:
-            report.usages = await _lines(
-                client, job, f"/v1/messages/batches/{job.provider_job_id}/results", _message_line
-            )
+            await _lines(client, job, f"/v1/messages/batches/{job.provider_job_id}/results", _message_line, report)
         elif job.kind == Job.Kind.RESPONSE:
             usage = usage_responses(data)
             report.usages = [usage] if usage is not None else []

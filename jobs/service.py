@@ -91,6 +91,7 @@ def start_job(
     input_file_id: str = "",
     provider_status: str = "",
     detail: dict | None = None,
+    line_models: dict[str, int] | None = None,
 ) -> Job:
     """The provider accepted the job: record it and move the reservation to it, in one
     transaction. From here the hold is the job's, renewed by beat while the job lives."""
@@ -110,6 +111,7 @@ def start_job(
             input_file_id=input_file_id,
             provider_status=provider_status[:50],
             detail=detail or {},
+            line_models=line_models or {},
             deadline_at=deadline,
             next_poll_at=now + settings.CAPGATE["JOB_POLL_FIRST"],
         )

@@ -1,9 +1,10 @@
 """What a poll learned, applied to the books (sync; beat's worker thread).
 
 - alive: the job's hold is renewed (`renew_jobs`, never past the job's deadline);
-- final: settled from the provider's report — per-line usage at the batch price for batches,
-  the response's usage, a video's billed seconds — through the same usage record and drain as a
-  request; if expiry already charged the worst case, that `estimated` record is corrected once;
+- final: settled from the provider's report — for batches each line's usage at the batch price
+  of that line's own model, the response's usage, a video's billed seconds — through the same
+  usage record and drain as a request; if expiry already charged the worst case, that
+  `estimated` record is corrected once;
 - gone (the provider answers 404): charged at the worst case as `estimated` now, and corrected
   once if a report arrives later.
 A cancel request changes none of this: the hold stays until the final report says what was
@@ -19,6 +20,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from budgets.models import Reservation
+from catalog.models import Model
 from catalog.pricing import (
     UnpricedFeature,
     UnpricedModel,
@@ -47,6 +49,7 @@ class Report:
     kind: str
     provider_status: str = ""
     usages: list[Usage] = field(default_factory=list)  # per billed line (batch) or the one response
+    line_ids: list[str] = field(default_factory=list)  # a batch: each usage's custom_id ("" unknown)
     seconds: int = 0  # a video's billed seconds
     provider_model: str = ""
     result_files: dict = field(default_factory=dict)  # a batch's output/error file ids
@@ -64,6 +67,33 @@ def _total(usages: list[Usage]) -> Usage:
     )
 
 
+def _batch_cost(job: Job, report: Report) -> tuple[int, str]:
+    """A batch's cost: each line's usage at the batch price of the model that line ran on
+    (`Job.line_models`, else the job's one model). A line whose custom_id the batch did not
+    submit is priced at the batch's priciest model, the safe direction."""
+    assert job.model is not None  # price() charges the worst case when it is gone
+    ids = set(job.line_models.values())
+    models = {m.id: m for m in Model.objects.filter(id__in=ids)} if ids else {}
+    if len(models) < len(ids):
+        raise LookupError("a line's model is no longer in the catalog")
+    models[job.model.id] = job.model
+    rates = {
+        mid: batch_rates(rates=rates_for(model=m, connection=job.connection), model=m) for mid, m in models.items()
+    }
+    priciest = max(models, key=lambda mid: (rates[mid].max_input, rates[mid].output))
+    unknown = 0
+    total = 0
+    for i, usage in enumerate(report.usages):
+        custom_id = report.line_ids[i] if i < len(report.line_ids) else ""
+        mid = job.line_models.get(custom_id) if job.line_models else job.model.id
+        if mid is None:
+            unknown += 1
+            mid = priciest
+        total += cost_nano(usage=usage, rates=rates[mid])
+    note = f"{unknown} lines the batch did not submit: priced at its priciest model" if unknown else ""
+    return total, note
+
+
 def price(job: Job, report: Report) -> tuple[int, str]:
     """(cost in nano-USD, note). A job whose model left the catalog is charged its worst case."""
     model, connection = job.model, job.connection
@@ -73,14 +103,22 @@ def price(job: Job, report: Report) -> tuple[int, str]:
         if job.kind == Job.Kind.VIDEO:
             return video_nano(model=model, seconds=report.seconds, worst=False), ""
         if job.kind in (Job.Kind.BATCH, Job.Kind.MESSAGE_BATCH):
-            rates = batch_rates(rates=rates_for(model=model, connection=connection), model=model)
-            return sum(cost_nano(usage=u, rates=rates) for u in report.usages), ""
+            return _batch_cost(job, report)
         return sum(
             cost_nano(usage=u, rates=rates_for(model=model, connection=connection, tier=u.service_tier))
             for u in report.usages
         ), ""
-    except (UnpricedModel, UnpricedFeature) as exc:
+    except (UnpricedModel, UnpricedFeature, LookupError) as exc:
         return job.worst_nano, f"unpriced ({exc}): charged at worst case"
+
+
+def _provider_model(job: Job, report: Report) -> str:
+    """The model that served it, as the provider names it; a batch of several models names each
+    model it was priced at."""
+    if job.line_models:
+        names = Model.objects.filter(id__in=set(job.line_models.values())).values_list("name", flat=True)
+        return ", ".join(sorted(names))[:200]
+    return report.provider_model or (job.model.name if job.model else "")
 
 
 def _apply(request_id: str, outcome: Outcome) -> None:
@@ -143,7 +181,7 @@ def apply_report(*, job_id: int, report: Report, now: datetime | None = None) ->
         cost_nano=cost,
         usage=_total(report.usages),
         connection_id=job.connection_id,
-        provider_model=report.provider_model or (job.model.name if job.model else ""),
+        provider_model=_provider_model(job, report),
         error="; ".join(e for e in (f"job {report.provider_status}", note, report.error) if e),
     )
     with transaction.atomic():

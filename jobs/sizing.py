@@ -4,7 +4,8 @@ A batch line is shaped by the live endpoint's shaper (gateway/estimate.py: the b
 the byte bound of the input), routed like a live request, and bounded at the batch price
 (catalog/pricing.py `batch_rates`). Where a live request would get an output ceiling injected,
 the line gets it written into its body, so the provider cannot outrun the bound. Lines of one
-batch run on one connection (the provider holds the file), so they must route to the same one.
+batch run on one connection (the provider holds the file), so they must route to the same one;
+they may name different models, each bounded (and later settled, jobs/settle.py) at its own.
 
 Under a blocking cap a live request refuses fields the inventory refuses, parts nothing can
 bound and unpriced models; a batch file remembers the first such reason (`refused_code`) and a
@@ -42,10 +43,17 @@ class SizedLines:
     bounds: list[int] = field(default_factory=list)  # nano-USD per line at the batch price
     bodies: list[dict] = field(default_factory=list)  # what the provider gets for each line
     refused_code: str = ""  # why a blocking cap cannot admit these lines ("" if it can)
+    models: dict[str, int] = field(default_factory=dict)  # custom_id -> the catalog model it runs on
 
     @property
     def worst_nano(self) -> int:
         return sum(self.bounds)
+
+    @property
+    def line_models(self) -> dict[str, int]:
+        """{custom_id: catalog model id} when the lines run on more than one model, else {}: what
+        the settlement prices each line's usage at (a batch of one model is priced at the job's)."""
+        return dict(self.models) if len(set(self.models.values())) > 1 else {}
 
 
 # The batch APIs by connection kind: the provider's name and what its batches are called.
@@ -131,10 +139,13 @@ def size_line(
     return target, worst, out, refused
 
 
-def _add(sized: SizedLines | None, *, kind: str, route: str, line: tuple[Target, int, dict, str]) -> SizedLines:
+def _add(
+    sized: SizedLines | None, *, kind: str, route: str, custom_id: str, line: tuple[Target, int, dict, str]
+) -> SizedLines:
     target, worst, out, refused = line
     if sized is None:
         sized = SizedLines(kind=kind, route=route, target=target)
+    sized.models[custom_id] = target.model.id
     sized.bounds.append(worst)
     sized.bodies.append(out)
     sized.refused_code = sized.refused_code or refused
@@ -188,6 +199,7 @@ def size_openai_file(*, key: ApiKey, raw: bytes) -> tuple[SizedLines, bytes]:
             sized,
             kind=kind,
             route=str(body.get("model")),
+            custom_id=custom_id,
             line=size_line(key=key, body=body, kind=kind, sized=sized, where=where),
         )
         out_lines.append(json.dumps({**item, "method": "POST", "body": sized.bodies[-1]}).encode())
@@ -220,6 +232,7 @@ def size_message_batch(*, key: ApiKey, body: dict) -> tuple[SizedLines, list[dic
             sized,
             kind="messages",
             route=str(item["params"].get("model")),
+            custom_id=custom_id,
             line=size_line(key=key, body=item["params"], kind="messages", sized=sized, where=where),
         )
         out.append({"custom_id": custom_id, "params": sized.bodies[-1]})

@@ -52,6 +52,7 @@ class Submission:
     files: dict | None = None  # multipart file parts
     input_file_id: str = ""
     detail: dict | None = None
+    line_models: dict[str, int] | None = None  # a batch of several models: each line's (jobs/sizing.py)
     flavor: str = "openai"  # the endpoint's error shape
     job_id_of: Callable[[dict], str | None] = lambda data: data.get("id") if isinstance(data.get("id"), str) else None
     status_of: Callable[[dict], str] = lambda data: str(data.get("status") or "")
@@ -164,6 +165,7 @@ async def submit(req: Request, key: ApiKey, sub: Submission) -> None:
             input_file_id=sub.input_file_id,
             provider_status=sub.status_of(data),
             detail=sub.detail,
+            line_models=sub.line_models,
             lane="settle",
         )
     except DatabaseError:

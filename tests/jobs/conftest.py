@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from tests.api.conftest import org_a, org_b  # noqa: F401  (fixtures)
-from tests.gateway.conftest import KEY, gateway, upstream, wired  # noqa: F401  (fixtures)
+from tests.gateway.conftest import KEY, gateway, slices_mode, upstream, wired  # noqa: F401  (fixtures)
 
 LINE_MAX_TOKENS = 1000
 

@@ -96,6 +96,8 @@ def billed_summary(job: Job) -> dict[str, Any]:
         "output_tokens": sum(p[1] for p in pairs),
         "seconds": seconds,
         "usage": [line.body.get("usage") for line in lines if job.kind != "video"],
+        # the model each billed line ran on, as the provider's answer to it names it
+        "models": [line.body.get("model") for line in lines if job.kind != "video"],
     }
 
 
