@@ -67,6 +67,11 @@ def _total(usages: list[Usage]) -> Usage:
     )
 
 
+# Guard point (its removal tests: tests/capcheck/test_mixed_batch_scenario.py): each batch line
+# is priced at its own model. Without it every line is priced at the job's (the first line's).
+PRICE_EACH_LINE = True
+
+
 def _batch_cost(job: Job, report: Report) -> tuple[int, str]:
     """A batch's cost: each line's usage at the batch price of the model that line ran on
     (`Job.line_models`, else the job's one model). A line whose custom_id the batch did not
@@ -85,7 +90,7 @@ def _batch_cost(job: Job, report: Report) -> tuple[int, str]:
     total = 0
     for i, usage in enumerate(report.usages):
         custom_id = report.line_ids[i] if i < len(report.line_ids) else ""
-        mid = job.line_models.get(custom_id) if job.line_models else job.model.id
+        mid = job.line_models.get(custom_id) if job.line_models and PRICE_EACH_LINE else job.model.id
         if mid is None:
             unknown += 1
             mid = priciest

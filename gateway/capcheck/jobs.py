@@ -4,6 +4,11 @@ batch's worst case is admitted at submission and held by its job until beat's po
 from echo's per-line usage; the four properties are then decided as for any run, and the books
 check that every admitted batch became a job settled under the request that submitted it.
 
+mixed-model-batch: every batch has two lines on the same echo connection, the plan's request on
+the run's model and the same request on a model at MIXED_PRICE times its price. Beside the
+four properties, the books check each batch was recorded at echo's bill — each line at its own
+model's price — and never above what it reserved.
+
 The poll belongs to the jobs app (above the gateway): it plugs `settle_jobs` in at startup
 (jobs/apps.py). A run waits for it, bounded by the plan's settle timeout."""
 
@@ -18,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from catalog.models import Model, Route, RouteTarget
 from gateway.capcheck.scenario import CHAT, Build, Scenario
 
 if TYPE_CHECKING:
@@ -45,7 +51,11 @@ def _send(setup: Setup, plan: Plan, sent: list[Sent]) -> None:
 
 
 async def _burst(setup: Setup, plan: Plan, sent: list[Sent]) -> None:
-    line = json.dumps({"custom_id": "capcheck", "method": "POST", "url": CHAT, "body": setup.body(stream=False)})
+    body = setup.body(stream=False)
+    line = "\n".join(
+        json.dumps({"custom_id": f"capcheck-{i}", "method": "POST", "url": CHAT, "body": {**body, "model": route}})
+        for i, route in enumerate(setup.batch_routes or (setup.route,))
+    )
     limits = httpx.Limits(max_connections=len(sent), max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=plan.url, limits=limits, timeout=plan.request_timeout) as client:
 
@@ -101,3 +111,36 @@ def _books(setup: Setup, records: list[UsageRecord]) -> list[str]:
 
 
 JOBS = Scenario(name="jobs", prepare=_prepare, send=_send, books=_books)
+
+MIXED_PRICE = 3  # the second line's model costs this many times the run's model
+
+
+def _prepare_mixed(build: Build) -> dict[str, Any]:
+    _prepare(build)
+    model = build.model
+    assert model.input_usd_per_mtok is not None and model.output_usd_per_mtok is not None  # create_run prices it
+    pricey = Model.objects.create(
+        provider=model.provider,
+        name=f"{model.name}-x{MIXED_PRICE}",
+        input_usd_per_mtok=model.input_usd_per_mtok * MIXED_PRICE,
+        output_usd_per_mtok=model.output_usd_per_mtok * MIXED_PRICE,
+        batch_multiplier=1,
+    )
+    route = Route.objects.get(pk=build.route_id)
+    other = Route.objects.create(organization=build.organization, name=f"{route.name}-x{MIXED_PRICE}")
+    RouteTarget.objects.create(route=other, connection=build.echo, model=pricey, position=0)
+    return {"batch_routes": (route.name, other.name)}
+
+
+def _mixed_books(setup: Setup, records: list[UsageRecord]) -> list[str]:
+    """`_books`, and each batch recorded at echo's bill: the first line at the plan's actual cost,
+    the second at MIXED_PRICE times it (echo bills both lines the same tokens)."""
+    problems = _books(setup, records)
+    billed = setup.tokens.actual_nano * (1 + MIXED_PRICE)
+    for r in records:
+        if r.status == "served" and r.cost_nano != billed:
+            problems.append(f"P1: batch {r.job_id} recorded {r.cost_nano} nano-USD; the provider billed {billed}")
+    return problems
+
+
+MIXED_BATCH = Scenario(name="mixed-model-batch", prepare=_prepare_mixed, send=_send, books=_mixed_books)

@@ -127,6 +127,8 @@ class Setup:
     body_extra: dict = field(default_factory=dict)
     headers: dict = field(default_factory=dict)
     served_model: str = ""
+    # A batch scenario's line routes, one line each (default: one line on `route`).
+    batch_routes: tuple[str, ...] = ()
 
     def body(self, *, stream: bool) -> dict:
         """The body every request of the run sends: the plan's chat shape plus the scenario's

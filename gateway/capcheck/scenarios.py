@@ -17,6 +17,8 @@ default and the run all read this list.
   checked against echo's bill (billing.py).
 - jobs: every request a one-line OpenAI batch on echo, admitted at submission, held by its job
   and settled by the jobs app's poll (jobs.py).
+- mixed-model-batch: every request a two-line batch whose lines name a cheap and a pricier
+  model on one connection; each batch must be recorded at echo's bill, line by line (jobs.py).
 - db-restart: PostgreSQL restarted mid-burst (restart.py). Never run by default: only when the
   operator names the cluster capcheck may restart (`--restart-db-cluster DIR`).
 """
@@ -63,6 +65,7 @@ ALL: dict[str, Scenario] = {
         billing.SERVICE_TIER,
         billing.ROUTE_ALIAS,
         jobs.JOBS,
+        jobs.MIXED_BATCH,
         DB_RESTART,
     )
 }
