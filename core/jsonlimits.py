@@ -62,8 +62,8 @@ def loads(raw: bytes | str, *, max_bytes: int | None = None, depth: int | None =
         raise too_deep from None
     if opens > limit and _deeper_than(value, limit):
         raise too_deep
-    maybe = _MAYBE_SURROGATE_BYTES if isinstance(raw, bytes) else _MAYBE_SURROGATE_STR
-    if maybe.search(raw) and _has_lone_surrogate(value):
+    maybe = _MAYBE_SURROGATE_BYTES.search(raw) if isinstance(raw, bytes) else _MAYBE_SURROGATE_STR.search(raw)
+    if maybe and _has_lone_surrogate(value):
         raise JSONLimitError(
             "The request body holds a lone UTF-16 surrogate (\\ud800-\\udfff) in a string; it is not text.",
             code="invalid_unicode",

@@ -82,7 +82,8 @@ async def _lines(client: httpx.AsyncClient, job: Job, path: str, read, report: R
         if usage is not None:
             assert isinstance(item, dict)  # read() answers only for a line object
             report.usages.append(usage)
-            report.line_ids.append(item.get("custom_id") if isinstance(item.get("custom_id"), str) else "")
+            custom_id = item.get("custom_id")
+            report.line_ids.append(custom_id if isinstance(custom_id, str) else "")
 
 
 def _batch_line(item: object):
