@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from budgets.models import Hold, Reservation
@@ -212,6 +212,8 @@ LIVE = [
 def test_live_endpoints(fuzz, path, kind, flavor):
     @FUZZ
     @given(body=body_for(kind))
+    @example(body={**BASE[kind], "stream": True, "stream_options": "x"})
+    @example(body={**BASE[kind], "model": "echo-1\ud800"})
     def run(body):
         fuzz.send(path, flavor=flavor, body=body)
 
@@ -258,6 +260,23 @@ def test_batch_file_uploads(fuzz):
         junk=st.binary(max_size=40) | st.just(b""),
         purpose=st.just("batch") | st.text(max_size=8),
     )
+    @example(
+        lines=[{"custom_id": "a", "method": "POST", "url": ["/v1/chat/completions"], "body": {}}],
+        junk=b"",
+        purpose="batch",
+    )
+    @example(
+        lines=[
+            {
+                "custom_id": "a",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {**BASE["chat"], "user": "\ud800"},
+            }
+        ],
+        junk=b"",
+        purpose="batch",
+    )
     def run(lines, junk, purpose):
         content = b"\n".join(json.dumps(x).encode() for x in lines) + b"\n" + junk
         fuzz.send(
@@ -294,6 +313,7 @@ def test_batches(fuzz):
         )
         | WEIRD
     )
+    @example(body={"input_file_id": file_id, "endpoint": ["/v1/chat/completions"], "completion_window": "24h"})
     def run(body):
         fuzz.send("/v1/batches", body=body)
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 from budgets.models import Hold, Reservation
 from catalog.models import Model
 from catalog.pricing import Usage, batch_rates, cost_nano, rates_for
-from jobs.models import Job
+from jobs.models import Job, JobFile
 from jobs.poll import poll_jobs
 from tests.conftest import window_of
 from tests.jobs.conftest import an, oa, upload
@@ -122,6 +122,12 @@ def test_openai_batches_of_two_models_record_the_providers_bill(gateway, mixed, 
         f = client.files.create(file=("batch.jsonl", _openai_file(_lines("gpt-test", "gpt-pricey"))), purpose="batch")
         client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
     assert Job.objects.count() == BATCHES and all(j.line_models for j in Job.objects.all())
+    # each line was bounded at its own model at submission: an expensive line's bound is above
+    # anything the cheap model could bill it
+    row = JobFile.objects.order_by("-id").first()
+    assert row is not None and len(set(row.line_models.values())) == 2
+    assert all(bound > 10 * row.line_bounds[0] for bound in row.line_bounds[1:])
+    assert sum(r.amount_nano for r in Reservation.objects.all()) == BATCHES * sum(row.line_bounds)
     _settle_all(upstream)
     # then: the window holds the provider's bill, line by line at each line's model
     _check_books(budget, upstream, mixed.openai)
