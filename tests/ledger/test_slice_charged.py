@@ -11,11 +11,11 @@ from ledger.drain import drain_all
 from ledger.recording import Outcome, expire, record_many
 from ledger.slices import Book
 from tests.conftest import usd, window_of
-from tests.ledger.test_slices import WORST, _matching, _request, slices_on  # noqa: F401  (fixture)
+from tests.ledger.test_slices import WORST, _matching, _request
 from usage.audit import audit_counters
 from usage.models import UsageRecord
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("slices_on")]
 
 
 @pytest.fixture

@@ -27,22 +27,10 @@ from tenants.audit import Actor
 from tests.conftest import usd
 from usage.audit import audit_counters
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("slices_on")]
 
 WORST = usd("0.01")
 ADMIN = Actor(label="test", operator=True)
-
-
-@pytest.fixture(autouse=True)
-def slices_on(settings):
-    settings.CAPGATE = {
-        **settings.CAPGATE,
-        "SLICES": True,
-        "SLICE_SHARE": 0.5,
-        "SLICE_MIN_REQUESTS": 4,
-        "SLICE_MAX_REQUESTS": 20,
-        "SLICE_SECONDS": 60.0,
-    }
 
 
 class Listener(threading.Thread):

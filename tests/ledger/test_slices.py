@@ -23,22 +23,10 @@ from tests.conftest import usd, window_of
 from usage.audit import audit_counters
 from usage.models import UsageRecord
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("slices_on")]
 
 WORST = usd("0.01")
 _ids = itertools.count()
-
-
-@pytest.fixture(autouse=True)
-def slices_on(settings):
-    settings.CAPGATE = {
-        **settings.CAPGATE,
-        "SLICES": True,
-        "SLICE_SHARE": 0.5,
-        "SLICE_MIN_REQUESTS": 4,
-        "SLICE_MAX_REQUESTS": 20,
-        "SLICE_SECONDS": 60.0,
-    }
 
 
 def _request(tenant, owner_id: int, budgets, worst: int = WORST) -> AdmissionRequest:
