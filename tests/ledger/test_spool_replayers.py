@@ -107,9 +107,14 @@ def test_two_replayers_with_the_database_up_land_each_record_once(spooled, widen
 def test_removal_without_the_claim_lock_two_replayers_share_a_file(spooled, widened, monkeypatch):
     # given: replayers that claim by rename alone, without holding a lock on the file
     monkeypatch.setattr(spool, "LOCK_CLAIMS", False)
-    # when
-    results = _replay_together(database_down=True)
-    # then: the second takes over the first's claimed file: one fails, or records are doubled
-    failed = [r for r in results if isinstance(r, Exception)]
-    doubled = [rid for rid, n in _spooled_lines().items() if n > 1]
+    # when: both replay together, a few times over (the database is down, so each round leaves
+    # the records on disk for the next): the race needs both to look at the file in the same
+    # window, which a loaded machine's scheduling can miss in any one round
+    for _round in range(5):
+        results = _replay_together(database_down=True)
+        failed = [r for r in results if isinstance(r, Exception)]
+        doubled = [rid for rid, n in _spooled_lines().items() if n > 1]
+        if failed or doubled:
+            break
+    # then: the second took over the first's claimed file: one failed, or records were doubled
     assert failed or doubled, (results, _spooled_lines())
