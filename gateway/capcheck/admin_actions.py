@@ -7,11 +7,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from django.db import connection
-
-from budgets.models import Budget, Reservation
+from budgets.models import Budget
 from budgets.services import create_budget, delete_budget, update_budget
-from gateway.capcheck.scenario import MidBurst, Scenario
+from gateway.capcheck.scenario import MidBurst, Scenario, WhenInFlight
 from tenants.audit import Actor
 from tenants.models import EndCustomer, Organization
 from tenants.services import delete_end_customer
@@ -22,24 +20,20 @@ if TYPE_CHECKING:
 ADMIN = Actor(label="capcheck")
 
 
-class AdminActions(MidBurst):
+class AdminActions(WhenInFlight):
     """While the burst is in flight: lower and raise the organization cap, change its timezone
     and period (and back), delete and recreate it, and delete the end customer half the
     requests are charged to — through the same services the dashboard and API use."""
 
-    label = "admin actions"
-
     def __init__(self, organization_id: int, amount_nano: int, timeout: float = 10.0):
-        super().__init__(name="capcheck-admin")
-        self.organization_id = organization_id
+        super().__init__(organization_id, "admin actions", timeout=timeout)
         self.amount_nano = amount_nano
-        self.timeout = timeout
-        self.done: list[str] = []
+        self.steps_done: list[str] = []
 
     def notes(self) -> list[str]:
-        return [f"note: admin actions done mid-burst: {', '.join(self.done) or 'none'}"]
+        return [f"note: admin actions done mid-burst: {', '.join(self.steps_done) or 'none'}"]
 
-    def run(self) -> None:
+    def act(self) -> str:
         def delete_customers() -> None:
             for c in EndCustomer.objects.filter(project__organization_id=self.organization_id):
                 delete_end_customer(customer=c, actor=ADMIN)
@@ -47,59 +41,34 @@ class AdminActions(MidBurst):
         def cap() -> Budget:
             return Budget.objects.get(organization_id=self.organization_id, scope=Budget.Scope.ORGANIZATION)
 
-        try:
-            deadline = time.monotonic() + self.timeout
-            while not Reservation.objects.filter(organization_id=self.organization_id).exists():
-                if time.monotonic() > deadline:
-                    self.error = "no request was in flight to act during"
-                    return
-                time.sleep(0.005)
-            steps: list[tuple[str, Callable[[], object]]] = [
-                (
-                    "lower",
-                    lambda: update_budget(budget=cap(), actor=ADMIN, amount_nano=self.amount_nano // 2),
+        steps: list[tuple[str, Callable[[], object]]] = [
+            ("lower", lambda: update_budget(budget=cap(), actor=ADMIN, amount_nano=self.amount_nano // 2)),
+            ("raise", lambda: update_budget(budget=cap(), actor=ADMIN, amount_nano=self.amount_nano)),
+            ("timezone", lambda: update_budget(budget=cap(), actor=ADMIN, timezone="Pacific/Kiritimati")),
+            ("timezone back", lambda: update_budget(budget=cap(), actor=ADMIN, timezone="UTC")),
+            ("period", lambda: update_budget(budget=cap(), actor=ADMIN, period=Budget.Period.WEEK)),
+            ("period back", lambda: update_budget(budget=cap(), actor=ADMIN, period=Budget.Period.MONTH)),
+            ("delete", lambda: delete_budget(budget=cap(), actor=ADMIN)),
+            (
+                "recreate",
+                lambda: create_budget(
+                    organization=Organization.objects.get(pk=self.organization_id),
+                    actor=ADMIN,
+                    scope=Budget.Scope.ORGANIZATION,
+                    amount_nano=self.amount_nano,
+                    name="capcheck organization cap",
+                    period=Budget.Period.MONTH,
+                    mode=Budget.Mode.BLOCK,
+                    thresholds=[],
                 ),
-                (
-                    "raise",
-                    lambda: update_budget(budget=cap(), actor=ADMIN, amount_nano=self.amount_nano),
-                ),
-                (
-                    "timezone",
-                    lambda: update_budget(budget=cap(), actor=ADMIN, timezone="Pacific/Kiritimati"),
-                ),
-                ("timezone back", lambda: update_budget(budget=cap(), actor=ADMIN, timezone="UTC")),
-                (
-                    "period",
-                    lambda: update_budget(budget=cap(), actor=ADMIN, period=Budget.Period.WEEK),
-                ),
-                (
-                    "period back",
-                    lambda: update_budget(budget=cap(), actor=ADMIN, period=Budget.Period.MONTH),
-                ),
-                ("delete", lambda: delete_budget(budget=cap(), actor=ADMIN)),
-                (
-                    "recreate",
-                    lambda: create_budget(
-                        organization=Organization.objects.get(pk=self.organization_id),
-                        actor=ADMIN,
-                        scope=Budget.Scope.ORGANIZATION,
-                        amount_nano=self.amount_nano,
-                        name="capcheck organization cap",
-                        period=Budget.Period.MONTH,
-                        mode=Budget.Mode.BLOCK,
-                        thresholds=[],
-                    ),
-                ),
-                ("delete customer", lambda: delete_customers()),
-            ]
-            for name, step in steps:
-                step()
-                self.done.append(name)
-                time.sleep(0.01)
-        except Exception as exc:  # reported as a problem of the run, never silently
-            self.error = f"{type(exc).__name__}: {exc}"[:300]
-        finally:
-            connection.close()
+            ),
+            ("delete customer", lambda: delete_customers()),
+        ]
+        for name, step in steps:
+            step()
+            self.steps_done.append(name)
+            time.sleep(0.01)
+        return ", ".join(self.steps_done)
 
 
 def _during(setup: Setup, plan: Plan) -> MidBurst:

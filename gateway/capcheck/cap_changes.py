@@ -12,14 +12,11 @@ a narrower budget that appears while gateway processes hold headroom slices of a
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
-from django.db import connection
-
-from budgets.models import Budget, Reservation
+from budgets.models import Budget
 from budgets.services import create_budget, update_budget
-from gateway.capcheck.scenario import Build, MidBurst, Scenario
+from gateway.capcheck.scenario import Build, MidBurst, Scenario, WhenInFlight
 from tenants.audit import Actor
 from tenants.models import ApiKey, Organization
 
@@ -30,38 +27,6 @@ ADMIN = Actor(label="capcheck")
 # The narrower budget holds this many times the burst's worst cases: it never needs to refuse.
 NARROWER_MARGIN = 1.1
 LOOSE_CAP_FACTOR = 4
-
-
-class WhenInFlight(MidBurst):
-    """Once a request of the organization is in flight, do `act` (through the services the
-    dashboard and API use)."""
-
-    def __init__(self, organization_id: int, label: str, timeout: float = 10.0) -> None:
-        super().__init__(name=f"capcheck-{label}")
-        self.label = label
-        self.organization_id = organization_id
-        self.timeout = timeout
-        self.done = ""
-
-    def act(self) -> str:
-        raise NotImplementedError
-
-    def notes(self) -> list[str]:
-        return [f"note: {self.label} mid-burst: {self.done or 'not done'}"]
-
-    def run(self) -> None:
-        try:
-            deadline = time.monotonic() + self.timeout
-            while not Reservation.objects.filter(organization_id=self.organization_id).exists():
-                if time.monotonic() > deadline:
-                    self.error = "no request was in flight to act during"
-                    return
-                time.sleep(0.002)
-            self.done = self.act()
-        except Exception as exc:  # reported as a problem of the run, never silently
-            self.error = f"{type(exc).__name__}: {exc}"[:300]
-        finally:
-            connection.close()
 
 
 class SwitchToBlock(WhenInFlight):

@@ -9,11 +9,14 @@ only through the hooks below; the registry in gateway/capcheck/scenarios.py list
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from budgets.models import Budget
+from django.db import connection
+
+from budgets.models import Budget, Reservation
 from catalog.models import Connection, Model
 from tenants.models import ApiKey, Organization, Project
 
@@ -82,6 +85,38 @@ class MidBurst(threading.Thread):
 
     def notes(self) -> list[str]:
         return []
+
+
+class WhenInFlight(MidBurst):
+    """Once a request of the organization is in flight, do `act` (through the services the
+    dashboard and API use)."""
+
+    def __init__(self, organization_id: int, label: str, timeout: float = 10.0) -> None:
+        super().__init__(name=f"capcheck-{label}")
+        self.label = label
+        self.organization_id = organization_id
+        self.timeout = timeout
+        self.done = ""
+
+    def act(self) -> str:
+        raise NotImplementedError
+
+    def notes(self) -> list[str]:
+        return [f"note: {self.label} mid-burst: {self.done or 'not done'}"]
+
+    def run(self) -> None:
+        try:
+            deadline = time.monotonic() + self.timeout
+            while not Reservation.objects.filter(organization_id=self.organization_id).exists():
+                if time.monotonic() > deadline:
+                    self.error = "no request was in flight to act during"
+                    return
+                time.sleep(0.002)
+            self.done = self.act()
+        except Exception as exc:  # reported as a problem of the run, never silently
+            self.error = f"{type(exc).__name__}: {exc}"[:300]
+        finally:
+            connection.close()
 
 
 def _no_changes(build: Build) -> dict[str, Any]:
