@@ -16,8 +16,17 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.providers import SSEEvent
+from gateway.providers import Adapter, SSEEvent, register
 from gateway.routing import Target
+
+
+class Echo(Adapter):
+    """The built-in provider serves every live endpoint in its own format, in-process."""
+
+    endpoints = frozenset({"chat", "messages", "embeddings", "responses", "videos"})
+
+
+register("echo", Echo())
 
 
 def max_output(body: dict) -> Any:

@@ -11,7 +11,7 @@ import pytest
 from budgets.models import Reservation
 from catalog import services as catalog_services
 from catalog.models import Connection
-from gateway import providers
+from gateway.providers import base as providers
 from tests.api.conftest import Org, client
 from tests.gateway.conftest import KEY, wait_settled
 
