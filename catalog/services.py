@@ -84,7 +84,13 @@ def _check_connection(fields: dict[str, Any], *, current: Connection | None = No
     preset = PRESETS.get(kind)
     if preset is not None and not url and not (current is not None and current.base_url and "base_url" not in fields):
         # The preset's own base URL goes through the destination rules like any other.
-        _check_destination(preset.base_url, what=f"{preset.title}'s default base URL")
+        try:
+            _check_destination(preset.base_url)
+        except InvalidChange as exc:
+            raise InvalidChange(
+                f"{preset.title}'s default base URL {preset.base_url}: {exc.message} Give the server's base URL.",
+                param="base_url",
+            ) from None
 
 
 def _check_destination(url: str, *, param: str = "base_url", what: str = "A base URL") -> None:
