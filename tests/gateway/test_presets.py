@@ -162,7 +162,7 @@ def test_a_header_option_that_could_break_a_header_is_refused(acme):
 
 
 @pytest.mark.django_db
-def test_a_preset_is_selectable_in_the_api_apply_and_the_dashboard_form(org_a: Org):
+def test_a_preset_is_selectable_in_the_api_apply_and_the_dashboard_form(org_a: Org):  # noqa: F811
     # the API
     c = client(token=org_a.token_write)
     r = c.post(f"/api/orgs/{org_a.slug}/connections/", {"name": "groq", "kind": "groq", "secret": "gsk"}, format="json")
