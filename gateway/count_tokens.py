@@ -28,7 +28,7 @@ from gateway.errors import render
 from gateway.estimate import Shape, parse_json, shape_messages
 from gateway.http import ClientGone, Request
 from gateway.limits import enforce_limits
-from gateway.providers import connection_url, upstream_headers
+from gateway.providers import adapter, connection_url, upstream_headers
 from gateway.request_fields import collecting_unclassified
 from gateway.routing import Target, authenticate, resolve_route
 from gateway.upstream import client
@@ -64,7 +64,7 @@ def local_count(body: dict, encoding_name: str) -> int | None:
 
 async def _ask_provider(targets: list[Target], body: dict, headers: dict[str, str]) -> dict | None:
     for target in targets:
-        if target.connection.kind != "anthropic":
+        if not adapter(target).counts_tokens:  # a kind with Anthropic's own count endpoint
             continue
         try:
             resp = await client().post(

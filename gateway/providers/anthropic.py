@@ -23,6 +23,7 @@ def beta_headers(client_headers: dict[str, str]) -> dict[str, str]:
 class Anthropic(Adapter):
     endpoints = frozenset({"messages"})
     default_base_url = "https://api.anthropic.com"
+    counts_tokens = True
 
     def auth(self, target: Target, client_headers: dict[str, str], headers: dict[str, str]) -> None:
         headers["x-api-key"] = target.connection.plain_secret

@@ -55,6 +55,8 @@ class Adapter:
     kind = ""
     endpoints: frozenset[str] = frozenset()
     default_base_url = ""
+    # Answers POST /v1/messages/count_tokens under the base URL (Anthropic's own endpoint).
+    counts_tokens = False
     # The parameter an output ceiling chosen by the gateway is sent in, on the chat endpoint
     # (a connection's options.max_tokens_param overrides it: some servers know only max_tokens).
     max_tokens_param = "max_completion_tokens"

@@ -140,6 +140,8 @@ def test_a_stream_without_usage_events_is_priced_from_the_invocation_metrics():
         ({}, KEYS, "options.region"),
         ({"region": "us-east-1/../x"}, KEYS, "options.region"),
         ({"region": "us-east-1"}, '{"access_key_id": "AKID"}', "secret_access_key"),
+        # a model id goes into the URL's path
+        ({"region": "us-east-1", "model_ids": {"echo-1": "../../admin"}}, KEYS, "options.model_ids"),
         # The gateway's own AWS credentials are the operator's: not lent unless allowed.
         ({"region": "us-east-1"}, "", "does not lend its own AWS credentials"),
     ],
@@ -173,3 +175,22 @@ def test_the_credential_chain_is_used_where_the_operator_allows_it(wired, settin
     adapter._chain.cache_clear()
     assert "Credential=AKIDFROMTHECHAIN/" in up.headers["Authorization"]
     assert up.url == "https://bedrock-runtime.eu-west-1.amazonaws.com/model/echo-1/invoke"
+
+
+def test_a_stored_connection_without_keys_is_not_signed_with_the_gateways_credentials(wired, monkeypatch):
+    import asyncio
+
+    from gateway.providers import bedrock as adapter
+    from gateway.routing import Target
+
+    # given: the gateway has AWS credentials in its environment, and a connection saved without keys
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDOFTHEOPERATOR")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "operator-secret")
+    adapter._chain.cache_clear()
+    conn = Connection(organization=wired.org, kind="bedrock", secret="", options={"region": "us-east-1"})
+    # when / then: nothing is signed or sent (a connect error: not billed, the next target is tried)
+    with pytest.raises(adapter.CredentialsMissing):
+        asyncio.run(
+            adapter.Bedrock().request(Target(connection=conn, model=wired.model), "messages", {}, {}, stream=False)
+        )
+    adapter._chain.cache_clear()

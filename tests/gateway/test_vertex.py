@@ -186,3 +186,61 @@ def test_bad_vertex_options_or_keys_are_refused_and_nothing_is_created(wired, op
             organization=wired.org, actor=APPLY, name="bad", kind="vertex", options=options, secret=secret
         )
     assert not Connection.objects.filter(name="bad").exists()
+
+
+def _fetch_token(target) -> str:
+    """One token fetch on a fresh event loop, leaving no upstream client bound to it."""
+    import asyncio
+
+    from gateway import upstream as transport
+    from gateway.providers.vertex import tokens
+
+    async def fetch() -> str:
+        try:
+            return await tokens.token(target)
+        finally:
+            await transport.close_client()
+
+    return asyncio.run(fetch())
+
+
+def test_the_token_request_is_held_to_the_destination_rules(wired, upstream, settings):
+    from gateway.providers.vertex import TokenUnavailable
+    from gateway.routing import Target
+
+    # given: a key whose token_uri names a loopback address, on a deployment that allows none
+    upstream.reset()
+    settings.CAPGATE = {**settings.CAPGATE, "UPSTREAM_ALLOWED_NETWORKS": []}
+    conn = Connection(
+        id=10_001,
+        organization=wired.org,
+        kind="vertex",
+        secret=json.dumps(new_service_account(upstream.url + "/token")),
+        options={"project": PROJECT, "region": REGION},
+    )
+    # when / then: refused before any request is sent (not billed: the next target is tried)
+    with pytest.raises(TokenUnavailable, match="not allowed"):
+        _fetch_token(Target(connection=conn, model=wired.model))
+    assert upstream.stats()["token_grants"] == 0
+
+
+def test_token_guard_removed_lets_a_tenant_key_reach_an_internal_address(wired, upstream, settings, monkeypatch):
+    # The removal test of the one above: google-auth's own requests transport dials the key's
+    # token_uri wherever it points, and the loopback fake hands out a token.
+    import google.auth.transport.requests
+
+    from gateway.providers import vertex as adapter
+    from gateway.routing import Target
+
+    upstream.reset()
+    settings.CAPGATE = {**settings.CAPGATE, "UPSTREAM_ALLOWED_NETWORKS": []}
+    monkeypatch.setattr(adapter, "_LoopRequest", lambda loop: google.auth.transport.requests.Request())
+    conn = Connection(
+        id=10_002,
+        organization=wired.org,
+        kind="vertex",
+        secret=json.dumps(new_service_account(upstream.url + "/token")),
+        options={"project": PROJECT, "region": REGION},
+    )
+    assert _fetch_token(Target(connection=conn, model=wired.model)).startswith("ya29.fake-")
+    assert upstream.stats()["token_grants"] == 1
