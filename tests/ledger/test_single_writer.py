@@ -241,7 +241,7 @@ def test_a_write_added_outside_the_ledger_fails_the_scan(tmp_path, monkeypatch):
     # given: the tree as it is, plus one module outside the ledger that bumps a window
     rogue = ROOT / "usage" / "_rogue_writer_for_test.py"
     rogue.write_text(
-        "from budgets.models import Window\n\n\ndef bump():\n    Window.objects.filter(id=1).update(spent_nano=0)\n",
+        "from ledger.models import Window\n\n\ndef bump():\n    Window.objects.filter(id=1).update(spent_nano=0)\n",
         encoding="utf-8",
     )
     try:
