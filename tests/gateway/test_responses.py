@@ -11,12 +11,12 @@ import httpx
 import openai
 import pytest
 
-from ledger.models import Reservation, Window
 from gateway import responses as stored_state
 from gateway.models import StoredResponse
+from ledger.models import Reservation, UsageRecord, Window
 from tests.conftest import make_tenant
 from tests.gateway.conftest import KEY, wait_settled
-
+from tests.gateway.test_billing import (  # noqa: F401  (fixtures)
     AUTH,
     NANO,
     assert_cap_holds,
@@ -24,7 +24,6 @@ from tests.gateway.conftest import KEY, wait_settled
     gpt,
     post,
 )
-from ledger.models import UsageRecord
 
 PATH = "/v1/responses"
 
