@@ -1,7 +1,7 @@
 """The Celery app: Redis broker, each app's tasks.py, and every beat entry in one place.
 
-Every periodic task is safe to run twice at once (alerts/tasks.py says how), so a slow run
-overlapping the next tick, or two beats during a deploy, double no money. Each entry expires
+Every periodic task is safe to run twice at once (ledger/tasks.py and alerts/tasks.py say how),
+so a slow run overlapping the next tick, or two beats during a deploy, double no money. Each entry expires
 after its own interval: if workers were down, the queued copies of a periodic task are
 superseded by the next tick instead of piling up.
 """
