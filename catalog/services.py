@@ -103,7 +103,7 @@ def _check_destination(url: str, *, param: str = "base_url", what: str = "A base
     """A base URL names a host and a path only; the gateway adds the endpoint's path to it.
     A host given as an address (or localhost) must be one tenants may reach; a name is checked
     on every connect, on each address it resolves to (gateway/upstream.py). Alert webhooks'
-    URLs go through the same check (usage/channels.py)."""
+    URLs go through the same check (alerts/channels.py)."""
     parts = urlparse(url)
     if parts.username is not None or parts.password is not None:
         raise InvalidChange(f"{what} cannot carry a user or password; put the key in the secret.", param=param)

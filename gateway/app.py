@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import DatabaseError
 
-from budgets.errors import BudgetExceeded, BudgetUnavailable
 from core.errors import CapgateError
 from gateway import count_tokens, metrics, ops, proxy, reservations, runtime, upstream
 from gateway.errors import GatewayError, render
@@ -24,6 +23,7 @@ from gateway.estimate import parse_json
 from gateway.http import ClientGone, Request
 from gateway.routing import authenticate, list_models
 from gateway.stored import handle_stored_response
+from ledger.errors import BudgetExceeded, BudgetUnavailable
 from requestlog import buffer as request_log
 
 log = logging.getLogger("capgate.gateway")

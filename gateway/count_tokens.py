@@ -21,7 +21,6 @@ import httpx
 from django.conf import settings
 from django.db import DatabaseError
 
-from budgets.errors import BudgetUnavailable
 from core.errors import CapgateError
 from gateway import metrics, runtime, tokens
 from gateway.errors import render
@@ -32,6 +31,7 @@ from gateway.providers import connection_url, upstream_headers
 from gateway.request_fields import collecting_unclassified
 from gateway.routing import Target, authenticate, resolve_route
 from gateway.upstream import client
+from ledger.errors import BudgetUnavailable
 
 log = logging.getLogger("capgate.gateway")
 PATH = "/v1/messages/count_tokens"

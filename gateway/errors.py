@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from budgets.errors import BudgetExceeded
 from core.errors import CapgateError
 from core.money import usd_str
+from ledger.errors import BudgetExceeded
 
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",

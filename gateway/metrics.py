@@ -169,15 +169,15 @@ def _state_rows() -> dict[str, Any]:
     from django.db.models import Count, Sum
     from django.utils import timezone
 
-    from budgets.models import Reservation
-    from usage.models import AlertEvent, UsageRecord
+    from alerts.models import AlertEvent
+    from ledger.models import Reservation, UsageRecord
 
     now = timezone.now()
     outbox = UsageRecord.objects.filter(applied=False)
     oldest = outbox.order_by("id").values_list("created_at", flat=True).first()
     live = list(Reservation.objects.values("organization__slug").annotate(n=Count("id"), held=Sum("amount_nano")))
     alerts = list(AlertEvent.objects.values("status").annotate(n=Count("id")))
-    from usage.models import AlertDelivery
+    from alerts.models import AlertDelivery
 
     deliveries = list(AlertDelivery.objects.values("status").annotate(n=Count("id")))
     return {

@@ -21,7 +21,6 @@ import httpx
 from django.conf import settings
 from django.db import DatabaseError
 
-from budgets.errors import BudgetExceeded, BudgetUnavailable
 from catalog.pricing import UnpricedFeature, UnpricedModel, Usage, cost_nano, rates_for
 from core.errors import CapgateError
 from core.money import usd_str
@@ -41,6 +40,7 @@ from gateway.request_fields import collecting_unclassified
 from gateway.service import Prepared, Target, admit_call
 from gateway.streams import NOT_BILLED, Attempt, slot_of
 from gateway.upstream import client
+from ledger.errors import BudgetExceeded, BudgetUnavailable
 from ledger.recording import Outcome
 from requestlog import buffer as request_log
 
@@ -462,7 +462,7 @@ async def _wait_disconnect(req: Request) -> None:
 def _note_refusal(exc: BudgetExceeded, tipped_by: dict | None = None) -> None:
     """Let alerts know a ceiling refused (first refusal per window emails). Never raises."""
     try:
-        from usage import alerts
+        from alerts import alerts
 
         note = getattr(alerts, "note_refusal", None)
         if note is not None:

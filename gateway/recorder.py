@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import asyncio
 
-from budgets.models import Reservation
 from gateway import runtime
 from ledger import slices
+from ledger.models import Reservation, UsageRecord
 from ledger.recording import Outcome, record_many
-from usage.models import UsageRecord
 
 MAX_BATCH = 200  # records per INSERT (each row is ~27 parameters)
 

@@ -28,7 +28,6 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError
 
-from budgets.models import Reservation
 from catalog.pricing import Usage, cost_nano
 from core.money import MoneyError, usd_str, usd_to_nano
 from gateway.errors import GatewayError, bad_request
@@ -36,11 +35,11 @@ from gateway.estimate import Shape, shape_chat
 from gateway.routing import authenticate, resolve_route, settle_rates
 from gateway.service import reserve
 from gateway.subjects import key_actor, payer
+from ledger.models import Reservation, UsageRecord
 from ledger.recording import Outcome, note_conflict, record, release
 from tenants.audit import Actor, audit
 from tenants.models import TOKEN_PREFIX, ApiKey, ApiToken
 from tenants.services import authenticate_token
-from usage.models import UsageRecord
 
 # The reservation API's own fields: everything else in a chat-shaped body is the chat request.
 OWN_FIELDS = ("request_id", "ttl_seconds", "amount_usd")

@@ -10,10 +10,10 @@ from typing import cast
 from django.conf import settings
 from django.utils import timezone
 
-from budgets.models import Reservation
 from catalog.models import Connection, Model, Route
 from catalog.pricing import Rates, rates_for
 from gateway.errors import GatewayError
+from ledger.models import Reservation
 from tenants.models import ApiKey, hash_key
 
 # Which connection kinds can serve which endpoint without translating formats.

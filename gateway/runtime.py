@@ -63,8 +63,8 @@ class Background:
         self._wake.set()
 
     async def start(self) -> None:
-        from budgets.instances import register
         from gateway import tokens
+        from ledger.instances import register
 
         # Off the event loop and not awaited: requests are served meanwhile, and one needing an
         # exact count before the load ends waits on the encoding's lock only for the rest of it.
@@ -88,9 +88,9 @@ class Background:
         ]
 
     async def stop(self) -> None:
-        from budgets.instances import stop
         from ledger import slices
         from ledger.drain import drain_all
+        from ledger.instances import stop
         from requestlog import buffer as request_log
 
         for task in self._tasks:
@@ -109,10 +109,10 @@ class Background:
     async def _heartbeat(self) -> None:
         # On the `live` lane (its own thread and connection, never queued behind requests), and
         # retried every HEARTBEAT_RETRY seconds after a failure rather than a whole interval: a
-        # process says it is alive as soon as the database answers again (budgets/instances.py
+        # process says it is alive as soon as the database answers again (ledger/instances.py
         # measures a silence from the database's own start, so the outage itself is not counted).
-        from budgets.instances import alive_ids, heartbeat, register
         from ledger import slices
+        from ledger.instances import alive_ids, heartbeat, register
 
         interval = settings.CAPGATE["HEARTBEAT_INTERVAL"].total_seconds()
         while True:

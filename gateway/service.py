@@ -14,8 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from budgets.errors import SubjectGone
-from budgets.models import Budget, Reservation
 from core.errors import CapgateError
 from gateway import unclassified
 from gateway.errors import GatewayError
@@ -26,6 +24,8 @@ from gateway.sizing import Sized, bound_tokens, size
 from gateway.subjects import Payer, creating_run_budget, payer
 from ledger import slices
 from ledger.admission import AdmissionRequest, admit, matching_budgets
+from ledger.errors import SubjectGone
+from ledger.models import Budget, Reservation
 from tenants.models import ApiKey
 
 

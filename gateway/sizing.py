@@ -17,8 +17,6 @@ from typing import cast
 
 from django.conf import settings
 
-from budgets.errors import BudgetExceeded
-from budgets.models import Budget
 from catalog.pricing import (
     Rates,
     TokenBound,
@@ -33,6 +31,8 @@ from gateway.errors import GatewayError
 from gateway.estimate import Shape
 from gateway.routing import Target
 from ledger.admission import Ceiling, headroom
+from ledger.errors import BudgetExceeded
+from ledger.models import Budget
 from tenants.models import ApiKey
 
 

@@ -16,11 +16,11 @@ from decimal import Decimal
 
 from django.db import IntegrityError, transaction
 
-from budgets.models import Budget
 from budgets.services import create_budget
 from core.money import MoneyError, format_usd, usd_to_nano
 from gateway.errors import GatewayError, bad_request
 from ledger.admission import Subject
+from ledger.models import Budget
 from tenants.audit import Actor
 from tenants.models import ApiKey, EndCustomer
 

@@ -21,8 +21,8 @@ from gateway.proxy import ProxyCall, client
 from jobs import service
 from jobs.models import Job
 from jobs.upstream import NOT_SENT, loads, send
+from ledger.models import UsageRecord
 from ledger.recording import Outcome
-from usage.models import UsageRecord
 
 log = logging.getLogger("capgate.jobs")
 FINAL = {"completed", "incomplete", "failed", "cancelled"}

@@ -14,12 +14,12 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from django.db import DatabaseError
 
-from budgets.errors import BudgetExceeded, BudgetUnavailable
 from core.errors import CapgateError
 from gateway import billing, proxy, runtime
 from gateway.errors import GatewayError, bad_request, render
 from gateway.http import ClientGone, Request
 from gateway.routing import authenticate
+from ledger.errors import BudgetExceeded, BudgetUnavailable
 from tenants.models import ApiKey
 
 log = logging.getLogger("capgate.jobs")

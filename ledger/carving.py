@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, connection
 
-from budgets.errors import SubjectGone
-from budgets.models import Budget, Reservation
-from budgets.scopes import CHARGED_COLUMNS, matching_sql, subject_filter
+from ledger.errors import SubjectGone
 from ledger.locks import WINDOW_LOCK_STRENGTH
+from ledger.models import Budget, Reservation
+from ledger.scopes import CHARGED_COLUMNS, matching_sql, subject_filter
 
 SLICE = Reservation.Origin.SLICE
 NOTIFY_CHANNEL = "capgate_slices"

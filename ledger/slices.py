@@ -56,10 +56,6 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from budgets.errors import BudgetExceeded
-from budgets.models import Budget, Reservation
-from budgets.periods import period_bounds
-from budgets.scopes import CHARGED_COLUMNS
 from ledger.admission import AdmissionRequest, Admitted, Ceiling, admit
 from ledger.carving import (
     NOTIFY_CHANNEL,
@@ -71,6 +67,10 @@ from ledger.carving import (
     parse_notification,
     slices_hold,
 )
+from ledger.errors import BudgetExceeded
+from ledger.models import Budget, Reservation
+from ledger.periods import period_bounds
+from ledger.scopes import CHARGED_COLUMNS
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from django.conf import settings
 from django.utils import timezone
 from prometheus_client import Counter
 
-from budgets.errors import BudgetExceeded
 from core.errors import CapgateError
+from ledger.errors import BudgetExceeded
 from tenants.models import hash_key
 
 log = logging.getLogger("capgate.requestlog")

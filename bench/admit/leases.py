@@ -33,12 +33,12 @@ from django.db import DatabaseError, connection, connections
 
 from bench.admit.cell import Cell, check_cycle, cpu_ticks
 from bench.admit.tenant import Tenant, close_db
-from budgets.errors import BudgetExceeded
-from budgets.instances import register, stop
 from gateway.runtime import conninfo
 from ledger import slices
 from ledger.admission import AdmissionRequest, Admitted, Subject, matching_budgets
 from ledger.drain import drain, drain_all
+from ledger.errors import BudgetExceeded
+from ledger.instances import register, stop
 from ledger.recording import Outcome, record_many
 
 MAX_PROCESSES = 16  # each process holds 3 connections (admitting, settle, LISTEN)

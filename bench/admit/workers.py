@@ -16,9 +16,9 @@ from django.db import connection, connections
 from bench.admit.cell import Cell, check_cycle, check_reserved, cpu_ticks
 from bench.admit.tenant import Tenant, close_db
 from bench.admit.whatif import WHATIF
-from budgets.errors import BudgetExceeded
 from ledger.admission import AdmissionRequest, Admitted, Subject, admit, matching_budgets
 from ledger.drain import drain, drain_all
+from ledger.errors import BudgetExceeded
 from ledger.recording import Outcome, record
 
 

@@ -20,9 +20,11 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "tenants",
     "catalog",
-    "budgets",
-    "usage",
     "ledger",
+    "budgets",
+    # The alerts app keeps the label "usage" it was created under: its tables (usage_alertevent,
+    # ...) and migration history are named by the label.
+    "alerts",
     "ratelimits",
     "django_filters",
     "requestlog",
@@ -218,8 +220,8 @@ SPECTACULAR_SETTINGS = {
     # so the docs group operations by what they act on rather than under one "api" heading.
     "SCHEMA_PATH_PREFIX": r"/api/orgs/\{org_slug\}",
     "ENUM_NAME_OVERRIDES": {
-        "BudgetPeriodEnum": "budgets.models.Budget.Period",
-        "BudgetModeEnum": "budgets.models.Budget.Mode",
+        "BudgetPeriodEnum": "ledger.models.Budget.Period",
+        "BudgetModeEnum": "ledger.models.Budget.Mode",
     },
 }
 

@@ -7,9 +7,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from budgets.models import Budget
 from budgets.services import create_budget, delete_budget, update_budget
 from gateway.capcheck.scenario import MidBurst, Scenario, WhenInFlight
+from ledger.models import Budget
 from tenants.audit import Actor
 from tenants.models import EndCustomer, Organization
 from tenants.services import delete_end_customer

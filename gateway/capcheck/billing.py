@@ -24,7 +24,7 @@ from gateway.capcheck.scenario import MESSAGES, Build, Scenario
 
 if TYPE_CHECKING:
     from gateway.capcheck.plan import Setup
-    from usage.models import UsageRecord
+    from ledger.models import UsageRecord
 
 SEARCHES = 2
 SEARCH_USD = Decimal("0.001")  # per search: 1,000,000 nano-USD

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from budgets.models import Budget
 from budgets.services import create_budget, update_budget
 from gateway.capcheck.scenario import Build, MidBurst, Scenario, WhenInFlight
+from ledger.models import Budget
 from tenants.audit import Actor
 from tenants.models import ApiKey, Organization
 

@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 
 from django.utils import timezone
 
-from budgets.models import Budget, Hold, Reservation, Window
-from budgets.periods import period_bounds
 from gateway.capcheck.plan import Sent
+from ledger.models import Budget, Hold, Reservation, UsageRecord, Window
+from ledger.periods import period_bounds
 from tenants.models import Organization
-from usage.models import UsageRecord
 
 # Refusals that happen before the provider call and are not a ceiling: no healthy connection
 # left (health ejection after injected failures) and the database being unreachable. The second

@@ -28,7 +28,7 @@ from gateway.capcheck.scenario import CHAT, Build, Scenario
 
 if TYPE_CHECKING:
     from gateway.capcheck.plan import Plan, Sent, Setup
-    from usage.models import UsageRecord
+    from ledger.models import UsageRecord
 
 # (organization id, timeout in seconds) -> True once none of its jobs is live; set by jobs/apps.py.
 settle_jobs: Callable[[int, float], bool] | None = None

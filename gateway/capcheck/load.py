@@ -13,10 +13,9 @@ import time
 import httpx
 from django.db import DatabaseError, connection
 
-from budgets.models import Budget, Reservation, Window
 from gateway.capcheck.plan import Plan, Sent, Setup
 from gateway.capcheck.scenario import CUSTOMER
-from usage.models import UsageRecord
+from ledger.models import Budget, Reservation, UsageRecord, Window
 
 
 def fire(setup: Setup, plan: Plan, sent: list[Sent]) -> None:

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING
 from django.conf import settings
 from django.db import connection
 
-from budgets.models import Reservation
 from core.env import BASE_DIR
 from gateway.capcheck.scenario import Scenario
+from ledger.models import Reservation
 
 if TYPE_CHECKING:
     from gateway.capcheck.plan import Plan, Sent, Setup
-    from usage.models import UsageRecord
+    from ledger.models import UsageRecord
 
 AFTER_INTERVAL_SECONDS = 0.2  # between the requests sent after the restart
 BACK_WITHIN_SECONDS = 1.0  # admission must be back this long after the database

@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 from django.utils import timezone
 
-from budgets.models import Budget
 from catalog.models import Connection, Model, Provider, Route, RouteTarget
 from gateway.capcheck.check import RunReport, check_organization
 from gateway.capcheck.load import Sampler, fire, wait_settled
@@ -16,8 +15,8 @@ from gateway.capcheck.plan import INPUT_USD, OUTPUT_USD, CapcheckError, Plan, Se
 from gateway.capcheck.restart import DB_RESTART
 from gateway.capcheck.scenario import Build, Scenario
 from gateway.capcheck.scenarios import ALL, NAMES
+from ledger.models import Budget, UsageRecord
 from tenants.models import ApiKey, Organization, Project
-from usage.models import UsageRecord
 
 
 def _scenario(name: str) -> Scenario:

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connection
 
-from budgets.models import Budget, Reservation
 from catalog.models import Connection, Model
+from ledger.models import Budget, Reservation
 from tenants.models import ApiKey, Organization, Project
 
 if TYPE_CHECKING:
     from gateway.capcheck.plan import Plan, Sent, Setup, Tokens
-    from usage.models import UsageRecord
+    from ledger.models import UsageRecord
 
 CHAT = "/v1/chat/completions"
 MESSAGES = "/v1/messages"

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from budgets.models import Budget
 from gateway.capcheck import billing, cap_changes, jobs
 from gateway.capcheck.admin_actions import ADMIN_ACTIONS
 from gateway.capcheck.restart import DB_RESTART
 from gateway.capcheck.scenario import Build, Scenario
+from ledger.models import Budget
 from tenants.models import Project
 
 

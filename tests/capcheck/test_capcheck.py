@@ -10,10 +10,9 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from budgets.models import Reservation, Window
 from ledger import admission
+from ledger.models import Reservation, UsageRecord, Window
 from tenants.models import ApiKey
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SMALL = "30"

@@ -71,7 +71,7 @@ def test_the_scan_catches_each_kind():
         "nano = int(amount * 10 ** 9)": "by hand",
     }
     for line, kind in bad.items():
-        found = offences("usage/example.py", line)
+        found = offences("alerts/example.py", line)
         assert len(found) >= 1 and kind in " ".join(found), line
     fine = [
         "latency = float(seconds)",
@@ -82,7 +82,7 @@ def test_the_scan_catches_each_kind():
         "common = (args.worst_nano, float(args.duration))",
     ]
     for line in fine:
-        assert offences("usage/example.py", line) == [], line
+        assert offences("alerts/example.py", line) == [], line
     # core/money.py itself may scale by hand; the allowed Prometheus line is allowed
     assert offences("core/money.py", "nano = amount * 1_000_000_000") == []
     path, snippet = next(iter(ALLOWED))

@@ -260,7 +260,7 @@ class Renewer:
         self._thread = threading.Thread(target=self._run, name="renewer", daemon=True)
 
     def _run(self) -> None:
-        from usage.tasks import renew_and_expire
+        from ledger.tasks import renew_and_expire
 
         try:
             while not self._halt.is_set():

@@ -7,10 +7,9 @@ import socket
 import httpx
 import pytest
 
-from budgets.models import Reservation, Window
 from catalog.models import Connection
+from ledger.models import Reservation, UsageRecord, Window
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 AUTH = {"authorization": f"Bearer {KEY}"}

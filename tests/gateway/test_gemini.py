@@ -13,8 +13,8 @@ from genai_prices.data import providers as genai_providers
 from catalog.genai import model_entry
 from catalog.models import Connection, Model
 from catalog.prices import load_catalog
+from ledger.models import UsageRecord
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

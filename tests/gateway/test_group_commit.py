@@ -12,9 +12,9 @@ import httpx
 from django.db import connection
 
 from gateway import recorder as recorder_module
+from ledger.models import UsageRecord
 from tests.conftest import window_of
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 BODY = {"model": "echo-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
 

@@ -13,11 +13,10 @@ import httpx
 import pytest
 from django.core.management import CommandError, call_command
 
-from budgets.models import Hold, Reservation
 from gateway import reservations
+from ledger.models import Hold, Reservation, UsageRecord
 from tests.conftest import window_of
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 AUTH = {"authorization": f"Bearer {KEY}"}

@@ -8,14 +8,13 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from budgets.models import Reservation
 from catalog.classifications import classify
 from catalog.models import Classification, ClassificationChange
 from core.errors import InvalidChange, NotAllowed
+from ledger.models import Reservation, UsageRecord
 from tenants.audit import Actor
 from tenants.models import AuditLogEntry
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,14 +11,14 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from alerts.audit import audit_counters
 from gateway.errors import GatewayError
 from gateway.routing import Target
 from jobs import poll, sizing
 from jobs.models import Job, JobFile
+from ledger.models import UsageRecord
 from tests.gateway.conftest import wait_settled
 from tests.jobs.conftest import oa, upload
-from usage.audit import audit_counters
-from usage.models import UsageRecord
 
 
 def _two_polls_at_once() -> None:
