@@ -1,11 +1,10 @@
 """echo's job endpoints: files, batches (both providers), background responses and videos.
 
-Entry point (for the jobs app; it mirrors how gateway/upstream/proxy.py calls `echo.echo_response`
-instead of sending HTTP when a target's connection is of kind "echo"):
+Entry point (for echo/transport.py, which hands it every call that is not a live answer):
 
     async def send(connection, method, path, *, body=None, files=None, data=None) -> httpx.Response
 
-The arguments are those of `jobs.upstream.send` without the HTTP client: `path` starts with
+The arguments are the call's parts, as echo/transport.py reads them off the wire: `path` starts with
 /v1/ (a query string, e.g. `?variant=thumbnail`, may follow), `body` is a JSON body, `files` and
 `data` a multipart upload in httpx's form ({"file": (filename, content[, content_type])},
 {"purpose": "batch"}; a `files` part whose filename is None is a plain field). It answers as

@@ -1,10 +1,10 @@
 """echo: the built-in provider. Answers chat, messages, responses and embeddings with usage the
 catalog prices, so the demo runs without a provider account (its jobs: echo/jobs.py).
 
-gateway/upstream/proxy.py calls `echo_response` / `echo_stream` instead of sending HTTP when a target's
-connection is of kind "echo". The connection's options shape the answers: prompt_tokens (else a
-quarter of the gateway's input bound), completion_tokens (16; never above the request's output
-ceiling), text, chunks, delay_ms, chunk_delay_ms, service_tier.
+echo/transport.py hands a live call here: `echo_response` for a plain answer, `echo_stream` for
+its events. The connection's options shape the answers: prompt_tokens (else a quarter of the
+gateway's input bound), completion_tokens (16; never above the request's output ceiling), text,
+chunks, delay_ms, chunk_delay_ms, service_tier.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.admission.routing import Target
 from gateway.providers import SSEEvent
 
 
@@ -154,15 +153,13 @@ def echo_body(opts: dict, kind: str, body: dict, prompt_bound: int, rid: str | N
     }
 
 
-async def echo_response(target: Target, kind: str, body: dict, prompt_bound: int) -> bytes:
+async def echo_response(opts: dict, kind: str, body: dict, prompt_bound: int) -> bytes:
     """A fixed response priced from the catalog, after the connection's configured delay."""
-    opts = target.connection.options
     await asyncio.sleep(int(opts.get("delay_ms") or 0) / 1000)
     return json.dumps(echo_body(opts, kind, body, prompt_bound)).encode()
 
 
-async def echo_stream(target: Target, kind: str, body: dict, prompt_bound: int) -> AsyncIterator[SSEEvent]:
-    opts = target.connection.options
+async def echo_stream(opts: dict, kind: str, body: dict, prompt_bound: int) -> AsyncIterator[SSEEvent]:
     await asyncio.sleep(int(opts.get("delay_ms") or 0) / 1000)
     chunk_delay = int(opts.get("chunk_delay_ms") or 0) / 1000
     chunks = int(opts.get("chunks") or 4)

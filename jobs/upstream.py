@@ -8,7 +8,6 @@ from typing import Any
 import httpx
 
 from catalog.models import Connection
-from echo import jobs as echo_jobs
 from gateway.admission.routing import Target
 from gateway.providers import connection_url, upstream_headers
 from gateway.upstream import transport
@@ -36,11 +35,9 @@ async def send(
 ) -> httpx.Response:
     """One call to `path` (starting /v1/) on the connection. `body` is sent as JSON."""
     assert connection is not None, "callers check that the job's connection still exists"
-    if connection.kind == "echo":  # the built-in provider answers without HTTP, as for chat
-        return await echo_jobs.send(connection, method, path, body=body, files=files, data=data)
     kwargs: dict[str, Any] = {
         "headers": headers(connection, multipart=files is not None),
-        "extensions": transport.tag(organization_id=connection.organization_id, connection_id=connection.id),
+        "extensions": transport.tag(connection=connection),
     }
     if files is not None:
         kwargs.update(files=files, data=data or {})

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 from gateway.admission.routing import lookups
-from gateway.upstream.transport import slots
+from gateway.upstream.transport import in_process, slots
 from ratelimits.models import RateLimit
 from ratelimits.services import enforce_rate_limits, matching_limits
 from tenants.models import ApiKey, EndCustomer
@@ -25,7 +25,8 @@ def enforce_limits(*, key: ApiKey, customer: EndCustomer | None, tokens: int, ta
     at once. Checked first so a tenant refused for concurrency does not use up its rate."""
     busy = slots.full(
         organization_id=key.organization_id,
-        connection_ids=[t.connection.id for t in targets if t.connection.kind != "echo"],
+        # An in-process provider takes no upstream slot (gateway/upstream/transport.py).
+        connection_ids=[t.connection.id for t in targets if in_process(t.connection.kind) is None],
     )
     if busy is not None:
         raise busy

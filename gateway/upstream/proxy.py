@@ -24,7 +24,6 @@ from django.db import DatabaseError
 from catalog.pricing import UnpricedFeature, UnpricedModel, Usage, cost_nano, rates_for
 from core.errors import CapgateError
 from core.money import usd_str
-from echo.provider import echo_response
 from gateway.admission.bounds import SHAPERS, Shape, parse_json
 from gateway.admission.request_fields import collecting_unclassified
 from gateway.admission.service import Prepared, Target, admit_call
@@ -39,7 +38,7 @@ from gateway.providers import (
 )
 from gateway.upstream import continuations, runtime, streams, transport
 from gateway.upstream.recorder import recorder
-from gateway.upstream.streams import NOT_BILLED, Attempt, slot_of
+from gateway.upstream.streams import NOT_BILLED, Attempt
 from gateway.upstream.transport import client
 from ledger.errors import BudgetExceeded, BudgetUnavailable
 from ledger.recording import Outcome
@@ -70,7 +69,7 @@ class ProxyCall:
         self.request_id = new_request_id()
         self.started = time.monotonic()
         self.prepared: Prepared | None = None
-        self.text_tokens = 0  # the input bound; echo reports a quarter of it as prompt tokens
+        self.text_tokens = 0  # the input bound, told to in-process providers (transport.Call)
         self.client_stream_options: dict = {}
         self.shape: Shape | None = None
         self.model_name = ""  # as the caller asked for it, for the request log
@@ -253,13 +252,6 @@ class ProxyCall:
             GatewayError(f"Upstream failed: {last.error or last.status}", code="upstream_error", status=502)
         )
 
-    async def _echo_fault(self, target: Target) -> Attempt | None:
-        # Fault injection for capcheck and tests: honoured only on echo connections that opt in.
-        fault = self.req.headers.get("x-capgate-echo-fail")
-        if not fault or not target.connection.options.get("allow_fault_headers"):
-            return None
-        return Attempt(kind="failover", status=int(fault) if fault.isdigit() else 500, error=f"echo fault {fault}")
-
     async def _race_client(self, coro):
         """Run coro; if the client disconnects first, cancel it and raise ClientGone."""
         work = asyncio.ensure_future(coro)
@@ -275,27 +267,20 @@ class ProxyCall:
             gone.cancel()
 
     async def call_attempt(self, target: Target, up_body: dict) -> Attempt:
-        if target.connection.kind == "echo":
-            fault = await self._echo_fault(target)
-            if fault:
-                return fault
-            data = await self._race_client(echo_response(target, self.kind, up_body, self._prompt_bound()))
-            status = 200
-        else:
-            try:
-                resp = await self._race_client(
-                    client().post(
-                        upstream_url(target, self.kind),
-                        content=json.dumps(up_body).encode(),
-                        headers=upstream_headers(target, self.req.headers),
-                        extensions=slot_of(target),
-                    )
+        try:
+            resp = await self._race_client(
+                client().post(
+                    upstream_url(target, self.kind),
+                    content=json.dumps(up_body).encode(),
+                    headers=upstream_headers(target, self.req.headers),
+                    extensions=self.upstream_tag(target),
                 )
-            except NOT_BILLED as exc:
-                return Attempt(kind="failover", error=f"{type(exc).__name__}: {exc}")
-            except httpx.HTTPError as exc:  # sent, then the answer never came: maybe billed
-                return Attempt(kind="unknown", error=f"{type(exc).__name__}: {exc}")
-            status, data = resp.status_code, resp.content
+            )
+        except NOT_BILLED as exc:
+            return Attempt(kind="failover", error=f"{type(exc).__name__}: {exc}")
+        except httpx.HTTPError as exc:  # sent, then the answer never came: maybe billed
+            return Attempt(kind="unknown", error=f"{type(exc).__name__}: {exc}")
+        status, data = resp.status_code, resp.content
         if status >= 500 or status == 429:
             return Attempt(kind="failover", status=status, body=data, error=f"upstream status {status}")
         if status >= 400:
@@ -335,8 +320,12 @@ class ProxyCall:
         assert self.prepared is not None
         return max(self.prepared.reservation.deadline_at.timestamp() - time.time(), 0.001)
 
-    def _prompt_bound(self) -> int:
-        return self.text_tokens
+    def upstream_tag(self, target: Target) -> dict:
+        """The upstream call's request extensions: whose slot it takes, and what an in-process
+        provider is told of the call (gateway/upstream/transport.py)."""
+        return transport.tag(
+            connection=target.connection, client_headers=self.req.headers, input_tokens=self.text_tokens
+        )
 
     def _served(
         self, target: Target, usage: Usage | None, provider_model: str, error: str = "no usage reported"

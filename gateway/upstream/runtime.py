@@ -11,6 +11,7 @@ import time
 from django.conf import settings
 from django.db import DatabaseError
 
+from gateway.upstream import transport
 from gateway.upstream.dbthreads import close_thread_connections, db, executor, warm_thread_connections  # noqa: F401  (re-exported)
 
 log = logging.getLogger("capgate.gateway")
@@ -185,14 +186,13 @@ class Background:
         # Idle pooled Redis sockets are closed every REDIS_IDLE_DROP_SECONDS (the next call
         # reconnects): after a Redis restart, the ones no call happens to reuse would otherwise sit
         # half-closed (CLOSE-WAIT) for as long as the process lives.
-        from echo import jobs as echo_jobs
         from ratelimits.services import drop_idle_redis
 
         while True:
             await asyncio.sleep(settings.CAPGATE["REDIS_IDLE_DROP_SECONDS"])
             try:
                 await asyncio.get_running_loop().run_in_executor(None, drop_idle_redis)
-                await echo_jobs.drop_idle()
+                await transport.drop_idle_in_process()  # in-process providers' own stores
             except Exception:  # hygiene only: never ends the loop
                 log.exception("could not close idle Redis connections")
 

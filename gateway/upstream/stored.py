@@ -3,12 +3,9 @@ response capgate relayed, proxied to the connection that served it. Nothing is b
 
 from __future__ import annotations
 
-import json
-
 import httpx
 
 from core.errors import CapgateError
-from echo import jobs as echo_jobs
 from gateway.admission.routing import Target, authenticate
 from gateway.http.errors import GatewayError, render
 from gateway.http.request import Request
@@ -35,34 +32,21 @@ async def handle_stored_response(req: Request, response_id: str, action: str) ->
         )
         return await req.respond(status, body, headers)
     suffix = {"get": "", "delete": "", "cancel": "/cancel", "input_items": "/input_items"}[action]
-    if connection.kind == "echo":  # echo keeps only background responses: answer as a provider would
-        data: dict = {"id": response_id, "object": "response", "status": "completed"}
-        if action == "delete":
-            data = {"id": response_id, "object": "response.deleted", "deleted": True}
-        elif action == "cancel":
-            data["status"] = "cancelled"
-        elif action == "input_items":
-            data = {"object": "list", "data": [], "has_more": False}
-        status, content = 200, json.dumps(data).encode()
-        kept = await echo_jobs.send(connection, req.method, f"/v1/responses/{response_id}{suffix}")
-        if kept.status_code == 200:  # a background response: echo keeps those (echo/jobs.py)
-            content = kept.content
-    else:
-        target = Target(connection=connection, model=None)  # type: ignore[arg-type]
-        try:
-            resp = await client().request(
-                req.method,
-                connection_url(connection.base_url, f"/v1/responses/{response_id}{suffix}"),
-                headers=upstream_headers(target, {}),
-                extensions=transport.tag(organization_id=connection.organization_id, connection_id=connection.id),
-            )
-        except httpx.HTTPError as exc:
-            status, hdrs, body = render(
-                GatewayError(f"Upstream failed: {type(exc).__name__}", code="upstream_error", status=502),
-                flavor="openai",
-            )
-            return await req.respond(status, body, hdrs)
-        status, content = resp.status_code, resp.content
+    target = Target(connection=connection, model=None)  # type: ignore[arg-type]
+    try:
+        resp = await client().request(
+            req.method,
+            connection_url(connection.base_url, f"/v1/responses/{response_id}{suffix}"),
+            headers=upstream_headers(target, {}),
+            extensions=transport.tag(connection=connection),
+        )
+    except httpx.HTTPError as exc:
+        status, hdrs, body = render(
+            GatewayError(f"Upstream failed: {type(exc).__name__}", code="upstream_error", status=502),
+            flavor="openai",
+        )
+        return await req.respond(status, body, hdrs)
+    status, content = resp.status_code, resp.content
     if action == "delete" and status == 200:
         await runtime.db(
             continuations.forget, organization_id=key.organization_id, response_id=response_id, lane="settle"

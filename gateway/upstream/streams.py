@@ -1,4 +1,4 @@
-"""Streamed calls (SSE): open the upstream stream (or echo's), relay its events to the client,
+"""Streamed calls (SSE): open the upstream stream, relay its events to the client,
 and record once when it ends however it ends (gateway/upstream/proxy.py drives the attempt)."""
 
 from __future__ import annotations
@@ -10,11 +10,10 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from echo.provider import echo_stream
 from gateway.admission.service import Target
 from gateway.http.request import ClientGone
 from gateway.providers import StreamUsage, sse_events, upstream_headers, upstream_url
-from gateway.upstream import runtime, transport
+from gateway.upstream import runtime
 from gateway.upstream.transport import client
 from ledger.recording import Outcome
 
@@ -34,47 +33,36 @@ class Attempt:
     error: str = ""
 
 
-def slot_of(target: Target) -> dict:
-    return transport.tag(organization_id=target.connection.organization_id, connection_id=target.connection.id)
-
-
 async def stream_attempt(call: ProxyCall, target: Target, up_body: dict) -> Attempt:
     """Try one target with a streamed call: relay it to the client, or say why not."""
-    response: httpx.Response | None = None
-    if target.connection.kind == "echo":
-        fault = await call._echo_fault(target)
-        if fault:
-            return fault
-        events = echo_stream(target, call.kind, up_body, call._prompt_bound())
-    else:
-        upstream_client = client()
-        request = upstream_client.build_request(
-            "POST",
-            upstream_url(target, call.kind),
-            content=json.dumps(up_body).encode(),
-            headers=upstream_headers(target, call.req.headers),
-            extensions=slot_of(target),
-        )
-        try:
-            response = await call._race_client(upstream_client.send(request, stream=True))
-        except NOT_BILLED as exc:
-            return Attempt(kind="failover", error=f"{type(exc).__name__}: {exc}")
-        except httpx.HTTPError as exc:
-            return Attempt(kind="unknown", error=f"{type(exc).__name__}: {exc}")
-        if response.status_code >= 400:
-            data = await response.aread()
-            await response.aclose()
-            status = response.status_code
-            if status >= 500 or status == 429:
-                return Attempt(kind="failover", status=status, body=data, error=f"upstream status {status}")
-            return Attempt(kind="not_billed", status=status, body=data, error=f"upstream rejected: {status}")
-        events = sse_events(response.aiter_lines())
+    upstream_client = client()
+    request = upstream_client.build_request(
+        "POST",
+        upstream_url(target, call.kind),
+        content=json.dumps(up_body).encode(),
+        headers=upstream_headers(target, call.req.headers),
+        extensions=call.upstream_tag(target),
+    )
+    try:
+        response = await call._race_client(upstream_client.send(request, stream=True))
+    except NOT_BILLED as exc:
+        return Attempt(kind="failover", error=f"{type(exc).__name__}: {exc}")
+    except httpx.HTTPError as exc:
+        return Attempt(kind="unknown", error=f"{type(exc).__name__}: {exc}")
+    if response.status_code >= 400:
+        data = await response.aread()
+        await response.aclose()
+        status = response.status_code
+        if status >= 500 or status == 429:
+            return Attempt(kind="failover", status=status, body=data, error=f"upstream status {status}")
+        return Attempt(kind="not_billed", status=status, body=data, error=f"upstream rejected: {status}")
+    events = sse_events(response.aiter_lines())
     runtime.health.succeeded(target.connection.id)
     await relay(call, target, events, response)
     return Attempt(kind="done")
 
 
-async def relay(call: ProxyCall, target: Target, events, response: httpx.Response | None) -> None:
+async def relay(call: ProxyCall, target: Target, events, response: httpx.Response) -> None:
     """Relay SSE events to the client until the stream ends, the client leaves, the
     upstream drops, or the request's hard lifetime runs out; then record once."""
     p = call.prepared
@@ -109,10 +97,7 @@ async def relay(call: ProxyCall, target: Target, events, response: httpx.Respons
     except OSError:
         ending = "client connection lost"
     finally:
-        if response is not None:
-            await response.aclose()
-        elif hasattr(events, "aclose"):
-            await events.aclose()
+        await response.aclose()
     if ending == "completed" and tracker.usage is None:
         ending = "stream ended without usage"
     # Usage that arrived is the provider's final word even if the client left afterwards.

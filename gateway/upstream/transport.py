@@ -9,6 +9,9 @@ upstream capacity one tenant may hold (docs/security.md, "Upstream destinations/
 - Capacity: each gateway process has one bounded set of upstream connections; a slot is taken
   per in-flight upstream call, per connection and per organization, without waiting. A tenant
   over its share gets 429 at once instead of queueing in front of everyone else.
+- In-process providers: a connection kind registered here (`register`) is answered by its own
+  transport, in this process, through the same client and the same code path as any provider.
+  It dials nothing and holds no network connection, so neither check above applies to it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import ssl
 import threading
 import time
 import typing
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 import aiohttp
 import aiohttp.abc
@@ -32,8 +36,13 @@ from httpx_aiohttp import AiohttpTransport
 from catalog.destinations import allowed_networks, refusal_reason
 from core.errors import CapgateError
 
+if typing.TYPE_CHECKING:
+    from catalog.models import Connection
+
 CLIENT_SHARDS = 1  # one aiohttp pool per process; httpcore needed several (see GuardedTransport)
 EXTENSION = "capgate"  # request extension carrying (organization_id, connection_id)
+CALL = "capgate.call"  # request extension carrying the call's `Call`
+NO_BASE_URL = "http://upstream.invalid"
 
 
 # --- destinations ------------------------------------------------------------------------------
@@ -195,9 +204,51 @@ class Slots:
 slots = Slots()
 
 
-def tag(*, organization_id: int, connection_id: int) -> dict[str, typing.Any]:
-    """Request extensions naming whose slot an upstream call takes."""
-    return {EXTENSION: (organization_id, connection_id)}
+@dataclass(frozen=True)
+class Call:
+    """What the gateway knows of an upstream call beyond its HTTP request. The network
+    transport reads only whose slot it takes; an in-process provider answers from all of it."""
+
+    connection: Connection
+    # The caller's own request headers (an in-process provider may honour test knobs in them).
+    client_headers: Mapping[str, str] = field(default_factory=dict)
+    # The input bound admission sized the call by (bytes-based text tokens), 0 for a job call.
+    input_tokens: int = 0
+
+
+def tag(*, connection: Connection, client_headers: Mapping[str, str] | None = None, input_tokens: int = 0) -> dict:
+    """Request extensions for an upstream call on `connection`: whose slot it takes, and the call."""
+    return {
+        EXTENSION: (connection.organization_id, connection.id),
+        CALL: Call(connection=connection, client_headers=client_headers or {}, input_tokens=input_tokens),
+    }
+
+
+# --- in-process providers -----------------------------------------------------------------------
+
+
+class InProcess(httpx.AsyncBaseTransport):
+    """A provider answering in this process, for every connection of the kind it registered."""
+
+    async def drop_idle(self) -> None:
+        """Close the idle connections of its own stores (called periodically by the runtime)."""
+
+
+_IN_PROCESS: dict[str, InProcess] = {}
+
+
+def register(kind: str, provider: InProcess) -> None:
+    """Answer every call on a connection of `kind` with `provider` (an app's ready(); once)."""
+    _IN_PROCESS[kind] = provider
+
+
+def in_process(kind: str) -> InProcess | None:
+    return _IN_PROCESS.get(kind)
+
+
+async def drop_idle_in_process() -> None:
+    for provider in list(_IN_PROCESS.values()):
+        await provider.drop_idle()
 
 
 class _Releasing(httpx.AsyncByteStream):
@@ -273,6 +324,10 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         await self._inner.aclose()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        call = request.extensions.get(CALL)
+        local = in_process(call.connection.kind) if call is not None else None
+        if local is not None:
+            return await local.handle_async_request(request)
         owner = request.extensions.get(EXTENSION)
         released = False
 
@@ -344,6 +399,9 @@ def new_client() -> httpx.AsyncClient:
     )
     return httpx.AsyncClient(
         transport=GuardedTransport(limits=limits, ssl_context=_ssl_context),
+        # A connection without a base URL (an in-process provider's) has a path only; httpx needs
+        # a whole URL. This host is never dialled: .invalid never resolves (RFC 6761).
+        base_url=NO_BASE_URL,
         timeout=timeout,
         follow_redirects=False,
         trust_env=False,
@@ -371,4 +429,14 @@ async def close_client() -> None:
         await c.aclose()
 
 
-__all__ = ["allowed_networks", "client", "close_client", "refusal_reason", "resolve", "slots", "new_client"]
+__all__ = [
+    "allowed_networks",
+    "client",
+    "close_client",
+    "in_process",
+    "new_client",
+    "refusal_reason",
+    "register",
+    "resolve",
+    "slots",
+]

@@ -71,11 +71,9 @@ def batch(conn: Connection, lines: list[dict[str, Any]], endpoint: str = CHAT) -
 
 
 def live_usage(kind: str, body: dict[str, Any], **options: Any) -> dict[str, Any]:
-    """What echo answers the same request live, through the proxy's entry point."""
-    from gateway.admission.routing import Target
-
-    target = Target(connection=connection(**options), model=None)  # type: ignore[arg-type]
-    return json.loads(asyncio.run(echo.echo_response(target, kind, body, SHAPERS[kind](body).text_tokens)))["usage"]
+    """What echo answers the same request live (echo/transport.py's entry point for a live call)."""
+    opts = connection(**options).options
+    return json.loads(asyncio.run(echo.echo_response(opts, kind, body, SHAPERS[kind](body).text_tokens)))["usage"]
 
 
 def test_files_upload_retrieve_content_delete() -> None:
