@@ -8,7 +8,7 @@ delivery id: a receiver that sees it twice (a retry after a lost 2xx) can drop t
 
 A webhook URL is the tenant's, so it gets exactly the destination rule of an upstream
 connection: checked when saved (catalog.services) and at connect time by the same guarded
-transport the gateway uses (gateway/upstream.py), so a name resolving to the gateway's own
+transport the gateway uses (gateway/upstream/transport.py), so a name resolving to the gateway's own
 network is refused whichever answer DNS gives. Redirects are not followed.
 """
 
@@ -134,7 +134,7 @@ def payload(delivery: AlertDelivery) -> dict:
 
 
 async def _post(url: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
-    from gateway.upstream import GuardedTransport
+    from gateway.upstream.transport import GuardedTransport
 
     timeout = settings.CAPGATE.get("WEBHOOK_TIMEOUT", 10.0)
     transport = GuardedTransport(limits=httpx.Limits(max_connections=1), ssl_context=httpx.create_ssl_context())
@@ -154,7 +154,7 @@ def deliver(*, delivery_id: int, now: datetime | None = None) -> str:
        help); else pending with the next attempt time, raising WebhookFailed so the task
        retries — or failed when attempts run out.
     """
-    from gateway.upstream import DestinationRefused
+    from gateway.upstream.transport import DestinationRefused
 
     now = now or timezone.now()
     claimable = Q(status=Status.PENDING) | Q(status=Status.SENDING, claimed_at__lt=now - CLAIM_TTL)
@@ -212,7 +212,7 @@ def deliver(*, delivery_id: int, now: datetime | None = None) -> str:
 
 
 def _refused(exc: BaseException) -> bool:
-    from gateway.upstream import DestinationRefused
+    from gateway.upstream.transport import DestinationRefused
 
     seen: BaseException | None = exc
     while seen is not None:  # httpx wraps httpcore's error

@@ -53,8 +53,8 @@ def main() -> None:
     from django.db import connection
 
     from catalog.pricing import Usage
-    from gateway.estimate import SHAPERS
-    from gateway.service import admit_call
+    from gateway.admission.bounds import SHAPERS
+    from gateway.admission.service import admit_call
     from ledger import slices
     from ledger.drain import drain
     from ledger.instances import register

@@ -5,6 +5,6 @@ class GatewayConfig(AppConfig):
     name = "gateway"
 
     def ready(self) -> None:
-        from gateway.dbthreads import reconnect_steadily
+        from gateway.upstream.dbthreads import reconnect_steadily
 
         reconnect_steadily()

@@ -16,7 +16,7 @@ import httpx
 
 from catalog.pricing import Usage
 from gateway import billing
-from gateway.routing import Target
+from gateway.admission.routing import Target
 
 ANTHROPIC_VERSION = "2023-06-01"
 PATHS = {

@@ -9,8 +9,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from gateway.errors import GatewayError
-from gateway.subjects import creating_run_budget, payer
+from gateway.admission.subjects import creating_run_budget, payer
+from gateway.http.errors import GatewayError
 from jobs.models import Job, JobFile
 from ledger.admission import (
     AdmissionRequest,

@@ -24,9 +24,9 @@ from django.db import DatabaseError
 from catalog.models import Connection
 from core.errors import CapgateError
 from core.money import usd_str
-from gateway import proxy, runtime
-from gateway.errors import GatewayError, render
-from gateway.http import Request
+from gateway.http.errors import GatewayError, render
+from gateway.http.request import Request
+from gateway.upstream import proxy, runtime
 from jobs import service
 from jobs.upstream import NOT_SENT, loads, send
 from ledger.errors import BudgetExceeded

@@ -276,7 +276,7 @@ def slices_hold(*, window_id: int) -> int:
 
 def notify_refused(window_ids: Sequence[int]) -> None:
     """Tell every gateway process that these windows refused a request: they give back their
-    slices' unused parts on them (gateway/runtime.py listens)."""
+    slices' unused parts on them (gateway/upstream/runtime.py listens)."""
     if window_ids:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, ",".join(str(w) for w in window_ids)])

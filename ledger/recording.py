@@ -125,7 +125,7 @@ SPLIT_REFUSED_BATCH = True
 def record_many(
     *, items: Sequence[tuple[Reservation, Outcome]], keep_late_report: bool = True
 ) -> list[UsageRecord | Exception]:
-    """`record` for several requests at once (the gateway's group commit, gateway/recorder.py):
+    """`record` for several requests at once (the gateway's group commit, gateway/upstream/recorder.py):
     one INSERT for all of them, in one round trip with a relaxed commit (see relaxed_commit).
     Returns each item's record, or the exception it earned (RecordRejected, or ValueError for a
     negative cost), in order. A DatabaseError (database unreachable) is raised for the whole

@@ -19,7 +19,7 @@ The life of a request admitted from a slice:
 
 A slice stops admitting after CAPGATE_SLICE_SECONDS, at its windows' period end, when it cannot
 hold the next request, or when another process refused a request on one of its windows (a
-NOTIFY on `capgate_slices`, gateway/runtime.py); its unused part then goes back to the windows
+NOTIFY on `capgate_slices`, gateway/upstream/runtime.py); its unused part then goes back to the windows
 (`give_back`), and its row is deleted once nothing of it is in flight (or by the carve that takes
 its last nano-dollar).
 
@@ -134,7 +134,7 @@ def _key(request: AdmissionRequest, budgets: Sequence[Budget]) -> tuple:
 
 class Book:
     """One gateway process's slices. Admission threads take from it; the event loop settles
-    records and gives unused parts back (gateway/runtime.py)."""
+    records and gives unused parts back (gateway/upstream/runtime.py)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

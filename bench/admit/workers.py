@@ -23,7 +23,7 @@ from ledger.recording import Outcome, record
 
 
 def production_admit(subject: Subject, request_id: str, worst: int) -> Admitted:
-    """Admit the way the gateway does (gateway/service.py): look up the subject's budgets, then
+    """Admit the way the gateway does (gateway/admission/service.py): look up the subject's budgets, then
     admit(request=AdmissionRequest(..., budgets=budgets))."""
     budgets = matching_budgets(subject)
     return admit(request=AdmissionRequest(subject=subject, request_id=request_id, worst_nano=worst, budgets=budgets))

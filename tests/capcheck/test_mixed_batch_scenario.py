@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from alerts.audit import audit_counters
-from gateway.capcheck.jobs import MIXED_PRICE
-from gateway.capcheck.plan import Plan, Tokens
+from capcheck.jobs import MIXED_PRICE
+from capcheck.plan import Plan, Tokens
 from jobs import settle
 from jobs.models import Job
 from ledger.models import Reservation, UsageRecord

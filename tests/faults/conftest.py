@@ -25,7 +25,7 @@ import httpx
 import pytest
 from django.db import connection, connections
 
-from gateway import capcheck
+import capcheck
 from tests.gateway.conftest import gateway, upstream, wired  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]

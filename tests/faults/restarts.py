@@ -18,8 +18,8 @@ from datetime import timedelta
 import httpx
 from django.db import connection
 
+import capcheck
 from catalog.models import Connection, RouteTarget
-from gateway import capcheck
 from ledger.models import Reservation, UsageRecord, Window
 from tests.faults.conftest import PrivatePostgres, wait_until
 

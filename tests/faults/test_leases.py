@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from gateway import capcheck
+import capcheck
 from ledger.models import GatewayInstance, Reservation, UsageRecord, Window
 from tests.faults.conftest import (
     Renewer,

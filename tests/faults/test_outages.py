@@ -14,9 +14,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 
+import capcheck
 from alerts import alerts
 from alerts.models import AlertEvent
-from gateway import capcheck
 from ledger.models import Budget, Reservation, UsageRecord, Window
 from ledger.tasks import drain_usage
 from tenants.models import Member

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from gateway import capcheck
+import capcheck
 from ledger.models import GatewayInstance
 from tests.faults.conftest import Renewer, gateway_process
 from tests.faults.restarts import (

@@ -13,7 +13,7 @@ import pytest
 import uvicorn
 
 from catalog.models import Connection, Model, Provider, Route, RouteTarget
-from gateway import runtime
+from gateway.upstream import runtime
 from tenants.models import ApiKey, hash_key
 from tests.conftest import Tenant, make_tenant
 from tests.upstream.server import run_in_thread

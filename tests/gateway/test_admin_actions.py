@@ -14,7 +14,7 @@ import pytest
 from django.utils import timezone
 
 from alerts.audit import audit_counters
-from gateway import reservations
+from gateway.admission import reservations
 from ledger import recording
 from ledger import windows as budget_windows
 from ledger.models import Budget, Reservation, UsageRecord, Window

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from catalog.models import Connection, Model, Provider, RouteTarget
-from gateway import service, sizing
+from gateway.admission import service, sizing
 from ledger.models import Budget, UsageRecord, Window
 from tenants.models import AuditLogEntry
 from tests.conftest import usd

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from django.db import connections
 
-from gateway import runtime
+from gateway.upstream import runtime
 from ledger import spool
 from ledger.models import Reservation, UsageRecord, Window
 from tests.gateway.conftest import KEY, wait_settled

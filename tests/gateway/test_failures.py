@@ -123,7 +123,7 @@ def test_stream_without_usage_is_charged_at_worst_case(gateway, wired, upstream,
 
 
 def test_non_stream_timeout_after_sending_is_charged_not_forgiven(gateway, wired, upstream, settings):
-    from gateway import upstream as guarded
+    from gateway.upstream import transport as guarded
 
     settings.CAPGATE = {**settings.CAPGATE, "UPSTREAM_READ_TIMEOUT": 0.5}
     guarded._clients.clear()  # the shared clients are rebuilt with the short timeout

@@ -180,7 +180,7 @@ def test_key_and_route_lookups_are_cached_briefly_but_budgets_never(wired, setti
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from gateway.routing import authenticate, lookups, resolve_route
+    from gateway.admission.routing import authenticate, lookups, resolve_route
     from ledger.errors import BudgetExceeded
 
     settings.CAPGATE = {**settings.CAPGATE, "LOOKUP_CACHE_SECONDS": 60.0}

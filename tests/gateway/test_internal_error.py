@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gateway import proxy
+from gateway.upstream import proxy
 from ledger.models import Reservation, UsageRecord
 from tests.gateway.conftest import KEY, wait_settled
 

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from gateway import limits as gateway_limits
+from gateway.admission import limits as gateway_limits
 from ledger.models import Reservation, UsageRecord, Window
 from ratelimits import services
 from ratelimits.models import RateLimit

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from gateway.recorder import Recorder
+from gateway.upstream.recorder import Recorder
 from ledger import admission
 from ledger.admission import disown, renew
 from ledger.instances import register

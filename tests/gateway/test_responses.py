@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from gateway import responses as stored_state
 from gateway.models import StoredResponse
+from gateway.upstream import continuations as stored_state
 from ledger.models import Reservation, UsageRecord, Window
 from tests.conftest import make_tenant
 from tests.gateway.conftest import KEY, wait_settled

@@ -159,7 +159,7 @@ def test_a_bad_classification_is_refused_naming_the_field_and_changes_nothing(wi
 def test_without_the_refusal_under_a_cap_an_unlisted_paid_option_overspends_it(gateway, wired, upstream, monkeypatch):
     # given: a $0.05 cap and an unlisted option that (like a new paid feature) makes the provider
     # bill ten times the output the bound allowed for
-    from gateway import unclassified
+    from gateway.admission import unclassified
 
     budget = wired.budget(amount="0.05")
     upstream.control(completion_tokens="max", overbill=10)

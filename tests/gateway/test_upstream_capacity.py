@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from catalog.models import Connection, RouteTarget
-from gateway import upstream as guarded
-from gateway.upstream import Slots, slots
+from gateway.upstream import transport as guarded
+from gateway.upstream.transport import Slots, slots
 from ledger.models import Reservation, UsageRecord
 from tenants.models import ApiKey, hash_key
 from tests.conftest import make_tenant

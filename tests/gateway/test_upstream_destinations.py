@@ -9,7 +9,7 @@ import socket
 import httpx
 import pytest
 
-from gateway import upstream as guard
+from gateway.upstream import transport as guard
 from ledger.models import UsageRecord, Window
 from tests.gateway.conftest import KEY, wait_settled
 

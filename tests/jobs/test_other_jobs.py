@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from alerts.audit import audit_counters
 from catalog.pricing import video_nano
-from gateway.subjects import create_run_budget
+from gateway.admission.subjects import create_run_budget
 from jobs import service
 from jobs.models import Job
 from jobs.poll import poll_jobs

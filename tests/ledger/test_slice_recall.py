@@ -34,7 +34,7 @@ ADMIN = Actor(label="test", operator=True)
 
 
 class Listener(threading.Thread):
-    """Another gateway process's LISTEN loop (gateway/runtime.py), `delay` slower than usual:
+    """Another gateway process's LISTEN loop (gateway/upstream/runtime.py), `delay` slower than usual:
     on each notification its book retires what it names and gives the unused parts back."""
 
     def __init__(self, book: Book, delay: float) -> None:
