@@ -104,7 +104,7 @@ def setup_database() -> None:
 from decimal import Decimal as D
 from tenants.models import Organization, Project, ApiKey, hash_key
 from catalog.models import Provider, Model, Connection, Route, RouteTarget
-from budgets.models import Budget
+from ledger.models import Budget
 org = Organization.objects.create(name="Bench", slug="bench")
 p = Project.objects.create(organization=org, name="Main", slug="main")
 ApiKey.objects.create(organization=org, project=p, name="k", prefix="cg_bench", key_hash=hash_key("{KEY}"))
@@ -284,7 +284,7 @@ def burst_cap(calls: int) -> int:
             "shell",
             "-c",
             """
-from usage.models import UsageRecord as U
+from ledger.models import UsageRecord as U
 print(U.objects.filter(organization__slug="bench").order_by("-id").values_list("reserved_nano", flat=True)[0])
 """,
         )
@@ -294,7 +294,7 @@ print(U.objects.filter(organization__slug="bench").order_by("-id").values_list("
     manage(
         "shell",
         "-c",
-        f"from budgets.models import Budget; "
+        f"from ledger.models import Budget; "
         f"Budget.objects.filter(organization__slug='burst').update(amount_nano={worst * calls})",
     )
     return worst
@@ -331,8 +331,8 @@ def burst(n: int = 500, calls: int = 100) -> list[str]:
             """
 import json
 from django.db.models import Sum
-from budgets.models import Window, Reservation
-from usage.models import UsageRecord as U
+from ledger.models import Window, Reservation
+from ledger.models import UsageRecord as U
 w = Window.objects.get(budget__organization__slug="burst")
 recs = U.objects.filter(organization__slug="burst")
 print(json.dumps(dict(spent=w.spent_nano, reserved=w.reserved_nano, cap=w.budget.amount_nano,
@@ -421,7 +421,7 @@ def settle_delay(samples: int = 20) -> list[str]:
             "-c",
             f"""
 import time, httpx
-from budgets.models import Window
+from ledger.models import Window
 httpx.post("http://127.0.0.1:{GW_PORT}/v1/chat/completions", json={BODY!r},
            headers={{"authorization": "Bearer {KEY}"}}, timeout=30)
 w = Window.objects.filter(budget__organization__slug="bench").order_by("-id").first()

@@ -52,12 +52,12 @@ def main() -> None:
     django.setup()
     from django.db import connection
 
-    from budgets.instances import register
     from catalog.pricing import Usage
-    from gateway.estimate import SHAPERS
-    from gateway.service import admit_call
+    from gateway.admission.bounds import SHAPERS
+    from gateway.admission.service import admit_call
     from ledger import slices
     from ledger.drain import drain
+    from ledger.instances import register
     from ledger.recording import Outcome, record
 
     owner_id = None if args.no_slices else register(name="bench-hotpath").id

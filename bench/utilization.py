@@ -148,8 +148,8 @@ def setup() -> None:
     import django
 
     django.setup()
-    from budgets.models import Budget
     from catalog.models import Connection, Model, Provider, Route, RouteTarget
+    from ledger.models import Budget
     from tenants.models import ApiKey, Organization, Project, hash_key
 
     org = Organization.objects.create(name="Utilization", slug="util")
@@ -175,7 +175,7 @@ def setup() -> None:
 
 def settled(run: str, timeout: float = 20.0) -> int:
     """Wait until every call of the run is settled; its recorded spend."""
-    from budgets.models import Reservation, Window
+    from ledger.models import Reservation, Window
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -8,9 +8,9 @@ from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers
 
 from budgets import services
-from budgets.models import Budget, Reservation
 from budgets.selectors import current_status
 from catalog.fields import UsdField
+from ledger.models import Budget, Reservation
 from tenants import services as tenant_services
 from tenants.api.fields import EmailAddressField, WholeNumberField, choice_field
 from tenants.api.refs import EndCustomerRefField, OrgRelatedField

@@ -9,10 +9,9 @@ from decimal import Decimal
 
 from django.db.models import Sum
 
-from budgets.models import Budget, Reservation, Window
-from budgets.periods import period_bounds
-from budgets.scopes import subject_filter
-from usage.models import UsageRecord
+from ledger.models import Budget, Reservation, UsageRecord, Window
+from ledger.periods import period_bounds
+from ledger.scopes import subject_filter
 
 
 @dataclass(frozen=True)

@@ -15,17 +15,17 @@ from django.core.validators import validate_email
 from django.db import OperationalError, transaction
 from django.utils import timezone
 
-from budgets.models import Budget
-from budgets.scopes import SCOPES, SUBJECT_COLUMNS
 from core.errors import InvalidChange
 from core.money import MAX_AMOUNT_NANO, MAX_AMOUNT_USD
 from ledger import windows as ledger_windows
 from ledger.carving import notify_budgets_changed
 from ledger.locks import budget_for_update
+from ledger.models import Budget
+from ledger.scopes import SCOPES, SUBJECT_COLUMNS
 from tenants.audit import Actor, audit, save_changes, snapshot
 from tenants.models import ApiKey, EndCustomer, Member, Organization, Project
 
-# The subject field each scope names (run budgets name a run id, not a row): budgets/scopes.py.
+# The subject field each scope names (run budgets name a run id, not a row): ledger/scopes.py.
 SUBJECT_FIELD = {Budget.Scope(s.name): s.column for s in SCOPES}
 SUBJECT_FIELDS = SUBJECT_COLUMNS
 # Changing one of these starts a new version of the budget (see update_budget).

@@ -2,7 +2,7 @@
 
 Used when a base URL is saved (an IP literal or localhost is refused at once, with a clear error)
 and by the gateway's upstream transport at connect time, on every address a name resolves to
-(gateway/upstream.py), where DNS rebinding cannot get past it."""
+(gateway/upstream/transport.py), where DNS rebinding cannot get past it."""
 
 from __future__ import annotations
 

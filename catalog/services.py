@@ -96,8 +96,8 @@ def _check_connection(fields: dict[str, Any], *, current: Connection | None = No
 def _check_destination(url: str, *, param: str = "base_url", what: str = "A base URL") -> None:
     """A base URL names a host and a path only; the gateway adds the endpoint's path to it.
     A host given as an address (or localhost) must be one tenants may reach; a name is checked
-    on every connect, on each address it resolves to (gateway/upstream.py). Alert webhooks'
-    URLs go through the same check (usage/channels.py)."""
+    on every connect, on each address it resolves to (gateway/upstream/transport.py). Alert webhooks'
+    URLs go through the same check (alerts/channels.py)."""
     parts = urlparse(url)
     if parts.username is not None or parts.password is not None:
         raise InvalidChange(f"{what} cannot carry a user or password; put the key in the secret.", param=param)
@@ -244,7 +244,7 @@ def set_model_price(*, ref: str, create: bool = True, **fields: Any) -> tuple[Mo
         raise TypeError(f"unexpected fields: {', '.join(sorted(unknown))}")
     for name in (*RATE_FIELDS, "per_request_usd", *FEATURE_DECIMAL_FIELDS):
         _check_rate(name, fields.get(name))
-    # Null, never "": one spelling of "bounded by bytes" (gateway/tokens.py). A wrong encoding
+    # Null, never "": one spelling of "bounded by bytes" (gateway/admission/tokens.py). A wrong encoding
     # would under-count a model's prompts, so only the ones the gateway ships are accepted.
     if "tokenizer" in fields and fields["tokenizer"] is not None and fields["tokenizer"] not in TOKENIZER_NAMES:
         raise InvalidChange(f"Tokenizer must be one of {', '.join(TOKENIZER_NAMES)} or null.", param="tokenizer")

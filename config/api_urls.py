@@ -5,6 +5,8 @@ from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import SimpleRouter
 
+from alerts.alert_api import AlertChannelViewSet, AlertDeliveryViewSet, AlertSettingsViewSet
+from alerts.api import AlertEventViewSet, UsageViewSet
 from budgets.api import BudgetViewSet, OrganizationViewSet, ProjectViewSet, ReservationViewSet
 from catalog.api import ConnectionViewSet, PriceViewSet, RouteViewSet
 from catalog.classification_api import ClassificationViewSet
@@ -12,8 +14,6 @@ from jobs.api import JobViewSet
 from ratelimits.api import RateLimitViewSet
 from requestlog.api import RequestLogViewSet
 from tenants.api.views import EndCustomerViewSet, KeyViewSet, MemberViewSet
-from usage.alert_api import AlertChannelViewSet, AlertDeliveryViewSet, AlertSettingsViewSet
-from usage.api import AlertEventViewSet, UsageViewSet
 
 ORG = r"orgs/(?P<org_slug>[-a-zA-Z0-9_]+)"
 

@@ -12,7 +12,7 @@ if settings.DEBUG:  # development: serve the dashboard's static files without a 
 
     django_application = ASGIStaticFilesHandler(django_application)
 
-from gateway.app import CapgateASGI  # noqa: E402  (needs Django set up first)
+from gateway.http.app import CapgateASGI  # noqa: E402  (needs Django set up first)
 
 application: Any = CapgateASGI(django_application)  # or wrapped for traces, below
 

@@ -1,7 +1,7 @@
 """The Celery app: Redis broker, each app's tasks.py, and every beat entry in one place.
 
-Every periodic task is safe to run twice at once (usage/tasks.py says how), so a slow run
-overlapping the next tick, or two beats during a deploy, double no money. Each entry expires
+Every periodic task is safe to run twice at once (ledger/tasks.py and alerts/tasks.py say how),
+so a slow run overlapping the next tick, or two beats during a deploy, double no money. Each entry expires
 after its own interval: if workers were down, the queued copies of a periodic task are
 superseded by the next tick instead of piling up.
 """
@@ -24,7 +24,7 @@ app.conf.beat_schedule = {
     # dead after HEARTBEAT_GRACE, 30 s). Every 15 s keeps a live stream's lease several renewals
     # from lapsing, and charges a crashed process's reservations within 15 s of their lapse.
     "renew-and-expire": {
-        "task": "usage.tasks.renew_and_expire",
+        "task": "ledger.tasks.renew_and_expire",
         "schedule": 15.0,
         "options": {"expires": 15},
     },
@@ -32,14 +32,14 @@ app.conf.beat_schedule = {
     # holds keep room reserved until then, so every few seconds bounds how long a crash keeps
     # a cap tighter than it needs to be.
     "drain-usage": {
-        "task": "usage.tasks.drain_usage",
+        "task": "ledger.tasks.drain_usage",
         "schedule": 5.0,
         "options": {"expires": 5},
     },
     # Spooled records are real spend the windows do not show yet; 10 s after the database
     # returns they are in the outbox (and then drained within 5 s).
     "replay-spool": {
-        "task": "usage.tasks.replay_spool",
+        "task": "ledger.tasks.replay_spool",
         "schedule": 10.0,
         "options": {"expires": 10},
     },
@@ -47,7 +47,7 @@ app.conf.beat_schedule = {
     # worker killed) or whose
     # retry is due. A minute late is fine for an email; the queued task is the fast path.
     "send-pending-alerts": {
-        "task": "usage.tasks.send_pending_alerts",
+        "task": "alerts.tasks.send_pending_alerts",
         "schedule": 60.0,
         "options": {"expires": 60},
     },
@@ -70,7 +70,7 @@ app.conf.beat_schedule = {
     # The audit reads every live window and sums its holds and applied usage: too heavy for
     # seconds, and drift is a bug to find within minutes, not a cap to keep (admission does).
     "audit-counters": {
-        "task": "usage.tasks.audit_counters",
+        "task": "alerts.tasks.audit_counters",
         "schedule": 300.0,
         "options": {"expires": 300},
     },

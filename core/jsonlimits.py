@@ -1,7 +1,7 @@
 """The one JSON loader for request bodies, with a size and a nesting-depth limit.
 
 Python's `json` recurses once per level: a body nested a few thousand levels deep raises
-RecursionError (a 500) instead of a parse error. Both the gateway (`gateway/estimate.py`
+RecursionError (a 500) instead of a parse error. Both the gateway (`gateway/admission/bounds.py`
 `parse_json`) and the management API (`core/parsers.py`) load bodies through `loads` here, so
 each refuses such a body with a 400 in its own shape. Nothing in a real request comes near the
 default depth (an OpenAI request with a JSON schema nests about 20 levels).

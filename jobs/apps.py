@@ -7,8 +7,6 @@ class JobsConfig(AppConfig):
     def ready(self) -> None:
         # The gateway serves /v1/*; the job endpoints live here, above it, and are plugged into
         # its router (and its background-response hand-off) once the apps are loaded.
-        from gateway.capcheck import jobs as capcheck_jobs
-        from jobs import capcheck, http
+        from jobs import http
 
         http.install()
-        capcheck_jobs.settle_jobs = capcheck.settle_organization

@@ -1,10 +1,10 @@
 """Background responses (POST /v1/responses with `background: true`) as provider jobs.
 
-The gateway admits one like the same response in the foreground (gateway/proxy.py: the same
+The gateway admits one like the same response in the foreground (gateway/upstream/proxy.py: the same
 shape, output ceiling and worst case, through the same `admit`); here it is sent, and once the
 provider has queued it the reservation moves to the job. A response the provider finished at
 once is settled at once. GET, cancel and DELETE go through the stored-response endpoints
-(gateway/proxy.py `handle_stored_response`), for the owning organization only."""
+(gateway/upstream/proxy.py `handle_stored_response`), for the owning organization only."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ import logging
 import httpx
 from django.db import DatabaseError
 
-from gateway import responses, runtime
-from gateway.errors import GatewayError
+from gateway.http.errors import GatewayError
 from gateway.providers import usage_responses
-from gateway.proxy import ProxyCall, client
+from gateway.upstream import continuations, runtime
+from gateway.upstream.proxy import ProxyCall, client
 from jobs import service
 from jobs.models import Job
 from jobs.upstream import NOT_SENT, loads, send
+from ledger.models import UsageRecord
 from ledger.recording import Outcome
-from usage.models import UsageRecord
 
 log = logging.getLogger("capgate.jobs")
 FINAL = {"completed", "incomplete", "failed", "cancelled"}
@@ -94,7 +94,7 @@ async def submit(call: ProxyCall, body: dict) -> None:
     output = p.inject_max_output or (call.shape.max_output if call.shape else None) or 0
     try:
         await runtime.db(
-            responses.remember,
+            continuations.remember,
             organization_id=p.reservation.organization_id,
             connection_id=target.connection.id,
             response_id=response_id,

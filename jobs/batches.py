@@ -11,10 +11,10 @@ import re
 import httpx
 from django.conf import settings
 
-from gateway import proxy, runtime
-from gateway.errors import bad_request
-from gateway.estimate import parse_json
-from gateway.http import Request
+from gateway.admission.bounds import parse_json
+from gateway.http.errors import bad_request
+from gateway.http.request import Request
+from gateway.upstream import proxy, runtime
 from jobs import listing, service
 from jobs.http import endpoint, refuse_unlisted, upstream_failed
 from jobs.models import Job

@@ -1,4 +1,4 @@
-"""The jobs app's part of capcheck's jobs scenario (gateway/capcheck/jobs.py): settle an
+"""The jobs app's part of capcheck's jobs scenario (capcheck/jobs.py): settle an
 organization's jobs now instead of at beat's next due poll."""
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ from urllib.parse import parse_qsl
 
 import httpx
 
-from gateway import proxy, runtime
-from gateway.errors import GatewayError, bad_request
-from gateway.http import Request
+from gateway.http.errors import GatewayError, bad_request
+from gateway.http.request import Request
+from gateway.upstream import proxy, runtime
 from jobs import selectors, service, sizing
 from jobs.http import endpoint, refuse_unlisted, upstream_failed
 from jobs.upstream import loads, send

@@ -1,4 +1,4 @@
-"""The job endpoints under /v1, plugged into the gateway's router (gateway/app.py ROUTES).
+"""The job endpoints under /v1, plugged into the gateway's router (gateway/http/app.py ROUTES).
 
 Each handler authenticates, finds what the organization owns (anyone else's id is 404, as if
 it did not exist), and proxies to the connection that holds it. Submissions admit the job's
@@ -14,12 +14,13 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from django.db import DatabaseError
 
-from budgets.errors import BudgetExceeded, BudgetUnavailable
 from core.errors import CapgateError
-from gateway import billing, proxy, runtime
-from gateway.errors import GatewayError, bad_request, render
-from gateway.http import ClientGone, Request
-from gateway.routing import authenticate
+from gateway import billing
+from gateway.admission.routing import authenticate
+from gateway.http.errors import GatewayError, bad_request, render
+from gateway.http.request import ClientGone, Request
+from gateway.upstream import proxy, runtime
+from ledger.errors import BudgetExceeded, BudgetUnavailable
 from tenants.models import ApiKey
 
 log = logging.getLogger("capgate.jobs")
@@ -72,7 +73,7 @@ def upstream_failed(exc: Exception) -> GatewayError:
 
 def install() -> None:
     """Register the job routes with the gateway (called once, from JobsConfig.ready)."""
-    from gateway import app
+    from gateway.http import app
     from jobs import batches, files, message_batches, videos
 
     if app.ROUTES:

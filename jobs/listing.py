@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import httpx
 
-from gateway import proxy, runtime
-from gateway.errors import bad_request
-from gateway.http import Request
+from gateway.http.errors import bad_request
+from gateway.http.request import Request
+from gateway.upstream import proxy, runtime
 from jobs import service
 from jobs.models import Job
 from jobs.upstream import loads, send

@@ -8,9 +8,9 @@ import re
 
 import httpx
 
-from gateway import proxy, runtime
-from gateway.estimate import parse_json
-from gateway.http import Request
+from gateway.admission.bounds import parse_json
+from gateway.http.request import Request
+from gateway.upstream import proxy, runtime
 from jobs import listing, service, sizing
 from jobs.http import endpoint, refuse_unlisted, upstream_failed
 from jobs.models import Job

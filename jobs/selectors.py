@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.db.models import OuterRef, QuerySet, Subquery
 
-from budgets.models import Reservation
 from jobs.models import Job, JobFile
+from ledger.models import Reservation
 
 LIVE_STATES = (Job.State.LIVE, Job.State.CANCELLING)
 

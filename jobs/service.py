@@ -9,9 +9,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from budgets.models import Budget, Reservation
-from gateway.errors import GatewayError
-from gateway.subjects import creating_run_budget, payer
+from gateway.admission.subjects import creating_run_budget, payer
+from gateway.http.errors import GatewayError
 from jobs.models import Job, JobFile
 from ledger.admission import (
     AdmissionRequest,
@@ -20,6 +19,7 @@ from ledger.admission import (
     hand_to_job,
     matching_budgets,
 )
+from ledger.models import Budget, Reservation
 from ledger.recording import Outcome, RecordRejected, record
 from tenants.models import ApiKey
 

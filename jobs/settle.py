@@ -19,7 +19,6 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from budgets.models import Reservation
 from catalog.models import Model
 from catalog.pricing import (
     UnpricedFeature,
@@ -32,8 +31,8 @@ from catalog.pricing import (
 )
 from jobs.models import Job
 from ledger.admission import renew_jobs
+from ledger.models import Reservation, UsageRecord
 from ledger.recording import Outcome, RecordRejected, correct_estimate, record
-from usage.models import UsageRecord
 
 log = logging.getLogger("capgate.jobs")
 Status = UsageRecord.Status

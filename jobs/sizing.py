@@ -1,6 +1,6 @@
 """Validate and bound the requests inside a job, each exactly as the live request would be.
 
-A batch line is shaped by the live endpoint's shaper (gateway/estimate.py: the billing inventory,
+A batch line is shaped by the live endpoint's shaper (gateway/admission/bounds.py: the billing inventory,
 the byte bound of the input), routed like a live request, and bounded at the batch price
 (catalog/pricing.py `batch_rates`). Where a live request would get an output ceiling injected,
 the line gets it written into its body, so the provider cannot outrun the bound. Lines of one
@@ -22,11 +22,11 @@ from django.conf import settings
 from catalog.models import Connection
 from catalog.pricing import UnpricedFeature, UnpricedModel, batch_rates, rates_for, worst_case_nano
 from core.errors import CapgateError
-from gateway import responses
-from gateway.errors import bad_request
-from gateway.estimate import SHAPERS, Shape, parse_json
-from gateway.routing import Target, resolve_route
-from gateway.sizing import _bound, _catalog_max_output, _default_output
+from gateway.admission.bounds import SHAPERS, Shape, parse_json
+from gateway.admission.routing import Target, resolve_route
+from gateway.admission.sizing import _bound, _catalog_max_output, _default_output
+from gateway.http.errors import bad_request
+from gateway.upstream import continuations
 from tenants.models import ApiKey
 
 # The endpoints an OpenAI batch may call, as the live endpoint kinds.
@@ -110,9 +110,9 @@ def size_line(
         )
     refused = _refusal(shape, target)
     if shape.context_ref is not None:
-        earlier = responses.context_tokens(organization_id=key.organization_id, ref=shape.context_ref)
+        earlier = continuations.context_tokens(organization_id=key.organization_id, ref=shape.context_ref)
         if earlier is None:
-            refused = refused or responses.unknown_context(shape.context_ref).code
+            refused = refused or continuations.unknown_context(shape.context_ref).code
         shape = dataclasses.replace(shape, text_tokens=shape.text_tokens + (earlier or 0))
     out = {**body, **shape.patch, "model": target.model.name}
     output = shape.max_output

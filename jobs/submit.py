@@ -21,19 +21,19 @@ from typing import Any
 import httpx
 from django.db import DatabaseError
 
-from budgets.errors import BudgetExceeded
 from catalog.models import Connection
 from core.errors import CapgateError
 from core.money import usd_str
-from gateway import proxy, runtime
-from gateway.errors import GatewayError, render
-from gateway.http import Request
+from gateway.http.errors import GatewayError, render
+from gateway.http.request import Request
+from gateway.upstream import proxy, runtime
 from jobs import service
 from jobs.upstream import NOT_SENT, loads, send
+from ledger.errors import BudgetExceeded
+from ledger.models import UsageRecord
 from ledger.recording import Outcome
 from requestlog import buffer as request_log
 from tenants.models import ApiKey
-from usage.models import UsageRecord
 
 log = logging.getLogger("capgate.jobs")
 

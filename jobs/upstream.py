@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 
 from catalog.models import Connection
-from gateway import echo_jobs, upstream
+from gateway.admission.routing import Target
 from gateway.providers import connection_url, upstream_headers
-from gateway.routing import Target
+from gateway.upstream import transport
 
 # Connect refused or never sent: the provider cannot have started anything.
 NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
@@ -35,11 +35,9 @@ async def send(
 ) -> httpx.Response:
     """One call to `path` (starting /v1/) on the connection. `body` is sent as JSON."""
     assert connection is not None, "callers check that the job's connection still exists"
-    if connection.kind == "echo":  # the built-in provider answers without HTTP, as for chat
-        return await echo_jobs.send(connection, method, path, body=body, files=files, data=data)
     kwargs: dict[str, Any] = {
         "headers": headers(connection, multipart=files is not None),
-        "extensions": upstream.tag(organization_id=connection.organization_id, connection_id=connection.id),
+        "extensions": transport.tag(connection=connection),
     }
     if files is not None:
         kwargs.update(files=files, data=data or {})
@@ -50,7 +48,7 @@ async def send(
 
 def new_client() -> httpx.AsyncClient:
     """A client for beat's polls (its own event loop per run): the same guarded transport."""
-    return upstream.new_client()
+    return transport.new_client()
 
 
 def loads(data: bytes) -> Any:

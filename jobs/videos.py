@@ -14,11 +14,12 @@ import httpx
 from django.conf import settings
 
 from catalog.pricing import UnpricedFeature, video_nano
-from gateway import billing, proxy, runtime
-from gateway.errors import bad_request
-from gateway.estimate import parse_json
-from gateway.http import Request
-from gateway.routing import Target, resolve_route
+from gateway import billing
+from gateway.admission.bounds import parse_json
+from gateway.admission.routing import Target, resolve_route
+from gateway.http.errors import bad_request
+from gateway.http.request import Request
+from gateway.upstream import proxy, runtime
 from jobs import service
 from jobs.files import parse_multipart
 from jobs.http import endpoint, refuse_unlisted, upstream_failed

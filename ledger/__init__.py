@@ -1,6 +1,6 @@
-"""The ledger: the one package that writes window counters, reservations, holds and usage
-records (docs/architecture.md, "Apps and layers"; docs/decisions.md, 2026-12-01).
+"""The ledger: the money rows (ledger/models.py: budgets, windows, reservations, holds, gateway
+processes, usage records) and the one package that writes window counters, reservations, holds,
+usage records and gateway processes (docs/architecture.md, "Apps and layers").
 
-Apps above it (gateway, usage's alerts and tasks, budgets' services) call its functions; the
-rows it writes are models of `budgets` and `usage`, which sit below it.
+Apps above it (budgets' services, alerts, the gateway, jobs) call its functions and read its rows.
 """

@@ -23,17 +23,17 @@ from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Least
 from django.utils import timezone
 
-from budgets.errors import BudgetExceeded, BudgetUnavailable, SubjectGone
-from budgets.models import Budget, Reservation
-from budgets.scopes import CHARGED_COLUMNS, RANK, matching_sql, refusal_code
+from ledger.errors import BudgetExceeded, BudgetUnavailable, SubjectGone
 from ledger.locks import ADMIT_WINDOW_LOCK
+from ledger.models import Budget, Reservation
+from ledger.scopes import CHARGED_COLUMNS, RANK, matching_sql, refusal_code
 from ledger.windows import WindowState, current_windows
 
 
 @dataclass(frozen=True)
 class Subject:
-    """Who a request is charged to: one field per column of budgets.scopes.CHARGED_COLUMNS, in
-    that order (tests/budgets/test_scopes.py)."""
+    """Who a request is charged to: one field per column of ledger.scopes.CHARGED_COLUMNS, in
+    that order (tests/ledger/test_scopes.py)."""
 
     organization_id: int
     project_id: int | None = None
@@ -80,7 +80,7 @@ class Admitted:
 # The hot path's two reads are written by hand: building them with the ORM cost ~5 ms of
 # Python per admission, which under the GIL capped a process near 145 admissions/s
 # (docs/performance.md). Both are plain reads; the money moves in _ADMIT_SQL.
-# Both name the request's subject columns as parameters by their own names (budgets/scopes.py).
+# Both name the request's subject columns as parameters by their own names (ledger/scopes.py).
 _SUBJECT_PARAMS = {c: c for c in CHARGED_COLUMNS}
 _MATCHING_SQL = f"""
 SELECT b.* FROM budgets_budget b

@@ -4,7 +4,8 @@ from django.apps import AppConfig
 
 
 class LedgerConfig(AppConfig):
-    """An app without models (its rows are budgets' and usage's): installed for ready()."""
+    """The only writer of money rows. Its models (ledger/models.py) keep the tables the budgets
+    and usage apps first created; ready() connects the subject-deletion hook."""
 
     name = "ledger"
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, connection
 
-from budgets.errors import SubjectGone
-from budgets.models import Budget, Reservation
-from budgets.scopes import CHARGED_COLUMNS, matching_sql, subject_filter
+from ledger.errors import SubjectGone
 from ledger.locks import WINDOW_LOCK_STRENGTH
+from ledger.models import Budget, Reservation
+from ledger.scopes import CHARGED_COLUMNS, matching_sql, subject_filter
 
 SLICE = Reservation.Origin.SLICE
 NOTIFY_CHANNEL = "capgate_slices"
@@ -276,7 +276,7 @@ def slices_hold(*, window_id: int) -> int:
 
 def notify_refused(window_ids: Sequence[int]) -> None:
     """Tell every gateway process that these windows refused a request: they give back their
-    slices' unused parts on them (gateway/runtime.py listens)."""
+    slices' unused parts on them (gateway/upstream/runtime.py listens)."""
     if window_ids:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, ",".join(str(w) for w in window_ids)])

@@ -23,9 +23,8 @@ from collections.abc import Sequence
 from django.db import transaction
 from django.db.models import F
 
-from budgets.models import Reservation, Window
 from ledger.locks import lock_windows, record_for_update
-from usage.models import UsageRecord
+from ledger.models import Reservation, UsageRecord, Window
 
 log = logging.getLogger(__name__)
 

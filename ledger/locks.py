@@ -29,13 +29,12 @@ from collections.abc import Sequence
 from django.db import connection
 from django.db.models import Q, QuerySet
 
-from budgets.models import Budget, Reservation, Window
-from usage.models import UsageRecord
+from ledger.models import Budget, Reservation, UsageRecord, Window
 
 # FOR NO KEY UPDATE, not FOR UPDATE: counter writes never change the key, so NO KEY UPDATE is the
 # exact strength needed, and it leaves FOR KEY SHARE (a foreign key check on a window, e.g. from
 # window creation) free. Holds do not reference windows by a database constraint any more
-# (budgets.models.Hold says why), so inserting a hold takes no lock on its window.
+# (ledger.models.Hold says why), so inserting a hold takes no lock on its window.
 WINDOW_LOCK_STRENGTH = "FOR NO KEY UPDATE"
 # The admission statement's lock on its `ceilings` CTE (alias `w`), which orders by w.id first.
 ADMIT_WINDOW_LOCK = f"{WINDOW_LOCK_STRENGTH} OF w"

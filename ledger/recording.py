@@ -16,17 +16,16 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Model, Q
 from django.utils import timezone
 
-from budgets.models import Charged, Reservation, Window
-from budgets.scopes import CHARGED_COLUMNS
 from catalog.models import Connection
 from catalog.pricing import Usage
 from ledger.carving import CARVE_SQL, carve, carve_params
 from ledger.charged_slices import settle_charged_slices
 from ledger.drain import drain
 from ledger.locks import claim_lapsed, lock_windows, record_for_update, relaxed_commit
+from ledger.models import Charged, Reservation, UsageRecord, Window
+from ledger.scopes import CHARGED_COLUMNS
 from ledger.signals import send_after_commit
 from tenants.models import AuditLogEntry, Organization
-from usage.models import UsageRecord
 
 Status = UsageRecord.Status
 log = logging.getLogger(__name__)
@@ -126,7 +125,7 @@ SPLIT_REFUSED_BATCH = True
 def record_many(
     *, items: Sequence[tuple[Reservation, Outcome]], keep_late_report: bool = True
 ) -> list[UsageRecord | Exception]:
-    """`record` for several requests at once (the gateway's group commit, gateway/recorder.py):
+    """`record` for several requests at once (the gateway's group commit, gateway/upstream/recorder.py):
     one INSERT for all of them, in one round trip with a relaxed commit (see relaxed_commit).
     Returns each item's record, or the exception it earned (RecordRejected, or ValueError for a
     negative cost), in order. A DatabaseError (database unreachable) is raised for the whole

@@ -2,7 +2,7 @@
 
 `windows_changed` is sent after a transaction that added spend to windows commits (the drain,
 an estimate corrected upward), with `window_ids`. usage's AppConfig.ready() connects the alert
-threshold check to it (usage/apps.py). Receivers run after commit, outside the window locks,
+threshold check to it (alerts/apps.py). Receivers run after commit, outside the window locks,
 and one that raises is logged and cannot undo the ledger's write (`send_after_commit`).
 """
 

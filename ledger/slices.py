@@ -19,7 +19,7 @@ The life of a request admitted from a slice:
 
 A slice stops admitting after CAPGATE_SLICE_SECONDS, at its windows' period end, when it cannot
 hold the next request, or when another process refused a request on one of its windows (a
-NOTIFY on `capgate_slices`, gateway/runtime.py); its unused part then goes back to the windows
+NOTIFY on `capgate_slices`, gateway/upstream/runtime.py); its unused part then goes back to the windows
 (`give_back`), and its row is deleted once nothing of it is in flight (or by the carve that takes
 its last nano-dollar).
 
@@ -56,10 +56,6 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from budgets.errors import BudgetExceeded
-from budgets.models import Budget, Reservation
-from budgets.periods import period_bounds
-from budgets.scopes import CHARGED_COLUMNS
 from ledger.admission import AdmissionRequest, Admitted, Ceiling, admit
 from ledger.carving import (
     NOTIFY_CHANNEL,
@@ -71,6 +67,10 @@ from ledger.carving import (
     parse_notification,
     slices_hold,
 )
+from ledger.errors import BudgetExceeded
+from ledger.models import Budget, Reservation
+from ledger.periods import period_bounds
+from ledger.scopes import CHARGED_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def _key(request: AdmissionRequest, budgets: Sequence[Budget]) -> tuple:
 
 class Book:
     """One gateway process's slices. Admission threads take from it; the event loop settles
-    records and gives unused parts back (gateway/runtime.py)."""
+    records and gives unused parts back (gateway/upstream/runtime.py)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -27,10 +27,10 @@ from typing import IO
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
-from budgets.models import Reservation
-from budgets.scopes import CHARGED_COLUMNS
 from catalog.pricing import Usage
+from ledger.models import Reservation
 from ledger.recording import Outcome, record
+from ledger.scopes import CHARGED_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ def _reservation(data: dict) -> Reservation:
     reservation = Reservation(
         id=uuid.UUID(data["id"]),
         request_id=data["request_id"],
-        # .get: a line spooled before a scope was added lacks its column (budgets/scopes.py).
+        # .get: a line spooled before a scope was added lacks its column (ledger/scopes.py).
         **{c: data.get(c) for c in CHARGED_COLUMNS},
         model=data["model"],
         amount_nano=data["amount_nano"],

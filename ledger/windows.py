@@ -33,10 +33,10 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from budgets.models import Budget, Hold, Window
-from budgets.periods import period_bounds
-from budgets.scopes import subject_filter, usage_sql
 from ledger.locks import lock_reservations_table, lock_windows, windows_for_delete
+from ledger.models import Budget, Hold, Window
+from ledger.periods import period_bounds
+from ledger.scopes import subject_filter, usage_sql
 
 Bounds = dict[int, tuple[datetime, datetime | None]]
 

@@ -154,7 +154,7 @@ _limiters_lock = threading.Lock()
 
 
 def drop_idle_redis() -> None:
-    """Close the shared limiter's idle Redis connections (gateway/runtime.py, periodically)."""
+    """Close the shared limiter's idle Redis connections (gateway/upstream/runtime.py, periodically)."""
     current = _limiters
     storage = getattr(current.shared, "storage", None) if current is not None else None
     client = getattr(storage, "storage", None)
@@ -258,7 +258,7 @@ def enforce_rate_limits(
     2. Test each, then hit each, on Redis.
     3. Redis unreachable: the same on this process's memory, and Redis again after a few seconds.
     """
-    if found is None:  # the gateway passes them from its lookup cache (gateway/limits.py)
+    if found is None:  # the gateway passes them from its lookup cache (gateway/admission/limits.py)
         found = matching_limits(key=key, customer=customer)
     if not found:
         return

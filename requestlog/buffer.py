@@ -4,7 +4,7 @@ Why not an insert per refusal: admission is one statement under the ceiling's ro
 (ledger/admission.py), and a refusal is the answer a hot, exhausted cap gives most often. An
 insert there — or even right after it, on the database threads that admit — would make every
 refusal burst cost the admissions behind it. So `note()` only appends to a list (no I/O, on the
-event loop), and the gateway's background loop (gateway/runtime.py) hands the list to
+event loop), and the gateway's background loop (gateway/upstream/runtime.py) hands the list to
 `flush()` every REQUEST_LOG_FLUSH_SECONDS: one multi-row INSERT per batch.
 
 Accepted inexactness: the buffer is memory. A process killed hard loses at most one interval of
@@ -28,8 +28,8 @@ from django.conf import settings
 from django.utils import timezone
 from prometheus_client import Counter
 
-from budgets.errors import BudgetExceeded
 from core.errors import CapgateError
+from ledger.errors import BudgetExceeded
 from tenants.models import hash_key
 
 log = logging.getLogger("capgate.requestlog")
@@ -53,7 +53,7 @@ class _Request(Protocol):
 
 
 class _Call(Protocol):
-    """What the gateway's ProxyCall exposes (gateway/proxy.py)."""
+    """What the gateway's ProxyCall exposes (gateway/upstream/proxy.py)."""
 
     @property
     def req(self) -> _Request: ...

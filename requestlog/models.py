@@ -11,8 +11,8 @@ view, UNION ALL of the two, that every reader (dashboard, API, CSV) queries as o
 from django.db import models
 from django.db.models import Q
 
-from budgets.models import Budget
 from catalog.models import Connection
+from ledger.models import Budget
 from tenants.models import ApiKey, EndCustomer, Member, Organization, Project
 
 

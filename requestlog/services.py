@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from budgets.models import Budget
+from ledger.models import Budget
 from requestlog.models import Refusal
 from tenants.models import ApiKey, EndCustomer
 

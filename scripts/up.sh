@@ -14,7 +14,7 @@ export DJANGO_SETTINGS_MODULE="${DJANGO_SETTINGS_MODULE:-config.settings.dev}"
 # deployment allows only the networks it means (docs/security.md). The demo's echo needs none.
 export CAPGATE_UPSTREAM_ALLOWED_NETWORKS="${CAPGATE_UPSTREAM_ALLOWED_NETWORKS-127.0.0.0/8,::1/128}"
 mkdir -p var/log var/run
-# Prometheus counters of every uvicorn worker live here (gateway/metrics.py); a previous run's
+# Prometheus counters of every uvicorn worker live here (gateway/http/metrics.py); a previous run's
 # files would be added to this run's counts, so the directory starts empty (after the old
 # processes stopped, below).
 export PROMETHEUS_MULTIPROC_DIR="${PROMETHEUS_MULTIPROC_DIR:-$PWD/var/run/prometheus}"

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import pytest
 from django.contrib.auth import get_user_model
 
-from budgets.models import Budget, Window
 from ledger.admission import AdmissionRequest, Subject, admit
+from ledger.models import Budget, Window
 from tenants.models import ApiKey, Organization, Project
 
 _ids = itertools.count()

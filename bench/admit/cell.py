@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 from django.db.models import Sum
 
 from bench.admit.tenant import Tenant
-from budgets.models import Hold, Reservation, Window
-from usage.models import UsageRecord
+from ledger.models import Hold, Reservation, UsageRecord, Window
 
 
 def cpu_ticks() -> tuple[int, int]:

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from bench.admit.cell import check_cycle
 from bench.admit.leases import Plan, fork
 from bench.admit.tenant import Tenant, ensure_tenant, reset
-from budgets.models import Hold, Reservation, Window
 from ledger.drain import drain_all
-from usage.models import UsageRecord
+from ledger.models import Hold, Reservation, UsageRecord, Window
 
 EXHAUST_SLUG = "bench-leases-exhaust"
 

@@ -3,12 +3,12 @@ miniature admitting on one hot ceiling through its own ledger.slices.Book.
 
 Each process:
   - registers a GatewayInstance (the owner of its slices) and sets its Book's `processes` to N;
-  - its main thread admits as gateway/service.py does (matching_budgets(subject), then
+  - its main thread admits as gateway/admission/service.py does (matching_budgets(subject), then
     Book.admit(AdmissionRequest(..., owner_id=..., budgets=...))), --leases-group admissions at a
     time, then writes their usage records in one record_many (the group commit,
-    gateway/recorder.py; the carve out of the slice happens inside it) and tells the book each one
+    gateway/upstream/recorder.py; the carve out of the slice happens inside it) and tells the book each one
     is settled;
-  - a settle thread drains the outbox every 50 ms (drain(limit=500), as gateway/runtime.py
+  - a settle thread drains the outbox every 50 ms (drain(limit=500), as gateway/upstream/runtime.py
     `_drain`) and every 100 ms retires expired slices and gives unused parts back (`_slices`);
   - a listener thread LISTENs on capgate_slices on its own psycopg connection and, when another
     process was refused on a window, recalls its slices there and gives back (`_listen`).
@@ -33,12 +33,12 @@ from django.db import DatabaseError, connection, connections
 
 from bench.admit.cell import Cell, check_cycle, cpu_ticks
 from bench.admit.tenant import Tenant, close_db
-from budgets.errors import BudgetExceeded
-from budgets.instances import register, stop
-from gateway.runtime import conninfo
+from gateway.upstream.runtime import conninfo
 from ledger import slices
 from ledger.admission import AdmissionRequest, Admitted, Subject, matching_budgets
 from ledger.drain import drain, drain_all
+from ledger.errors import BudgetExceeded
+from ledger.instances import register, stop
 from ledger.recording import Outcome, record_many
 
 MAX_PROCESSES = 16  # each process holds 3 connections (admitting, settle, LISTEN)
@@ -64,7 +64,7 @@ class Plan:
 class Settler(threading.Thread):
     """Drain every 50 ms; retire expired slices and give unused parts back every 100 ms. A
     DatabaseError is noted (reported with the cell) and the next round tries again, as the
-    gateway's settle tasks log it and go on (gateway/runtime.py)."""
+    gateway's settle tasks log it and go on (gateway/upstream/runtime.py)."""
 
     def __init__(self, book: slices.Book) -> None:
         super().__init__(daemon=True)

@@ -11,12 +11,11 @@ from typing import Any
 from django.db import connection, connections
 from django.utils import timezone
 
-from budgets.models import Budget, Hold, Reservation, Window
 from core.money import NANO_PER_USD
 from ledger.admission import Subject, matching_budgets
+from ledger.models import Budget, Hold, Reservation, UsageRecord, Window
 from ledger.windows import ensure_windows
 from tenants.models import ApiKey, Organization, Project
-from usage.models import UsageRecord
 
 BUDGET_NANO = 1_000_000 * NANO_PER_USD  # $1M per budget: never refuses during a run
 

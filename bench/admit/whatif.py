@@ -17,8 +17,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from budgets.periods import period_bounds
 from ledger.admission import Subject
+from ledger.periods import period_bounds
 
 _CACHE: dict[Subject, tuple[float, dt.datetime | None, list[int]]] = {}  # expires (monotonic), period end, window ids
 CACHE_TTL = 5.0

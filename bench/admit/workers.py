@@ -16,14 +16,14 @@ from django.db import connection, connections
 from bench.admit.cell import Cell, check_cycle, check_reserved, cpu_ticks
 from bench.admit.tenant import Tenant, close_db
 from bench.admit.whatif import WHATIF
-from budgets.errors import BudgetExceeded
 from ledger.admission import AdmissionRequest, Admitted, Subject, admit, matching_budgets
 from ledger.drain import drain, drain_all
+from ledger.errors import BudgetExceeded
 from ledger.recording import Outcome, record
 
 
 def production_admit(subject: Subject, request_id: str, worst: int) -> Admitted:
-    """Admit the way the gateway does (gateway/service.py): look up the subject's budgets, then
+    """Admit the way the gateway does (gateway/admission/service.py): look up the subject's budgets, then
     admit(request=AdmissionRequest(..., budgets=budgets))."""
     budgets = matching_budgets(subject)
     return admit(request=AdmissionRequest(subject=subject, request_id=request_id, worst_nano=worst, budgets=budgets))

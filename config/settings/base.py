@@ -20,14 +20,18 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "tenants",
     "catalog",
-    "budgets",
-    "usage",
     "ledger",
+    "budgets",
+    # The alerts app keeps the label "usage" it was created under: its tables (usage_alertevent,
+    # ...) and migration history are named by the label.
+    "alerts",
     "ratelimits",
     "django_filters",
     "requestlog",
     "gateway",
     "jobs",
+    "echo",
+    "capcheck",
     "dashboard",
     "django_htmx",
 ]
@@ -93,14 +97,14 @@ DATABASES = {
         "CONN_MAX_AGE": 0,
         # The pool checks a connection before handing it out (one empty query): after a database
         # restart its idle connections are all dead, and a thread reconnecting must not be given
-        # one (gateway/runtime.py drops a thread's own dead connection before using it).
+        # one (gateway/upstream/runtime.py drops a thread's own dead connection before using it).
         "CONN_HEALTH_CHECKS": True,
         "OPTIONS": {
             "pool": {
                 "min_size": env.int("CAPGATE_DB_POOL_MIN", default=2),
                 # CAPGATE_DB_POOL_MAX for the gateway's database threads (each holds one for the
                 # process's life), plus a slice only the dashboard, the API and commands can use,
-                # so gateway load cannot time them out (gateway/runtime.py sizes its threads).
+                # so gateway load cannot time them out (gateway/upstream/runtime.py sizes its threads).
                 "max_size": env.int("CAPGATE_DB_POOL_MAX", default=20)
                 + env.int("CAPGATE_DB_WEB_CONNECTIONS", default=6),
                 # Short: gateway threads never outnumber the pool, so a wait here means the
@@ -218,8 +222,8 @@ SPECTACULAR_SETTINGS = {
     # so the docs group operations by what they act on rather than under one "api" heading.
     "SCHEMA_PATH_PREFIX": r"/api/orgs/\{org_slug\}",
     "ENUM_NAME_OVERRIDES": {
-        "BudgetPeriodEnum": "budgets.models.Budget.Period",
-        "BudgetModeEnum": "budgets.models.Budget.Mode",
+        "BudgetPeriodEnum": "ledger.models.Budget.Period",
+        "BudgetModeEnum": "ledger.models.Budget.Mode",
     },
 }
 
@@ -270,7 +274,7 @@ CAPGATE = {
     # Under a blocking budget with no max_tokens, refuse rather than send an output ceiling
     # below this many tokens (a response that short is rarely what the caller wanted).
     "MIN_OUTPUT_TOKENS": env.int("CAPGATE_MIN_OUTPUT_TOKENS", default=256),
-    # Exact prompt counts (gateway/tokens.py): the encodings scripts/bootstrap.sh builds, and the
+    # Exact prompt counts (gateway/admission/tokens.py): the encodings scripts/bootstrap.sh builds, and the
     # share of the tightest ceiling's room above which a byte bound is replaced by an exact
     # count (below it, tokenizing is time the answer does not need; 0: always count).
     "TOKENIZER_DIR": env.path("CAPGATE_TOKENIZER_DIR", default=str(BASE_DIR / ".venv" / "share" / "tiktoken")),
@@ -312,7 +316,7 @@ CAPGATE = {
     # Rate limits' counters (requests and tokens per minute) live here; if it is unreachable,
     # each process falls back to counting in its own memory (docs/security.md, "Rate limits").
     "RATE_LIMIT_STORAGE_URL": env("CAPGATE_RATE_LIMIT_STORAGE_URL", default=REDIS_URL),
-    # Idle pooled Redis connections of a gateway process are closed this often (gateway/runtime.py).
+    # Idle pooled Redis connections of a gateway process are closed this often (gateway/upstream/runtime.py).
     "REDIS_IDLE_DROP_SECONDS": env.float("CAPGATE_REDIS_IDLE_DROP_SECONDS", default=60.0),
     # A body larger than this is refused with 413 before it is parsed.
     "MAX_BODY_BYTES": env.int("CAPGATE_MAX_BODY_BYTES", default=20 * 1024 * 1024),

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from budgets.api import BudgetSerializer
-from budgets.models import Budget
 from budgets.services import create_budget, update_budget
 from dashboard.services.apply import (
     APPLY,
@@ -25,6 +24,7 @@ from dashboard.services.apply import (
     subjects_of,
     validated,
 )
+from ledger.models import Budget
 from tenants.models import Organization
 
 BUDGET_FIELDS = {

@@ -1,5 +1,5 @@
 """Where alerts go: the organization's alert channels (email addresses, signed webhooks), the
-webhook delivery log, and the run-budget alert setting. Each POST calls one usage/channels.py
+webhook delivery log, and the run-budget alert setting. Each POST calls one alerts/channels.py
 service; its InvalidChange comes back as a form error and nothing is changed.
 
 A webhook's signing secret is shown once, in the response that created or rotated it. A webhook
@@ -17,14 +17,14 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
+from alerts import channels
+from alerts.alert_api import AlertChannelSerializer
+from alerts.alert_models import AlertChannel, AlertDelivery
 from core.errors import InvalidChange
 from dashboard.access import org_view, render_org, require_manage
 from dashboard.fields import api_field, comma_list, show_list
 from dashboard.forms import add_service_error
 from tenants.selectors import Access
-from usage import channels
-from usage.alert_api import AlertChannelSerializer
-from usage.alert_models import AlertChannel, AlertDelivery
 
 
 class ChannelForm(forms.Form):

@@ -10,13 +10,13 @@ from datetime import datetime, timedelta
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
+from alerts.selectors import usage_series
 from core.money import format_usd
 from dashboard.access import org_view, render_org
 from dashboard.charts import stacked_series, top_groups
 from dashboard.forms import ChartForm
 from requestlog.selectors import request_series
 from tenants.selectors import Access
-from usage.selectors import usage_series
 
 # The same paths on UsageRecord and RequestLogEntry. Keys group by name, as the overview does.
 GROUP_FIELDS = {

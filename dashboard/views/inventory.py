@@ -21,9 +21,9 @@ from catalog.models import Classification
 from core.errors import InvalidChange
 from dashboard.access import org_view, render_org
 from dashboard.forms import add_service_error
+from ledger.models import UsageRecord
 from tenants.audit import Actor
 from tenants.selectors import Access
-from usage.models import UsageRecord
 
 SEEN_DAYS = 30
 NOTE = "unclassified: "

@@ -13,17 +13,17 @@ from django.shortcuts import get_object_or_404, redirect
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from alerts.selectors import keys_with_activity
 from budgets import services as budget_services
-from budgets.models import Budget
 from budgets.selectors import statuses
 from core.errors import InvalidChange
 from core.money import usd_input
 from dashboard.access import org_view, render_org, require_manage
 from dashboard.forms import BudgetForm, EndCustomerForm, KeyForm, ProjectForm, add_service_error
+from ledger.models import Budget
 from tenants import services
 from tenants.models import ApiKey, EndCustomer, Project
 from tenants.selectors import Access
-from usage.selectors import keys_with_activity
 
 # --- budgets -------------------------------------------------------------------------------------
 

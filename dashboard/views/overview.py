@@ -11,14 +11,14 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 
+from alerts.models import AuditRun
+from alerts.selectors import GROUPS, daily_spend
 from budgets.selectors import live_reservations, statuses
 from dashboard.access import org_view, render_org
 from dashboard.charts import stacked_daily
 from ledger.spool import dead_letter_count
 from requestlog.selectors import refusals_by_code
 from tenants.selectors import Access, organizations_for
-from usage.models import AuditRun
-from usage.selectors import GROUPS, daily_spend
 
 CHART_DAYS = 30
 REFUSAL_DAYS = 7  # the refusals panel: a week of refused requests, by code

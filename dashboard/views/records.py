@@ -9,12 +9,12 @@ from datetime import UTC, datetime, time, timedelta
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
+from alerts.selectors import UsageFilters, alert_events, totals, usage_records
 from core.money import nano_to_usd
 from dashboard.access import org_view, render_org
 from dashboard.forms import UsageFilterForm
 from tenants.models import AuditLogEntry, EndCustomer
 from tenants.selectors import Access
-from usage.selectors import UsageFilters, alert_events, totals, usage_records
 
 CSV_COLUMNS = [
     "admitted_at",

@@ -9,13 +9,13 @@ from collections.abc import AsyncIterator
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, StreamingHttpResponse
 
+from alerts.models import AlertEvent
 from core.money import nano_to_usd
 from dashboard.access import org_view, render_org
 from requestlog.filters import RequestLogFilter
 from requestlog.models import RequestLogEntry
 from requestlog.selectors import request_entry, request_log
 from tenants.selectors import Access
-from usage.models import AlertEvent
 
 CSV_COLUMNS = [
     "at",

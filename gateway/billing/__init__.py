@@ -10,7 +10,7 @@ endpoint, in exactly one class (DESIGN §5, docs/billing.md).
 A field, header, tool type or beta not listed here is refused with 400 under a blocking cap (an
 unknown parameter can change what the provider bills in a way the bound cannot see), passed on
 and counted where no blocking budget applies, and classifiable by the deployment's operator
-without a release (gateway/unclassified.py, catalog/classifications.py). The live endpoints' tables are in
+without a release (gateway/admission/unclassified.py, catalog/classifications.py). The live endpoints' tables are in
 `live.py`, the job endpoints' (files, batches, message batches, videos) in `jobs.py`; each
 endpoint's allowlist is its table. `tests/gateway/test_billing_inventory.py` compares the tables
 with the official SDKs' request types, so a new SDK parameter fails the suite until it is

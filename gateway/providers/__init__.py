@@ -32,7 +32,7 @@ from gateway.providers.usage import (
 )
 
 if TYPE_CHECKING:
-    from gateway.routing import Target
+    from gateway.admission.routing import Target
 
 __all__ = [
     "PATHS",

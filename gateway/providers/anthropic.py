@@ -9,7 +9,7 @@ from gateway import billing
 from gateway.providers.base import Adapter, register
 
 if TYPE_CHECKING:
-    from gateway.routing import Target
+    from gateway.admission.routing import Target
 
 ANTHROPIC_VERSION = "2023-06-01"
 

@@ -12,7 +12,7 @@ import httpx
 from gateway.providers.base import Adapter, register
 
 if TYPE_CHECKING:
-    from gateway.routing import Target
+    from gateway.admission.routing import Target
 
 AZURE_API_VERSION = "2024-10-21"  # the GA version whose streams report usage (include_usage)
 PATHS = {"chat": "chat/completions", "embeddings": "embeddings"}

@@ -29,7 +29,7 @@ from gateway.providers import usage as usage_mod
 from gateway.providers.sse import SSEEvent, sse_events
 
 if TYPE_CHECKING:
-    from gateway.routing import Target
+    from gateway.admission.routing import Target
 
 PATHS = {
     "chat": "/v1/chat/completions",

@@ -44,7 +44,7 @@ from gateway.providers.sse import SSEEvent
 from gateway.providers.usage import StreamUsage
 
 if TYPE_CHECKING:
-    from gateway.routing import Target
+    from gateway.admission.routing import Target
 
 BEDROCK_VERSION = "bedrock-2023-05-31"
 EVENT_STREAM = "application/vnd.amazon.eventstream"

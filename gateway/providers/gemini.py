@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from gateway.providers.base import Adapter, joined_url, register
 
 if TYPE_CHECKING:
-    from gateway.routing import Target
+    from gateway.admission.routing import Target
 
 GEMINI_BASE_URL = "https://generativelanguage.googleapis.com/v1beta/openai/"
 PATHS = {"chat": "chat/completions", "embeddings": "embeddings"}

@@ -10,7 +10,7 @@ from catalog.presets import PRESETS, Preset, upstream_model
 from gateway.providers.base import Adapter, register
 
 if TYPE_CHECKING:
-    from gateway.routing import Target
+    from gateway.admission.routing import Target
 
 
 class OpenAICompatible(Adapter):

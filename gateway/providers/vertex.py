@@ -35,7 +35,7 @@ from gateway.providers.anthropic import beta_headers
 from gateway.providers.base import Adapter, UpstreamRequest, register
 
 if TYPE_CHECKING:
-    from gateway.routing import Target
+    from gateway.admission.routing import Target
 
 VERTEX_VERSION = "vertex-2023-10-16"
 _TOKEN_TIMEOUT = 10.0
@@ -53,7 +53,7 @@ class _LoopRequest(transport.Request):
         self.loop = loop
 
     def __call__(self, url, method="GET", body=None, headers=None, timeout=None, **kwargs):  # type: ignore[override]
-        from gateway.upstream import client
+        from gateway.upstream.transport import client
 
         future = asyncio.run_coroutine_threadsafe(
             client().request(method, url, content=body, headers=headers, timeout=timeout or _TOKEN_TIMEOUT),

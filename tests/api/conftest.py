@@ -11,11 +11,10 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from budgets.models import Budget
 from catalog.models import Connection, Model, Provider, Route, RouteTarget
+from ledger.models import Budget, UsageRecord
 from tenants.models import ApiToken, EndCustomer, Member, Organization
 from tests.conftest import Tenant
-from usage.models import UsageRecord
 
 
 @dataclass

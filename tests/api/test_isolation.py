@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from budgets.models import Budget
 from catalog.models import Connection, Route
+from ledger.models import Budget
 from tenants.models import ApiKey, AuditLogEntry, EndCustomer, Member, Project
 
 from .conftest import Org, client

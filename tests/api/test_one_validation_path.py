@@ -11,11 +11,11 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from budgets.models import Budget
 from catalog.models import Connection, Model, Route
 from catalog.prices import FIELD_ATTRS, CatalogError, load_catalog
 from dashboard.services.apply import ApplyError
 from dashboard.services.apply_document import apply_config
+from ledger.models import Budget
 from ratelimits.models import RateLimit
 from tenants.api.fields import flat_errors
 from tenants.models import ApiKey
@@ -309,7 +309,7 @@ def test_a_value_one_accepts_they_all_accept(org_a: Org, resource, field, value,
 @pytest.mark.django_db
 def test_an_alert_channel_is_refused_alike_by_the_api_and_the_form(org_a: Org, field, value, message):
     # Alert channels are not in apply's file; the API and the page share the field.
-    from usage.alert_models import AlertChannel
+    from alerts.alert_models import AlertChannel
 
     data = {"name": "ops", "kind": "email", "emails": ["ops@acme.test"], "payload_format": "capgate", field: value}
     r = client(token=org_a.token_write).post(f"/api/orgs/{org_a.slug}/alert-channels/", data, format="json")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from budgets.models import Budget
 from catalog.models import Connection, Route
+from ledger.models import Budget
 from ratelimits.models import RateLimit
 from tenants.api.refs import OrgRelatedField
 from tenants.models import ApiKey, EndCustomer, Project

@@ -7,8 +7,8 @@ from decimal import Decimal
 import pytest
 from django.db import connection as db
 
-from budgets.models import Budget
 from catalog.models import Connection, Route
+from ledger.models import Budget
 from tenants.models import ApiKey, AuditLogEntry, EndCustomer, Member, Project, hash_key
 
 from .conftest import Org, client

@@ -12,8 +12,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.db import connection as db_connection
 
-from budgets.models import Budget
 from catalog.models import Connection, Model, Route
+from ledger.models import Budget
 from tenants.models import ApiKey, AuditLogEntry, Member, Organization, Project, hash_key
 
 DEMO = Path(__file__).resolve().parents[2] / "deploy" / "demo.yaml"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from django.core.management import CommandError
 
-from budgets.models import Budget
 from catalog.models import Connection, Route
 from dashboard.services.apply import ApplyError
 from dashboard.services.apply_document import apply_config
+from ledger.models import Budget
 from ratelimits.models import RateLimit
 from tenants.models import AuditLogEntry, Organization, Project
 

@@ -12,13 +12,13 @@ import httpx
 import pytest
 from django.core.management import call_command
 
-from budgets.models import Budget
+from alerts.models import AlertEvent
 from catalog.models import Connection
+from ledger.models import Budget
 from requestlog.models import RequestLogEntry
 from tenants.models import Organization, Project
 from tests.browser.test_dashboard_browser import DEMO, DEMO_KEY, page, shot  # noqa: F401  (fixture)
 from tests.gateway.conftest import gateway, upstream, wait_settled  # noqa: F401  (fixtures)
-from usage.models import AlertEvent
 
 
 def until(check, timeout: float = 10.0):

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from budgets.models import Budget
+from alerts.audit import audit_counters
+from ledger.models import Budget, UsageRecord
 from tenants.models import AuditLogEntry, EndCustomer
-from usage.audit import audit_counters
-from usage.models import UsageRecord
 
 from .test_capcheck import capcheck
 

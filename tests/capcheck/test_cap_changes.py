@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from budgets.models import Budget, Window
+from ledger.models import Budget, Window
 
 from .test_capcheck import capcheck
 

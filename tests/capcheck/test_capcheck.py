@@ -10,10 +10,9 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from budgets.models import Reservation, Window
 from ledger import admission
+from ledger.models import Reservation, UsageRecord, Window
 from tenants.models import ApiKey
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SMALL = "30"
@@ -140,8 +139,8 @@ def test_a_run_that_reaches_nothing_is_not_a_proof():
 
 @pytest.mark.django_db
 def test_requests_are_shaped_so_the_gateway_reserves_the_planned_worst_case():
-    from gateway.capcheck import CapcheckError, Plan, Tokens
-    from gateway.estimate import shape_chat
+    from capcheck import CapcheckError, Plan, Tokens
+    from gateway.admission.bounds import shape_chat
 
     tokens = Tokens.for_plan(Plan(url=""))
     # $0.037 worst case: 497 input tokens at $15 + 394 output tokens at $75 per 1M

@@ -1,4 +1,4 @@
-"""capcheck's billing scenarios (gateway/capcheck/billing.py) against a live server: server
+"""capcheck's billing scenarios (capcheck/billing.py) against a live server: server
 tools, service tiers and a failing-over route alias hold the four properties and the books match
 what the provider billed; with the service tier dropped from the worst case the cap leaks."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import service
+from gateway.admission import service
 from tests.capcheck.test_capcheck import capcheck
 
 pytestmark = pytest.mark.django_db(transaction=True)

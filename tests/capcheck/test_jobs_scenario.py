@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from budgets.models import Reservation
+from alerts.audit import audit_counters
 from jobs import service
 from jobs.models import Job
-from usage.audit import audit_counters
-from usage.models import UsageRecord
+from ledger.models import Reservation, UsageRecord
 
 from .test_capcheck import capcheck
 

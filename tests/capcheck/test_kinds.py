@@ -10,10 +10,9 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from budgets.models import Reservation
+from ledger.models import Reservation, UsageRecord
 from tests.upstream.bedrock import ACCESS_KEY, SECRET_KEY
 from tests.upstream.vertex import new_service_account
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

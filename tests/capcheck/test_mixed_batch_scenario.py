@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from budgets.models import Reservation
-from gateway.capcheck.jobs import MIXED_PRICE
-from gateway.capcheck.plan import Plan, Tokens
+from alerts.audit import audit_counters
+from capcheck.jobs import MIXED_PRICE
+from capcheck.plan import Plan, Tokens
 from jobs import settle
 from jobs.models import Job
-from usage.audit import audit_counters
-from usage.models import UsageRecord
+from ledger.models import Reservation, UsageRecord
 
 from .test_capcheck import capcheck
 

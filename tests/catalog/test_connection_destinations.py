@@ -6,8 +6,8 @@ import pytest
 from catalog import services
 from catalog.models import Connection
 from core.errors import InvalidChange
+from gateway.admission.routing import Target
 from gateway.providers import upstream_url
-from gateway.routing import Target
 from tenants.audit import Actor
 
 ACTOR = Actor(label="test")

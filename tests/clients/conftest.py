@@ -7,10 +7,10 @@ from decimal import Decimal
 import pytest
 
 from ledger import slices
+from ledger.models import UsageRecord
 from requestlog import buffer
 from requestlog.models import Refusal
 from tests.gateway.conftest import gateway, upstream, wired  # noqa: F401
-from usage.models import UsageRecord
 
 # The fake upstream's usage for every call: what each client's request is billed for.
 PROMPT_TOKENS, COMPLETION_TOKENS = 1200, 30

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from budgets.models import Budget, Reservation
+from ledger.models import Budget, Reservation, UsageRecord
 from requestlog.models import Refusal
 from tests.clients import agents
 from tests.clients.conftest import COMPLETION_TOKENS, PROMPT_TOKENS, requests_seen
 from tests.conftest import window_of
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

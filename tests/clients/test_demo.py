@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from budgets.models import Budget, Reservation
+from ledger.models import Budget, Reservation, UsageRecord
 from tests.clients import agents
 from tests.gateway.conftest import wait_settled
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
+from alerts import channels
+from alerts.alert_models import AlertChannel, AlertDelivery, AlertSettings
+from alerts.models import AlertEvent
 from tenants.audit import Actor
 from tenants.models import AuditLogEntry
 from tests.api.conftest import Org
 from tests.conftest import window_of
-from usage import channels
-from usage.alert_models import AlertChannel, AlertDelivery, AlertSettings
-from usage.models import AlertEvent
 
 from .test_dashboard import browser
 

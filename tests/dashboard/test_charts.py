@@ -12,10 +12,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from ledger.models import UsageRecord
 from requestlog.models import Refusal
 from tenants.models import EndCustomer
 from tests.api.conftest import Org
-from usage.models import UsageRecord
 
 from ..api.test_isolation import state
 from .test_dashboard import browser

@@ -19,9 +19,9 @@ from django.db import close_old_connections
 from django.test import Client
 from django.urls import reverse
 
-from budgets.models import Budget
 from catalog.models import Connection
 from dashboard.views import records
+from ledger.models import Budget
 from tenants.models import ApiKey, ApiToken, AuditLogEntry, EndCustomer, Member, Project, hash_key
 from tests.api.conftest import Org
 

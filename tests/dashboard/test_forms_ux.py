@@ -9,7 +9,7 @@ import re
 import pytest
 from django.urls import reverse
 
-from budgets.models import Budget
+from ledger.models import Budget
 from tests.api.conftest import Org
 
 from ..api.test_isolation import state

@@ -9,8 +9,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from catalog.models import Classification, ClassificationChange
+from ledger.models import UsageRecord
 from tests.api.conftest import Org
-from usage.models import UsageRecord
 
 from .test_dashboard import browser
 

@@ -25,7 +25,7 @@ import httpx
 import pytest
 from django.db import connection, connections
 
-from gateway import capcheck
+import capcheck
 from tests.gateway.conftest import gateway, upstream, wired  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -260,7 +260,7 @@ class Renewer:
         self._thread = threading.Thread(target=self._run, name="renewer", daemon=True)
 
     def _run(self) -> None:
-        from usage.tasks import renew_and_expire
+        from ledger.tasks import renew_and_expire
 
         try:
             while not self._halt.is_set():

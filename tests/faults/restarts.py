@@ -18,11 +18,10 @@ from datetime import timedelta
 import httpx
 from django.db import connection
 
-from budgets.models import Reservation, Window
+import capcheck
 from catalog.models import Connection, RouteTarget
-from gateway import capcheck
+from ledger.models import Reservation, UsageRecord, Window
 from tests.faults.conftest import PrivatePostgres, wait_until
-from usage.models import UsageRecord
 
 # Gateways and beat judge liveness on the same short clock, so a 6 s outage is many graces long.
 LEASE_SECONDS, HEARTBEAT_SECONDS, GRACE_SECONDS = 2, 1, 3

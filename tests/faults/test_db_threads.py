@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import DatabaseError, connection
 
-from gateway import dbthreads
+from gateway.upstream import dbthreads
 from tests.faults.conftest import PrivatePostgres
 
 pytestmark = pytest.mark.django_db(transaction=True)

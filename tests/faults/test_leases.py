@@ -10,8 +10,8 @@ from datetime import timedelta
 
 import pytest
 
-from budgets.models import GatewayInstance, Reservation, Window
-from gateway import capcheck
+import capcheck
+from ledger.models import GatewayInstance, Reservation, UsageRecord, Window
 from tests.faults.conftest import (
     Renewer,
     database_url,
@@ -19,7 +19,6 @@ from tests.faults.conftest import (
     gateway_process,
     wait_until,
 )
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

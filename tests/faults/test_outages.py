@@ -14,8 +14,11 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from budgets.models import Budget, Reservation, Window
-from gateway import capcheck
+import capcheck
+from alerts import alerts
+from alerts.models import AlertEvent
+from ledger.models import Budget, Reservation, UsageRecord, Window
+from ledger.tasks import drain_usage
 from tenants.models import Member
 from tests.faults.conftest import (
     ROOT,
@@ -25,9 +28,6 @@ from tests.faults.conftest import (
     stop_process,
     wait_until,
 )
-from usage import alerts
-from usage.models import AlertEvent, UsageRecord
-from usage.tasks import drain_usage
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from budgets.models import GatewayInstance
-from gateway import capcheck
+import capcheck
+from ledger.models import GatewayInstance
 from tests.faults.conftest import Renewer, gateway_process
 from tests.faults.restarts import (
     Load,

@@ -13,7 +13,7 @@ import pytest
 import uvicorn
 
 from catalog.models import Connection, Model, Provider, Route, RouteTarget
-from gateway import runtime
+from gateway.upstream import runtime
 from tenants.models import ApiKey, hash_key
 from tests.conftest import Tenant, make_tenant
 from tests.upstream.server import run_in_thread
@@ -129,8 +129,7 @@ def wired(transactional_db, upstream) -> Wired:
 
 def wait_settled(timeout: float = 10.0) -> None:
     """Wait until the gateway's drain has applied every record (the outbox is empty)."""
-    from budgets.models import Reservation
-    from usage.models import UsageRecord
+    from ledger.models import Reservation, UsageRecord
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -152,8 +151,7 @@ def slices_mode(request, settings, monkeypatch) -> bool:
 
 def assert_nothing_held() -> None:
     """No reservation, no hold and no usage row: what a refused request must leave."""
-    from budgets.models import Hold, Reservation
-    from usage.models import UsageRecord
+    from ledger.models import Hold, Reservation, UsageRecord
 
     assert not Reservation.objects.exists()
     assert not Hold.objects.exists()

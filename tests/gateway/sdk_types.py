@@ -1,5 +1,5 @@
 """The JSON types of the official SDKs' request parameters, read from their TypedDicts: what
-gateway/field_types.py FIELD_TYPES is compared with, and what the fuzz test generates from."""
+gateway/admission/field_types.py FIELD_TYPES is compared with, and what the fuzz test generates from."""
 
 from __future__ import annotations
 

@@ -13,15 +13,14 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from budgets.models import Budget, Reservation, Window
-from budgets.periods import period_bounds
-from gateway import reservations
+from alerts.audit import audit_counters
+from gateway.admission import reservations
 from ledger import recording
 from ledger import windows as budget_windows
+from ledger.models import Budget, Reservation, UsageRecord, Window
+from ledger.periods import period_bounds
 from tenants.models import ApiKey, ApiToken, AuditLogEntry, EndCustomer, hash_key
 from tests.gateway.conftest import KEY, wait_settled
-from usage.audit import audit_counters
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 AUTH = {"authorization": f"Bearer {KEY}"}

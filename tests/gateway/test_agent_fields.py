@@ -7,9 +7,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from budgets.models import Reservation
+from ledger.models import Reservation, UsageRecord
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

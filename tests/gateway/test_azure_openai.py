@@ -9,9 +9,9 @@ import pytest
 from catalog.models import Connection
 from catalog.services import create_connection
 from core.errors import InvalidChange
+from ledger.models import UsageRecord
 from tenants.audit import APPLY
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

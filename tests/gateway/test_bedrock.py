@@ -15,10 +15,10 @@ from catalog.models import Connection
 from catalog.services import create_connection
 from core.errors import InvalidChange
 from gateway.providers.bedrock import BedrockStreamUsage
+from ledger.models import UsageRecord
 from tenants.audit import APPLY
 from tests.gateway.conftest import KEY, wait_settled
 from tests.upstream.bedrock import ACCESS_KEY, SECRET_KEY
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -157,8 +157,8 @@ def test_bad_bedrock_options_or_keys_are_refused_and_nothing_is_created(wired, o
 def test_the_credential_chain_is_used_where_the_operator_allows_it(wired, settings, monkeypatch):
     import asyncio
 
+    from gateway.admission.routing import Target
     from gateway.providers import bedrock as adapter
-    from gateway.routing import Target
 
     settings.CAPGATE = {**settings.CAPGATE, "BEDROCK_AMBIENT_CREDENTIALS": True}
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDFROMTHECHAIN")
@@ -180,8 +180,8 @@ def test_the_credential_chain_is_used_where_the_operator_allows_it(wired, settin
 def test_a_stored_connection_without_keys_is_not_signed_with_the_gateways_credentials(wired, monkeypatch):
     import asyncio
 
+    from gateway.admission.routing import Target
     from gateway.providers import bedrock as adapter
-    from gateway.routing import Target
 
     # given: the gateway has AWS credentials in its environment, and a connection saved without keys
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDOFTHEOPERATOR")

@@ -16,13 +16,12 @@ from decimal import Decimal
 import httpx
 import pytest
 
-from budgets.models import Budget, Window
 from catalog.models import Connection, Model, Provider, RouteTarget
-from gateway import service, sizing
+from gateway.admission import service, sizing
+from ledger.models import Budget, UsageRecord, Window
 from tenants.models import AuditLogEntry
 from tests.conftest import usd
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 NANO = Decimal(1000)  # nano-USD per token per USD-per-1M-tokens

@@ -29,7 +29,7 @@ from openai.types.responses.tool_param import ToolParam
 from openai.types.video_create_params import VideoCreateParams
 
 from gateway import billing
-from gateway.request_fields import ALLOWED
+from gateway.admission.request_fields import ALLOWED
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "billing.md"
 

@@ -9,10 +9,9 @@ import anthropic
 import httpx
 import pytest
 
-from budgets.models import Reservation
+from ledger.models import Reservation, UsageRecord
 from ratelimits.models import RateLimit
 from tests.gateway.conftest import KEY
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,11 +10,10 @@ import httpx
 import pytest
 from django.db import connections
 
-from budgets.models import Reservation, Window
-from gateway import runtime
+from gateway.upstream import runtime
 from ledger import spool
+from ledger.models import Reservation, UsageRecord, Window
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 AUTH = {"authorization": f"Bearer {KEY}"}

@@ -1,4 +1,4 @@
-"""echo's job endpoints (gateway/echo_jobs.py), called the way the jobs app calls a provider:
+"""echo's job endpoints (echo/jobs.py), called the way the jobs app calls a provider:
 `send(connection, method, path, body=/files=/data=)`. Real Redis holds echo's objects; the
 answers are validated with the pinned SDKs' own types and read back with the gateway's usage
 parsers."""
@@ -19,8 +19,9 @@ from openai.types import Batch, FileObject, Video
 from openai.types.responses import Response
 
 from catalog.models import Connection
-from gateway import echo, echo_jobs
-from gateway.estimate import SHAPERS
+from echo import jobs as echo_jobs
+from echo import provider as echo
+from gateway.admission.bounds import SHAPERS
 from gateway.providers import usage_anthropic, usage_openai, usage_responses
 
 CHAT = "/v1/chat/completions"
@@ -70,11 +71,9 @@ def batch(conn: Connection, lines: list[dict[str, Any]], endpoint: str = CHAT) -
 
 
 def live_usage(kind: str, body: dict[str, Any], **options: Any) -> dict[str, Any]:
-    """What echo answers the same request live, through the proxy's entry point."""
-    from gateway.routing import Target
-
-    target = Target(connection=connection(**options), model=None)  # type: ignore[arg-type]
-    return json.loads(asyncio.run(echo.echo_response(target, kind, body, SHAPERS[kind](body).text_tokens)))["usage"]
+    """What echo answers the same request live (echo/transport.py's entry point for a live call)."""
+    opts = connection(**options).options
+    return json.loads(asyncio.run(echo.echo_response(opts, kind, body, SHAPERS[kind](body).text_tokens)))["usage"]
 
 
 def test_files_upload_retrieve_content_delete() -> None:
@@ -236,7 +235,7 @@ def test_a_job_created_in_one_process_is_read_in_another() -> None:
     batch_id = batch(conn, [chat_line("a")]).json()["id"]
     script = (
         "import asyncio, django, json; django.setup()\n"
-        "from catalog.models import Connection\nfrom gateway import echo_jobs\n"
+        "from catalog.models import Connection\nfrom echo import jobs as echo_jobs\n"
         "conn = Connection(name='echo', kind='echo', base_url='', options={})\n"
         f"r = asyncio.run(echo_jobs.send(conn, 'GET', '/v1/batches/{batch_id}'))\n"
         "print(json.dumps([r.status_code, r.json()]))\n"

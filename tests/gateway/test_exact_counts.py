@@ -15,13 +15,13 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from catalog.models import Model, Provider
-from gateway import tokens
-from gateway.estimate import shape_chat
+from gateway.admission import tokens
+from gateway.admission.bounds import shape_chat
+from ledger.models import UsageRecord
 from requestlog.models import RequestLogEntry
 from scripts import tiktoken_data
 from tests.gateway.conftest import KEY, wait_settled
 from tests.upstream import chatml
-from usage.models import UsageRecord
 
 # The OpenAI cookbook's example ("How to count tokens with tiktoken"), with the prompt tokens the
 # API reported for it: 129 on cl100k_base models (gpt-3.5-turbo, gpt-4), 124 on gpt-4o/-mini.
@@ -214,7 +214,7 @@ def test_gateway_startup_loads_the_encodings_off_the_event_loop(request, monkeyp
     import asyncio
     import time
 
-    from gateway import runtime
+    from gateway.upstream import runtime
 
     tokens.reset()
     warmed_on_loop: list[bool] = []

@@ -7,10 +7,9 @@ import socket
 import httpx
 import pytest
 
-from budgets.models import Reservation, Window
 from catalog.models import Connection
+from ledger.models import Reservation, UsageRecord, Window
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -124,7 +123,7 @@ def test_stream_without_usage_is_charged_at_worst_case(gateway, wired, upstream,
 
 
 def test_non_stream_timeout_after_sending_is_charged_not_forgiven(gateway, wired, upstream, settings):
-    from gateway import upstream as guarded
+    from gateway.upstream import transport as guarded
 
     settings.CAPGATE = {**settings.CAPGATE, "UPSTREAM_READ_TIMEOUT": 0.5}
     guarded._clients.clear()  # the shared clients are rebuilt with the short timeout

@@ -1,5 +1,5 @@
 """The type table every request field is checked against before admission
-(gateway/field_types.py FIELD_TYPES) against the official SDKs' request TypedDicts: a field
+(gateway/admission/field_types.py FIELD_TYPES) against the official SDKs' request TypedDicts: a field
 whose type an SDK changes, or a new field, fails here instead of reaching sizing unchecked."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gateway import billing
-from gateway.field_types import FIELD_TYPES, json_type_ok
+from gateway.admission.field_types import FIELD_TYPES, json_type_ok
 from tests.gateway.sdk_types import SDK_PARAMS, sdk_field_types
 
 

@@ -22,10 +22,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from budgets.models import Hold, Reservation
+from ledger.models import Hold, Reservation, UsageRecord
 from tenants.models import ApiKey
 from tests.gateway.sdk_types import sdk_field_types
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 EXAMPLES = 15  # per endpoint: the file runs in under a minute on two cores

@@ -13,8 +13,8 @@ from genai_prices.data import providers as genai_providers
 from catalog.genai import model_entry
 from catalog.models import Connection, Model
 from catalog.prices import load_catalog
+from ledger.models import UsageRecord
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -138,8 +138,8 @@ def test_a_request_over_the_cap_is_refused_before_gemini_sees_it(gateway, wired,
 
 
 def test_a_connection_without_a_base_url_calls_googles_endpoint():
+    from gateway.admission.routing import Target
     from gateway.providers import upstream_url
-    from gateway.routing import Target
 
     conn = Connection(kind="gemini", base_url="")
     target = Target(connection=conn, model=Model(name=MODEL))

@@ -1,4 +1,4 @@
-"""Group commit of usage records through the live gateway (issue 12 §2, gateway/recorder.py):
+"""Group commit of usage records through the live gateway (issue 12 §2, gateway/upstream/recorder.py):
 requests finishing while a record write is in flight share the next INSERT, and each response
 still waits until its own record is committed (property 3: nothing served without a row)."""
 
@@ -11,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 from django.db import connection
 
-from gateway import recorder as recorder_module
+from gateway.upstream import recorder as recorder_module
+from ledger.models import UsageRecord
 from tests.conftest import window_of
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 BODY = {"model": "echo-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
 

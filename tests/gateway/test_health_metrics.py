@@ -15,8 +15,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from budgets.models import Reservation
 from config import health
+from ledger.models import Reservation
 from tests.faults.conftest import ROOT, database_url, free_port, stop_process, wait_until
 from tests.gateway.conftest import KEY
 

@@ -4,10 +4,9 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from budgets.models import Budget, Reservation
+from ledger.models import Budget, Reservation, UsageRecord
 from tenants.models import ApiKey, EndCustomer
 from tests.gateway.conftest import KEY
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -181,8 +180,8 @@ def test_key_and_route_lookups_are_cached_briefly_but_budgets_never(wired, setti
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from budgets.errors import BudgetExceeded
-    from gateway.routing import authenticate, lookups, resolve_route
+    from gateway.admission.routing import authenticate, lookups, resolve_route
+    from ledger.errors import BudgetExceeded
 
     settings.CAPGATE = {**settings.CAPGATE, "LOOKUP_CACHE_SECONDS": 60.0}
     lookups.clear()

@@ -6,10 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from budgets.models import Reservation
-from gateway import proxy
+from gateway.upstream import proxy
+from ledger.models import Reservation, UsageRecord
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 BODY = {"model": "gpt-test", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}
 

@@ -17,13 +17,13 @@ from catalog.presets import PRESETS, upstream_model
 from catalog.services import create_connection
 from core.errors import InvalidChange
 from dashboard.services.apply_document import apply_config
+from gateway.admission.routing import Target
 from gateway.providers import adapter_for, upstream_url
-from gateway.routing import Target
+from ledger.models import UsageRecord
 from tenants.audit import APPLY
 from tests.api.conftest import Org, client, org_a  # noqa: F401 — the API cast's fixture
 from tests.dashboard.test_dashboard import browser
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 CHAT = "/v1/chat/completions"
 

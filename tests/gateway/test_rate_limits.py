@@ -8,12 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from budgets.models import Reservation, Window
-from gateway import limits as gateway_limits
+from gateway.admission import limits as gateway_limits
+from ledger.models import Reservation, UsageRecord, Window
 from ratelimits import services
 from ratelimits.models import RateLimit
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 AUTH = {"authorization": f"Bearer {KEY}"}

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from django.db import connections
 
-from gateway import runtime
+from gateway.upstream import runtime
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,15 +10,14 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from budgets.instances import register
-from budgets.models import Reservation
-from gateway.recorder import Recorder
+from gateway.upstream.recorder import Recorder
 from ledger import admission
 from ledger.admission import disown, renew
+from ledger.instances import register
+from ledger.models import Reservation, UsageRecord
 from ledger.recording import RecordRejected, expire
 from tests.conftest import usd
 from tests.gateway.conftest import KEY
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 BODY = {"model": "gpt-test", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}

@@ -3,10 +3,9 @@
 import httpx
 import pytest
 
-from budgets.models import Reservation, Window
+from ledger.models import Reservation, UsageRecord, Window
 from tests.conftest import make_tenant
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 AUTH = {"authorization": f"Bearer {KEY}"}

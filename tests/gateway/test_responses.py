@@ -11,9 +11,9 @@ import httpx
 import openai
 import pytest
 
-from budgets.models import Reservation, Window
-from gateway import responses as stored_state
 from gateway.models import StoredResponse
+from gateway.upstream import continuations as stored_state
+from ledger.models import Reservation, UsageRecord, Window
 from tests.conftest import make_tenant
 from tests.gateway.conftest import KEY, wait_settled
 from tests.gateway.test_billing import (  # noqa: F401  (fixtures)
@@ -24,7 +24,6 @@ from tests.gateway.test_billing import (  # noqa: F401  (fixtures)
     gpt,
     post,
 )
-from usage.models import UsageRecord
 
 PATH = "/v1/responses"
 

@@ -5,10 +5,9 @@ import httpx
 import openai
 import pytest
 
-from budgets.models import Reservation, Window
+from ledger.models import Reservation, UsageRecord, Window
 from tests.conftest import usd
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,15 +13,14 @@ import httpx
 import pytest
 from django.core.management import CommandError, call_command
 
-from budgets.models import Hold, Reservation
-from gateway import reservations
+from gateway.admission import reservations
+from ledger.models import Hold, Reservation, UsageRecord
 from tests.conftest import window_of
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 AUTH = {"authorization": f"Bearer {KEY}"}
-# Settles run on the gateway's settle lane (gateway/runtime.py SETTLE_THREADS, 4, one of them
+# Settles run on the gateway's settle lane (gateway/upstream/runtime.py SETTLE_THREADS, 4, one of them
 # shared with the background drain): three can be in it at once.
 N = 3
 COSTS = [f"0.0{i + 1}" for i in range(N)]  # $0.01 .. $0.03: every settle reports another cost

@@ -1,7 +1,7 @@
-"""Sizing over a route (gateway/sizing.py): the worst case is the most expensive target the
+"""Sizing over a route (gateway/admission/sizing.py): the worst case is the most expensive target the
 request could fail over to, and a caller who makes the call itself (the reservation API) gets
 a 402 for an unpriced target anywhere in the route. Moved from tests/catalog/test_pricing.py
-when catalog.pricing.worst_case_over_route gave way to gateway.sizing.size."""
+when catalog.pricing.worst_case_over_route gave way to gateway.admission.sizing.size."""
 
 from decimal import Decimal
 
@@ -9,10 +9,10 @@ import pytest
 
 from catalog.models import Connection, Model, Provider
 from catalog.pricing import TokenBound, rates_for, worst_case_nano
-from gateway.errors import GatewayError
-from gateway.estimate import Shape
-from gateway.routing import Target
-from gateway.sizing import size
+from gateway.admission.bounds import Shape
+from gateway.admission.routing import Target
+from gateway.admission.sizing import size
+from gateway.http.errors import GatewayError
 
 pytestmark = pytest.mark.django_db
 

@@ -12,12 +12,11 @@ import httpx
 import pytest
 from django.db import connection
 
-from budgets.models import Reservation
+from alerts.audit import audit_counters
 from ledger import slices
+from ledger.models import Reservation, UsageRecord
 from tests.conftest import window_of
 from tests.gateway.conftest import KEY, wait_settled
-from usage.audit import audit_counters
-from usage.models import UsageRecord
 
 BODY = {"model": "echo-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200}
 N = 60

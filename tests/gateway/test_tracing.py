@@ -18,8 +18,8 @@ from opentelemetry.trace import SpanKind
 
 import config.asgi
 from config import tracing
-from gateway.app import CapgateASGI
-from gateway.runtime import close_thread_connections
+from gateway.http.app import CapgateASGI
+from gateway.upstream.runtime import close_thread_connections
 from tests.gateway.conftest import KEY, _free_port, wait_settled
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,14 +8,13 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from budgets.models import Reservation
 from catalog.classifications import classify
 from catalog.models import Classification, ClassificationChange
 from core.errors import InvalidChange, NotAllowed
+from ledger.models import Reservation, UsageRecord
 from tenants.audit import Actor
 from tenants.models import AuditLogEntry
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -160,7 +159,7 @@ def test_a_bad_classification_is_refused_naming_the_field_and_changes_nothing(wi
 def test_without_the_refusal_under_a_cap_an_unlisted_paid_option_overspends_it(gateway, wired, upstream, monkeypatch):
     # given: a $0.05 cap and an unlisted option that (like a new paid feature) makes the provider
     # bill ten times the output the bound allowed for
-    from gateway import unclassified
+    from gateway.admission import unclassified
 
     budget = wired.budget(amount="0.05")
     upstream.control(completion_tokens="max", overbill=10)

@@ -11,14 +11,13 @@ import time
 import httpx
 import pytest
 
-from budgets.models import Reservation
 from catalog.models import Connection, RouteTarget
-from gateway import upstream as guarded
-from gateway.upstream import Slots, slots
+from gateway.upstream import transport as guarded
+from gateway.upstream.transport import Slots, slots
+from ledger.models import Reservation, UsageRecord
 from tenants.models import ApiKey, hash_key
 from tests.conftest import make_tenant
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 KEY_B = "cg_test_key_tenant_b_0123456789"

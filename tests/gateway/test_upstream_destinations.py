@@ -9,10 +9,9 @@ import socket
 import httpx
 import pytest
 
-from budgets.models import Window
-from gateway import upstream as guard
+from gateway.upstream import transport as guard
+from ledger.models import UsageRecord, Window
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 AUTH = {"authorization": f"Bearer {KEY}"}
 CHAT = {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}

@@ -8,8 +8,8 @@ import threading
 import httpx
 import pytest
 
-from gateway import proxy
-from gateway import upstream as guard
+from gateway.upstream import proxy
+from gateway.upstream import transport as guard
 
 
 def _server(answer: bool) -> tuple[socket.socket, list[bytes]]:

@@ -16,10 +16,10 @@ import pytest
 from catalog.models import Connection, Model, Provider
 from catalog.services import create_connection
 from core.errors import InvalidChange
+from ledger.models import UsageRecord
 from tenants.audit import APPLY
 from tests.gateway.conftest import KEY, wait_settled
 from tests.upstream.vertex import new_service_account
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -192,8 +192,8 @@ def _fetch_token(target) -> str:
     """One token fetch on a fresh event loop, leaving no upstream client bound to it."""
     import asyncio
 
-    from gateway import upstream as transport
     from gateway.providers.vertex import tokens
+    from gateway.upstream import transport
 
     async def fetch() -> str:
         try:
@@ -205,8 +205,8 @@ def _fetch_token(target) -> str:
 
 
 def test_the_token_request_is_held_to_the_destination_rules(wired, upstream, settings):
+    from gateway.admission.routing import Target
     from gateway.providers.vertex import TokenUnavailable
-    from gateway.routing import Target
 
     # given: a key whose token_uri names a loopback address, on a deployment that allows none
     upstream.reset()
@@ -229,8 +229,8 @@ def test_token_guard_removed_lets_a_tenant_key_reach_an_internal_address(wired, 
     # token_uri wherever it points, and the loopback fake hands out a token.
     import google.auth.transport.requests
 
+    from gateway.admission.routing import Target
     from gateway.providers import vertex as adapter
-    from gateway.routing import Target
 
     upstream.reset()
     settings.CAPGATE = {**settings.CAPGATE, "UPSTREAM_ALLOWED_NETWORKS": []}

@@ -13,17 +13,16 @@ import openai
 import pytest
 from django.utils import timezone
 
-from budgets.models import Reservation, Window
+from alerts.audit import audit_counters
 from catalog.models import Connection
 from jobs import service, settle
 from jobs.models import Job, JobFile
 from jobs.poll import poll_jobs
+from ledger.models import Reservation, UsageRecord, Window
 from ledger.recording import expire
 from tests.conftest import usd
 from tests.gateway.conftest import wait_settled
 from tests.jobs.conftest import oa, upload
-from usage.audit import audit_counters
-from usage.models import UsageRecord
 
 
 def _clean() -> None:

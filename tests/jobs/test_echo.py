@@ -9,13 +9,13 @@ from datetime import timedelta
 
 from django.utils import timezone
 
+from alerts.audit import audit_counters
 from jobs.models import Job
 from jobs.poll import poll_jobs
+from ledger.models import UsageRecord
 from tests.conftest import usd
 from tests.gateway.conftest import wait_settled
 from tests.jobs.conftest import an, oa, upload
-from usage.audit import audit_counters
-from usage.models import UsageRecord
 
 
 def _settle() -> Job:

@@ -12,13 +12,12 @@ import httpx
 import openai
 import pytest
 
-from budgets.models import Budget, Reservation, Window
 from catalog.pricing import video_nano
 from gateway import billing
 from jobs.models import Job, JobFile
+from ledger.models import Budget, Reservation, UsageRecord, Window
 from tests.gateway.conftest import KEY
 from tests.jobs.conftest import an, oa, upload
-from usage.models import UsageRecord
 
 _FRAME = ("frame.png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 32, "image/png")
 _EXPIRY = {"anchor": "created_at", "seconds": 3600}

@@ -12,15 +12,14 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from budgets.models import Hold, Reservation
+from alerts.audit import audit_counters
 from catalog.models import Model
 from catalog.pricing import Usage, batch_rates, cost_nano, rates_for
 from jobs.models import Job, JobFile
 from jobs.poll import poll_jobs
+from ledger.models import Hold, Reservation, UsageRecord
 from tests.conftest import window_of
 from tests.jobs.conftest import an, oa, upload
-from usage.audit import audit_counters
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 BATCHES = 3

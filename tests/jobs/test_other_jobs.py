@@ -11,17 +11,16 @@ import openai
 import pytest
 from django.utils import timezone
 
-from budgets.models import Budget, Reservation
+from alerts.audit import audit_counters
 from catalog.pricing import video_nano
-from gateway.subjects import create_run_budget
+from gateway.admission.subjects import create_run_budget
 from jobs import service
 from jobs.models import Job
 from jobs.poll import poll_jobs
+from ledger.models import Budget, Reservation, UsageRecord
 from tests.conftest import usd
 from tests.gateway.conftest import wait_settled
 from tests.jobs.conftest import an, oa
-from usage.audit import audit_counters
-from usage.models import UsageRecord
 
 
 def _clean() -> None:

@@ -11,14 +11,14 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from gateway.errors import GatewayError
-from gateway.routing import Target
+from alerts.audit import audit_counters
+from gateway.admission.routing import Target
+from gateway.http.errors import GatewayError
 from jobs import poll, sizing
 from jobs.models import Job, JobFile
+from ledger.models import UsageRecord
 from tests.gateway.conftest import wait_settled
 from tests.jobs.conftest import oa, upload
-from usage.audit import audit_counters
-from usage.models import UsageRecord
 
 
 def _two_polls_at_once() -> None:
@@ -78,7 +78,7 @@ def test_bad_batch_input_is_refused_and_nothing_is_kept(gateway, jobs_org, upstr
 
 
 def test_a_batch_runs_only_on_a_connection_of_its_batch_apis_provider(jobs_org):
-    # Called directly: routing (gateway/routing.py COMPATIBLE) already routes a batch's lines to
+    # Called directly: routing (gateway/admission/routing.py COMPATIBLE) already routes a batch's lines to
     # connections of a compatible kind, so no upload through the endpoints reaches the refusal.
     def lines(conn) -> sizing.SizedLines:
         return sizing.SizedLines(kind="chat", route="m", target=Target(connection=conn, model=jobs_org.model))

@@ -65,7 +65,7 @@ def test_dashboard_lists_live_jobs_and_the_request_log_links_the_settled_one(org
     assert c.get(url, HTTP_HX_REQUEST="true").content.decode().lstrip().startswith('<div id="jobs-live"')
     assert browser(org_b.owner).get(url).status_code == 404
     # settled: the request's usage record carries the job, and the request log shows it
-    from budgets.models import Reservation
+    from ledger.models import Reservation
 
     record(
         reservation=Reservation.objects.get(request_id="req_a2"), outcome=Outcome(status="served", cost_nano=1_000_000)

@@ -9,17 +9,17 @@ import threading
 
 import pytest
 
-from budgets.errors import BudgetExceeded, BudgetUnavailable
-from budgets.models import Budget
+from alerts.audit import audit_counters
 from budgets.services import update_budget
 from ledger import admission
 from ledger.admission import admit
 from ledger.drain import drain_all
+from ledger.errors import BudgetExceeded, BudgetUnavailable
+from ledger.models import Budget
 from ledger.recording import Outcome, record
 from tenants.audit import Actor
 from tests.concurrency import race
 from tests.conftest import usd
-from usage.audit import audit_counters
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

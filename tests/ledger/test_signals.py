@@ -10,14 +10,15 @@ from datetime import UTC, datetime
 
 import pytest
 
+from alerts.models import AlertEvent
 from ledger.drain import drain_all
+from ledger.models import UsageRecord
 from ledger.recording import Outcome, record
 from ledger.signals import windows_changed
 from tenants.audit import APPLY
 from tenants.services import delete_project
 from tenants.signals import subject_deleting
 from tests.conftest import usd, window_of
-from usage.models import AlertEvent, UsageRecord
 
 NOV = datetime(2026, 11, 15, 12, tzinfo=UTC)
 
@@ -55,7 +56,7 @@ def test_the_drain_sends_windows_changed_after_commit_with_the_charged_windows(
 
 @pytest.mark.django_db
 def test_usage_connects_the_threshold_check_to_windows_changed(acme, django_capture_on_commit_callbacks, monkeypatch):
-    monkeypatch.setattr("usage.alerts._queue_email", lambda event_id: None)  # no broker here
+    monkeypatch.setattr("alerts.alerts._queue_email", lambda event_id: None)  # no broker here
     budget = acme.budget(amount="1")
     with django_capture_on_commit_callbacks(execute=True):
         spend(acme, usd("0.60"))
@@ -64,9 +65,9 @@ def test_usage_connects_the_threshold_check_to_windows_changed(acme, django_capt
 
 @pytest.mark.django_db
 def test_without_usage_s_receiver_the_drain_raises_no_alert(acme, django_capture_on_commit_callbacks, monkeypatch):
-    # given: the connection made in usage/apps.py removed
-    monkeypatch.setattr("usage.alerts._queue_email", lambda event_id: None)
-    assert windows_changed.disconnect(dispatch_uid="usage.alerts.on_windows_changed")
+    # given: the connection made in alerts/apps.py removed
+    monkeypatch.setattr("alerts.alerts._queue_email", lambda event_id: None)
+    assert windows_changed.disconnect(dispatch_uid="alerts.alerts.on_windows_changed")
     try:
         budget = acme.budget(amount="1")
         # when
@@ -76,9 +77,9 @@ def test_without_usage_s_receiver_the_drain_raises_no_alert(acme, django_capture
         assert window_of(budget).spent_nano == usd("0.60")
         assert not AlertEvent.objects.exists()
     finally:
-        from usage.apps import _check_thresholds
+        from alerts.apps import _check_thresholds
 
-        windows_changed.connect(_check_thresholds, dispatch_uid="usage.alerts.on_windows_changed")
+        windows_changed.connect(_check_thresholds, dispatch_uid="alerts.alerts.on_windows_changed")
 
 
 def _deleted_project_subject(acme) -> tuple[int, dict]:

@@ -1,4 +1,4 @@
-"""Only the ledger writes windows, reservations, holds and usage records (issue 11 §1).
+"""Only the ledger writes windows, reservations, holds, usage records and gateway processes.
 
 A source scan, no database: every module outside `ledger/` (and migrations, tests, bench) is
 parsed, and any ORM write on those models or raw SQL that inserts, updates or deletes their
@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MODELS = {"Window", "Reservation", "Hold", "UsageRecord"}
-GET_MODEL_NAMES = {"window", "reservation", "hold", "usagerecord"}
+MODELS = {"Window", "Reservation", "Hold", "UsageRecord", "GatewayInstance"}
+GET_MODEL_NAMES = {"window", "reservation", "hold", "usagerecord", "gatewayinstance"}
 RELATED = {"windows", "holds", "reservations", "usage_records"}
-TABLES = ("budgets_window", "budgets_reservation", "budgets_hold", "usage_usagerecord")
+TABLES = ("budgets_window", "budgets_reservation", "budgets_hold", "usage_usagerecord", "budgets_gatewayinstance")
 WRITES = {
     "create",
     "update",
@@ -197,7 +197,7 @@ def outside_writers() -> list[str]:
     return found
 
 
-def test_only_the_ledger_writes_windows_reservations_holds_and_usage_records():
+def test_only_the_ledger_writes_its_rows():
     assert outside_writers() == []
 
 
@@ -212,6 +212,9 @@ def test_only_the_ledger_writes_windows_reservations_holds_and_usage_records():
         "for h in Hold.objects.all():\n    h.delete()",
         "budget.windows.all().delete()",
         "m = apps.get_model('usage', 'UsageRecord')\nm.objects.filter().update(cost_nano=0)",
+        "m = apps.get_model('ledger', 'UsageRecord')\nm.objects.filter().update(cost_nano=0)",
+        "GatewayInstance.objects.filter(pk=1).update(stopped_at=None)",
+        "cursor.execute('UPDATE budgets_gatewayinstance SET heartbeat_at = now()')",
         "cursor.execute('UPDATE budgets_window SET spent_nano = 0')",
         'cursor.execute("""INSERT INTO budgets_hold (reservation_id) VALUES (1)""")',
         "cursor.execute('DELETE FROM \"usage_usagerecord\" WHERE id = 1')",
@@ -239,13 +242,13 @@ def test_the_scan_leaves_reads_and_other_tables_alone(source):
 
 def test_a_write_added_outside_the_ledger_fails_the_scan(tmp_path, monkeypatch):
     # given: the tree as it is, plus one module outside the ledger that bumps a window
-    rogue = ROOT / "usage" / "_rogue_writer_for_test.py"
+    rogue = ROOT / "alerts" / "_rogue_writer_for_test.py"
     rogue.write_text(
-        "from budgets.models import Window\n\n\ndef bump():\n    Window.objects.filter(id=1).update(spent_nano=0)\n",
+        "from ledger.models import Window\n\n\ndef bump():\n    Window.objects.filter(id=1).update(spent_nano=0)\n",
         encoding="utf-8",
     )
     try:
         # then
-        assert outside_writers() == ["usage/_rogue_writer_for_test.py:5: ORM .update() on Window.objects.filter(id=1)"]
+        assert outside_writers() == ["alerts/_rogue_writer_for_test.py:5: ORM .update() on Window.objects.filter(id=1)"]
     finally:
         rogue.unlink()

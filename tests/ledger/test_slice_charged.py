@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from budgets.instances import register
+from alerts.audit import audit_counters
 from ledger import recording, slices
 from ledger.drain import drain_all
+from ledger.instances import register
+from ledger.models import UsageRecord
 from ledger.recording import Outcome, expire, record_many
 from ledger.slices import Book
 from tests.conftest import usd, window_of
 from tests.ledger.test_slices import WORST, _matching, _request
-from usage.audit import audit_counters
-from usage.models import UsageRecord
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("slices_on")]
 

@@ -14,18 +14,18 @@ import psycopg
 import pytest
 from django.db import connection
 
-from budgets.errors import BudgetExceeded
-from budgets.instances import register
-from budgets.models import Reservation, Window
+from alerts.audit import audit_counters
 from budgets.services import create_budget
 from ledger import carving, slices
 from ledger.admission import matching_budgets
 from ledger.drain import drain_all
+from ledger.errors import BudgetExceeded
+from ledger.instances import register
+from ledger.models import Reservation, Window
 from ledger.recording import Outcome, record_many
 from ledger.slices import Book
 from tenants.audit import Actor
 from tests.conftest import usd
-from usage.audit import audit_counters
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("slices_on")]
 
@@ -34,7 +34,7 @@ ADMIN = Actor(label="test", operator=True)
 
 
 class Listener(threading.Thread):
-    """Another gateway process's LISTEN loop (gateway/runtime.py), `delay` slower than usual:
+    """Another gateway process's LISTEN loop (gateway/upstream/runtime.py), `delay` slower than usual:
     on each notification its book retires what it names and gives the unused parts back."""
 
     def __init__(self, book: Book, delay: float) -> None:

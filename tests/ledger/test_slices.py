@@ -10,18 +10,17 @@ import pytest
 from django.db import connection
 from django.db.models import Sum
 
-from budgets.errors import BudgetExceeded
-from budgets.instances import register
-from budgets.models import Hold, Reservation, Window
+from alerts.audit import audit_counters
 from ledger import slices
 from ledger.admission import AdmissionRequest
 from ledger.drain import drain_all
+from ledger.errors import BudgetExceeded
+from ledger.instances import register
+from ledger.models import Hold, Reservation, UsageRecord, Window
 from ledger.recording import Outcome, expire, record_many
 from ledger.slices import Book
 from tests.concurrency import race
 from tests.conftest import usd, window_of
-from usage.audit import audit_counters
-from usage.models import UsageRecord
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("slices_on")]
 

@@ -12,12 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import connection, connections
 
-from budgets.models import Reservation, Window
 from ledger import spool
 from ledger.drain import drain_all
+from ledger.models import Reservation, UsageRecord, Window
 from ledger.recording import Outcome
 from tests.conftest import Tenant
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 WORST, COST, N = 37_000_000, 12_000_000, 20

@@ -10,14 +10,13 @@ import httpx
 import pytest
 from django.db import connection, connections
 
-from budgets.models import Reservation
+from ledger.models import Reservation, UsageRecord
 from ratelimits import services as ratelimit_services
 from ratelimits.models import RateLimit
 from requestlog import buffer
 from requestlog.models import Refusal, RequestLogEntry
 from tests.concurrency import race
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 AUTH = {"authorization": f"Bearer {KEY}"}

@@ -10,10 +10,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from ledger.models import UsageRecord
 from requestlog.models import Refusal
 from requestlog.services import purge_expired
 from tests.conftest import Tenant
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db
 

@@ -9,10 +9,9 @@ import httpx
 import pytest
 from rest_framework.test import APIClient
 
-from budgets.models import Budget, Reservation
 from core import jsonlimits
+from ledger.models import Budget, Reservation, UsageRecord
 from tests.gateway.conftest import KEY
-from usage.models import UsageRecord
 
 AUTH = {"authorization": f"Bearer {KEY}"}
 # What the issue sent: 2,500 levels, past Python's recursion limit.

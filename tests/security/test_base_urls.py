@@ -8,10 +8,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from budgets.models import Reservation
 from catalog import services as catalog_services
 from catalog.models import Connection
 from gateway.providers import base as providers
+from ledger.models import Reservation
 from tests.api.conftest import Org, client
 from tests.gateway.conftest import KEY, wait_settled
 

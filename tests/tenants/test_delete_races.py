@@ -11,8 +11,8 @@ import threading
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from budgets.models import Reservation
 from ledger.admission import AdmissionRequest, Subject, admit
+from ledger.models import Reservation
 from tenants import deletion, services
 from tenants.audit import Actor
 from tenants.models import EndCustomer

@@ -1,7 +1,7 @@
 """What a provider bills as prompt tokens for a chat body, counted the way it renders one.
 
-The reference the exact count (gateway/tokens.py) is tested against, and what the fake upstream
-reports with the `count_prompt` knob. It is written independently of gateway/tokens.py: it
+The reference the exact count (gateway/admission/tokens.py) is tested against, and what the fake upstream
+reports with the `count_prompt` knob. It is written independently of gateway/admission/tokens.py: it
 renders the whole conversation in the chat markup, with the framing as special tokens, and
 tokenizes it in one pass with tiktoken:
 

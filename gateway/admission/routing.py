@@ -1,0 +1,144 @@
+"""Who is calling and where the call may go: the API key, the route's targets, and the
+per-process cache that keeps both off the database on the hot path."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import cast
+
+from django.conf import settings
+from django.utils import timezone
+
+from catalog.models import Connection, Model, Route
+from catalog.pricing import Rates, rates_for
+from gateway import providers
+from gateway.http.errors import GatewayError
+from ledger.models import Reservation
+from tenants.models import ApiKey, hash_key
+
+
+@dataclass(frozen=True)
+class Target:
+    connection: Connection
+    model: Model
+    route_max_output: int | None = None  # the route's default output ceiling
+
+    def tier(self, requested: str | None) -> str | None:
+        """The service tier this target bills a request at: the request's own, or for "auto"
+        (and no tier) the tier the connection declares its provider project uses."""
+        if requested in (None, "auto"):
+            return self.connection.options.get("service_tier") or None
+        return requested
+
+
+class _TTLCache:
+    """A tiny per-process cache for the hot path's lookups (keys, routes).
+
+    Entries live CAPGATE["LOOKUP_CACHE_SECONDS"] (0 disables it): a revoked or re-routed key is
+    honoured within that many seconds in every process. Budgets are never cached — a new or
+    changed cap takes effect on the next request."""
+
+    def __init__(self) -> None:
+        self._data: dict[object, tuple[float, object]] = {}
+
+    def get(self, key: object) -> object | None:
+        hit = self._data.get(key)
+        if hit is None or hit[0] < time.monotonic():
+            return None
+        return hit[1]
+
+    def put(self, key: object, value: object) -> None:
+        ttl = settings.CAPGATE["LOOKUP_CACHE_SECONDS"]
+        if ttl > 0:
+            if len(self._data) > 10_000:
+                self._data.clear()
+            self._data[key] = (time.monotonic() + ttl, value)
+
+    def clear(self) -> None:
+        self._data.clear()
+
+
+lookups = _TTLCache()
+
+
+def authenticate(raw_key: str | None) -> ApiKey:
+    if not raw_key:
+        raise GatewayError(
+            "Missing API key: send 'Authorization: Bearer <key>' or 'x-api-key'.",
+            code="invalid_api_key",
+            status=401,
+        )
+    digest = hash_key(raw_key)
+    key = cast(ApiKey | None, lookups.get(("key", digest)))
+    if key is None:
+        key = ApiKey.objects.select_related("organization", "project").filter(key_hash=digest).first()
+        if key is not None:
+            lookups.put(("key", digest), key)
+    if key is None:
+        raise GatewayError("Invalid API key.", code="invalid_api_key", status=401)
+    if key.revoked_at is not None:
+        raise GatewayError("This API key has been revoked.", code="revoked_api_key", status=401)
+    if key.expires_at is not None and key.expires_at <= timezone.now():
+        raise GatewayError("This API key has expired.", code="expired_api_key", status=401)
+    return key
+
+
+def resolve_route(*, key: ApiKey, name: str, kind: str) -> list[Target]:
+    if not key.allows_model(name):
+        raise GatewayError(
+            f"This key may not call model '{name}'.",
+            code="model_not_allowed",
+            status=403,
+            param="model",
+        )
+    cache_key = ("route", key.organization_id, name)
+    routed = cast(list[Target] | None, lookups.get(cache_key))
+    if routed is None:
+        route = Route.objects.filter(organization_id=key.organization_id, name=name).first()
+        if route is None:
+            raise GatewayError(
+                f"The model '{name}' does not exist or is not routed for this organization.",
+                code="model_not_found",
+                status=404,
+                param="model",
+            )
+        routed = [
+            Target(
+                connection=t.connection,
+                model=t.model,
+                route_max_output=route.default_max_output_tokens,
+            )
+            for t in route.targets.select_related("connection", "model", "model__provider").order_by("position", "id")
+        ]
+        lookups.put(cache_key, routed)
+    # Only kinds whose adapter serves this endpoint in its own wire format.
+    targets = [t for t in routed if t.connection.enabled and providers.serves(t.connection.kind, kind)]
+    if not targets:
+        # A configuration error, not an outage: a 503 would read as "overloaded" and be retried.
+        raise GatewayError(
+            f"No enabled connection of a compatible kind serves '{name}' on this endpoint; add one to the "
+            "route (or enable it).",
+            code="no_compatible_connection",
+            status=400,
+            param="model",
+        )
+    return targets
+
+
+def list_models(*, key: ApiKey) -> list[str]:
+    names = Route.objects.filter(organization_id=key.organization_id).order_by("name").values_list("name", flat=True)
+    return [n for n in names if key.allows_model(n)]
+
+
+def settle_rates(*, reservation: Reservation) -> tuple[Target | None, Rates | None]:
+    """The rates a reservation-API settle prices usage at: its route's first target."""
+    route = Route.objects.filter(organization_id=reservation.organization_id, name=reservation.model).first()
+    if route is None:
+        return None, None
+    target = route.targets.select_related("connection", "model").order_by("position", "id").first()
+    if target is None:
+        return None, None
+    return Target(connection=target.connection, model=target.model), rates_for(
+        model=target.model, connection=target.connection
+    )

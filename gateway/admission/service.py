@@ -1,0 +1,204 @@
+"""The gateway's synchronous steps before a provider call: authenticate, route, resolve who
+pays, size the worst case and admit it. Runs on the gateway's database threads
+(gateway/upstream/runtime.py).
+
+The proxy (`admit_call`) and the reservation API (gateway/admission/reservations.py) both admit through
+`reserve`: one place sizes a request (gateway/admission/sizing.py), applies the tenant's limits, creates a
+run's budget with its first admission, and admits. The steps live beside it by job:
+gateway/admission/routing.py (key and route lookups), gateway/admission/subjects.py (who pays: customer and run
+budgets), gateway/admission/sizing.py (pricing and the worst case).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from core.errors import CapgateError
+from gateway.admission import unclassified
+from gateway.admission.bounds import Shape
+from gateway.admission.limits import enforce_limits
+from gateway.admission.routing import Target, authenticate, resolve_route
+from gateway.admission.sizing import Sized, bound_tokens, size
+from gateway.admission.subjects import Payer, creating_run_budget, payer
+from gateway.http.errors import GatewayError
+from ledger import slices
+from ledger.admission import AdmissionRequest, admit, matching_budgets
+from ledger.errors import SubjectGone
+from ledger.models import Budget, Reservation
+from tenants.models import ApiKey
+
+
+@dataclass
+class Prepared:
+    reservation: Reservation
+    targets: list[Target]
+    worst_nano: int
+    inject_max_output: int | None  # send this output ceiling upstream (None: caller's own)
+    governed: bool  # False when unpriced traffic is allowed past blocking budgets
+    budgets: list[Budget] = field(default_factory=list)
+    remaining_nano: int | None = None  # the tightest ceiling's room after this reservation
+    input_bound: str = "bytes"  # how the prompt was bounded: "exact" (its tokenizer) or "bytes"
+    input_tokens: int = 0  # the prompt tokens reserved (per sampling pass, before images)
+    unclassified: list[str] = field(default_factory=list)  # passed unlisted names (gateway/admission/unclassified.py)
+
+
+def reserve(
+    *,
+    payer: Payer,
+    request_id: str,
+    model: str,
+    shape: Shape | None = None,
+    targets: list[Target] | None = None,
+    amount_nano: int | None = None,
+    proxied: bool = True,
+    owner_id: int | None = None,
+    lease: timedelta | None = None,
+    origin: str = Reservation.Origin.GATEWAY,
+    sliced: bool = False,
+) -> Prepared:
+    """Size a request's worst case and admit it: the one way a request gets a reservation.
+
+    The worst case is `amount_nano` when the caller states it (the reservation API's
+    `amount_usd`), else sized from `shape` over `targets` (gateway/admission/sizing.py). A proxied request
+    is held to the tenant's concurrency and rate limits first, so a limited one reserves nothing.
+    A run's first call creates the run's budget in the same transaction as its admission: a
+    refused first call leaves no budget behind for the audit to carry.
+    `sliced`: the request may be admitted from this process's headroom slices (ledger/slices.py);
+    only a proxied call that settles in this process (not a provider job) may.
+    """
+    with creating_run_budget(payer):
+        return _prepare(
+            payer=payer,
+            request_id=request_id,
+            model=model,
+            shape=shape,
+            targets=targets or [],
+            amount_nano=amount_nano,
+            proxied=proxied,
+            owner_id=owner_id,
+            lease=lease,
+            origin=origin,
+            sliced=sliced,
+        )
+
+
+def _prepare(
+    *,
+    payer: Payer,
+    request_id: str,
+    model: str,
+    shape: Shape | None,
+    targets: list[Target],
+    amount_nano: int | None,
+    proxied: bool,
+    owner_id: int | None,
+    lease: timedelta | None,
+    origin: str,
+    sliced: bool,
+) -> Prepared:
+    budgets = matching_budgets(payer.subject)
+    if shape is None:  # the caller states its worst case
+        assert amount_nano is not None
+        sized = Sized(
+            targets=targets,
+            worst_nano=amount_nano,
+            budgets=budgets,
+            governed=any(b.mode == Budget.Mode.BLOCK for b in budgets),
+        )
+    else:
+        sized = size(key=payer.key, shape=shape, targets=targets, budgets=budgets, proxied=proxied)
+        if proxied:  # the caller of the reservation API makes the call: its traffic is its own
+            assert sized.shape is not None
+            enforce_limits(
+                key=payer.key,
+                customer=payer.customer,
+                targets=sized.targets,
+                tokens=bound_tokens(sized.shape, sized.output_tokens),
+            )
+    request = AdmissionRequest(
+        subject=payer.subject,
+        request_id=request_id,
+        worst_nano=sized.worst_nano,
+        model=model,
+        owner_id=owner_id,
+        budgets=sized.budgets,
+        lease=lease,
+        origin=origin,
+    )
+    admitted = slices.book.admit(request) if sliced else admit(request=request)
+    remaining = min((c.remaining_nano for c in admitted.ceilings), default=None)
+    return Prepared(
+        reservation=admitted.reservation,
+        targets=sized.targets,
+        worst_nano=sized.worst_nano,
+        inject_max_output=sized.inject_max_output,
+        governed=sized.governed,
+        budgets=sized.budgets,
+        remaining_nano=remaining - sized.worst_nano if remaining is not None else None,
+        input_bound=sized.input_bound,
+        input_tokens=sized.shape.text_tokens if sized.shape else 0,
+        unclassified=unclassified.labels(sized.shape) if sized.shape else [],
+    )
+
+
+def admit_call(
+    *,
+    raw_key: str | None,
+    shape: Shape | None,
+    shape_error: CapgateError | None,
+    kind: str,
+    request_id: str,
+    customer_id: str | None,
+    run_id: str | None,
+    run_budget_usd: str | None,
+    owner_id: int | None,
+    healthy: object,
+    sliced: bool = True,
+) -> tuple[ApiKey, Prepared]:
+    """Everything before the provider call, in one trip to a database thread:
+    authenticate, validate, route, resolve customer and run, admit.
+
+    A subject deleted while the request was being admitted (an end customer, say) makes it
+    resolve who pays again and admit again: an end customer named by header is created anew, as
+    for any first sight, and a deleted key is refused by its authentication.
+    """
+    for attempt in range(SUBJECT_ATTEMPTS):
+        key = authenticate(raw_key)
+        if shape_error is not None:
+            raise shape_error
+        assert shape is not None
+        targets = resolve_route(key=key, name=shape.model, kind=kind)
+        alive = [t for t in targets if healthy(t.connection.id)]  # type: ignore[operator]
+        if not alive:
+            raise GatewayError(
+                f"Every connection serving '{shape.model}' is failing; retry later.",
+                code="connection_unavailable",
+                status=503,
+            )
+        who = payer(key=key, customer_id=customer_id, run_id=run_id, run_budget_usd=run_budget_usd)
+        try:
+            prepared = reserve(
+                payer=who,
+                request_id=request_id,
+                model=shape.model,
+                shape=shape,
+                targets=alive,
+                owner_id=owner_id,
+                sliced=sliced,
+            )
+        except SubjectGone:
+            if attempt + 1 == SUBJECT_ATTEMPTS:
+                raise
+            continue
+        return key, prepared
+    raise AssertionError("unreachable")
+
+
+# A subject deleted mid-admission is resolved again this many times in all (each deletion is one
+# administrative action; three in a row for one request is an operator deleting in a loop).
+SUBJECT_ATTEMPTS = 3
+
+
+# gateway/upstream/proxy.py imports these from here.
+__all__ = ["Prepared", "Target", "admit_call", "authenticate", "reserve"]

@@ -1,0 +1,304 @@
+"""Sizing a request's worst case: price every target it could fail over to, bound its input,
+pick its output ceiling, and take the largest. The proxy and the reservation API both size
+here, through `size` (docs/billing.md says what each field costs).
+
+A `proxied` request is one the gateway itself sends: it may leave unpriced fallbacks out of
+the failover order and send the output ceiling it picked upstream. The reservation API's caller
+calls the provider itself, so neither holds there: every target must be priced, and a request
+that names no output ceiling is sized at the catalog's maximum.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import cast
+
+from django.conf import settings
+
+from catalog.pricing import (
+    Rates,
+    TokenBound,
+    UnpricedFeature,
+    UnpricedModel,
+    nano_per_output_token,
+    rates_for,
+    worst_case_nano,
+)
+from gateway.admission import tokens, unclassified
+from gateway.admission.bounds import Shape
+from gateway.admission.routing import Target
+from gateway.http.errors import GatewayError
+from gateway.upstream import continuations
+from ledger.admission import Ceiling, headroom
+from ledger.errors import BudgetExceeded
+from ledger.models import Budget
+from tenants.models import ApiKey
+
+
+@dataclass
+class Sized:
+    """A request's worst case and how it was reached."""
+
+    targets: list[Target]  # the targets it may be sent to, in failover order
+    worst_nano: int
+    budgets: list[Budget]  # the budgets that admit it (blocking ones left out when not governed)
+    governed: bool  # False when unpriced traffic is allowed past blocking budgets
+    # None when the caller stated its worst case; else with earlier context added and the
+    # prompt counted exactly when it was.
+    shape: Shape | None = None
+    output_tokens: int = 0  # the output ceiling per choice the worst case assumes
+    inject_max_output: int | None = None  # send this output ceiling upstream (None: caller's own)
+    input_bound: str = "bytes"  # how the prompt was bounded: "exact" (its tokenizer) or "bytes"
+
+
+def _bound(shape: Shape, target: Target, rates: Rates, output_tokens: int) -> TokenBound:
+    """A target's token bound. Each server-side tool use is another sampling pass over the
+    context, which by then holds every earlier tool result, so the input is bounded by
+    (uses + 1) passes over the body plus every result a use may add."""
+    if shape.web_searches and rates.server_tool_result_tokens is None:
+        raise UnpricedFeature(target.model, "web search results")
+    images = shape.images * (target.model.max_image_tokens or 0)
+    results = shape.fetch_tokens + shape.web_searches * (rates.server_tool_result_tokens or 0)
+    per_pass = shape.text_tokens + images + results
+    return TokenBound(
+        input_tokens=per_pass * (1 + shape.server_tool_uses),
+        output_tokens=output_tokens + shape.extra_output,
+        choices=shape.choices,
+        web_searches=shape.web_searches,
+        cache_1h=shape.cache_1h,
+    )
+
+
+def bound_tokens(shape: Shape, output: int) -> int:
+    """The tokens a request may use, for tokens-per-minute limits: its input bound plus its
+    output ceiling per choice."""
+    passes = 1 + shape.server_tool_uses
+    return (shape.text_tokens + shape.fetch_tokens) * passes + (output + shape.extra_output) * shape.choices
+
+
+def _catalog_max_output(targets: list[Target]) -> int:
+    caps = [t.model.max_output_tokens for t in targets if t.model.max_output_tokens]
+    return min(caps) if caps else settings.CAPGATE["DEFAULT_MAX_OUTPUT_TOKENS"]
+
+
+def _default_output(key: ApiKey, targets: list[Target]) -> int | None:
+    """The configured output ceiling for requests that name none: the tighter of the key's and
+    the route's."""
+    defaults = [d for d in (key.default_max_output_tokens, targets[0].route_max_output) if d]
+    return min(defaults) if defaults else None
+
+
+@dataclass
+class _Priced:
+    target: Target
+    rates: Rates
+
+
+def _price_targets(
+    shape: Shape, targets: list[Target]
+) -> tuple[list[_Priced], UnpricedModel | None, UnpricedFeature | None]:
+    """Each target's rates at the tier it would bill this request at, and a bound check; the
+    targets that cannot be priced are set aside with the first reason."""
+    priced: list[_Priced] = []
+    no_model: UnpricedModel | None = None
+    no_feature: UnpricedFeature | None = None
+    for t in targets:
+        try:
+            rates = rates_for(model=t.model, connection=t.connection, tier=t.tier(shape.service_tier))
+            worst_case_nano(bound=_bound(shape, t, rates, 0), rates=rates)
+        except UnpricedModel as exc:
+            no_model = no_model or exc
+            continue
+        except UnpricedFeature as exc:
+            no_feature = no_feature or exc
+            continue
+        priced.append(_Priced(t, rates))
+    return priced, no_model, no_feature
+
+
+_FEATURE_CODES = {
+    "web search": "web_search",
+    "web search results": "web_search",
+    "1-hour cache writes": "cache_control",
+}
+
+
+def _feature_code(exc: UnpricedFeature) -> str:
+    name = "service_tier" if exc.feature.startswith("service_tier") else _FEATURE_CODES.get(exc.feature, "feature")
+    return f"{name}_under_budget"
+
+
+def _countable(shape: Shape, priced: list[_Priced]) -> bool:
+    return shape.prompt is not None and bool(priced) and all(p.target.model.tokenizer for p in priced)
+
+
+def _exact_prompt(shape: Shape, priced: list[_Priced], tightest: Ceiling | None) -> tuple[Shape, str]:
+    """The shape with its prompt counted exactly, when that changes the answer (issue 14).
+
+    Only under a blocking ceiling, when every priced target's model has a local tokenizer
+    (a byte-bound target, such as an Anthropic fallback, keeps bytes for all: the count must
+    bound each target), and when the byte bound's worst case would take more than
+    EXACT_COUNT_SHARE of the tightest ceiling's room — so it also covers every request the
+    byte bound would refuse. The count is the largest over the targets' encodings."""
+    if tightest is None or not _countable(shape, priced):
+        return shape, "bytes"
+    assert shape.prompt is not None
+    encodings = {cast(str, p.target.model.tokenizer) for p in priced}
+    output = shape.max_output or 0
+    worst = max(worst_case_nano(bound=_bound(shape, p.target, p.rates, output), rates=p.rates) for p in priced)
+    if worst <= settings.CAPGATE["EXACT_COUNT_SHARE"] * max(tightest.remaining_nano, 0):
+        return shape, "bytes"
+    counts = []
+    for name in sorted(encodings):
+        enc = tokens.encoding(name)
+        if enc is None:  # data missing or altered: fail safe
+            return shape, "bytes"
+        counts.append(tokens.count(shape.prompt, enc))
+    exact = max(counts)
+    if exact >= shape.text_tokens:
+        return shape, "bytes"
+    return dataclasses.replace(shape, text_tokens=exact), "exact"
+
+
+def _affordable_output(shape: Shape, priced: list[_Priced], tightest: Ceiling | None, cap: int) -> int:
+    floor = settings.CAPGATE["MIN_OUTPUT_TOKENS"]
+    if tightest is None:
+        return cap
+    bounds = [(p, _bound(shape, p.target, p.rates, 0)) for p in priced]
+    input_worst = max(worst_case_nano(bound=b, rates=p.rates) for p, b in bounds)
+    per_token = (
+        max(nano_per_output_token(rates=p.rates, input_tokens=b.input_tokens) for p, b in bounds) * shape.choices
+    )
+    room = tightest.remaining_nano - input_worst
+    affordable = int(Decimal(room) / per_token) if per_token > 0 and room > 0 else (cap if per_token == 0 else 0)
+    output = min(cap, max(affordable - shape.extra_output, 0))
+    if output < floor:
+        raise BudgetExceeded(
+            code=tightest.code,
+            budget_id=tightest.budget_id,
+            window_id=tightest.window_id,
+            limit_nano=tightest.limit_nano,
+            remaining_nano=tightest.remaining_nano,
+            worst_nano=input_worst + int(per_token * floor),
+        )
+    return output
+
+
+def _unpriced(exc: UnpricedModel | UnpricedFeature, *, proxied: bool) -> GatewayError:
+    """The 402 for a request a blocking budget (or, unproxied, any sizing) cannot price."""
+    if isinstance(exc, UnpricedFeature):
+        return GatewayError(
+            f"Model {exc.model} has no catalog price for {exc.feature}, so a blocking budget "
+            "cannot admit a request that uses it." + ("" if proxied else " Give 'amount_usd' instead."),
+            code=_feature_code(exc),
+            status=402,
+        )
+    if not proxied:
+        return GatewayError(
+            f"Model {exc.model} has no price: give 'amount_usd' instead.",
+            code="unpriced_model_under_budget",
+            status=402,
+        )
+    return GatewayError(
+        f"Model {exc.model} has no price, so a blocking budget cannot bound it. Add a price, or allow "
+        "unpriced traffic for the organization (blocking budgets then do not govern it).",
+        code="unpriced_model_under_budget",
+        status=402,
+    )
+
+
+def size(*, key: ApiKey, shape: Shape, targets: list[Target], budgets: list[Budget], proxied: bool = True) -> Sized:
+    """Size the worst case of `shape` over `targets` under `budgets` (those matching its payer).
+
+    1. Under a blocking budget, refuse fields the billing inventory refuses there
+       (docs/billing.md), then price every target at the tier it would bill: a target that
+       cannot be priced (no price, or none for a paid feature the request uses) is not tried,
+       so a failover can never land on a call the cap does not count. With no priced target
+       left: 402 naming the feature, or `unpriced_model_under_budget` unless the organization
+       allows unpriced traffic (then blocking budgets do not govern it: worst case 0).
+       Not proxied: any unpriced target is a 402 (the caller may call it), budget or none.
+    2. Parts the catalog cannot bound (audio, files; images on a model without an image
+       bound): refused under a blocking budget.
+    3. Output: the caller's max tokens; else the configured default (key, route) or the
+       catalog maximum, and under a blocking budget no more than the tightest ceiling can
+       afford (sent upstream so the response cannot outrun it), refused below the floor.
+       Not proxied: the caller's, else the catalog maximum (nothing can be sent upstream).
+    4. The worst case is the largest over every target the request could fail over to.
+    """
+    blocking = any(b.mode == Budget.Mode.BLOCK for b in budgets)
+    if shape.context_ref is not None:
+        earlier = continuations.context_tokens(organization_id=key.organization_id, ref=shape.context_ref)
+        if earlier is None and blocking:
+            raise continuations.unknown_context(shape.context_ref)
+        shape = dataclasses.replace(shape, text_tokens=shape.text_tokens + (earlier or 0))
+    shape = unclassified.decide(shape=shape, organization_id=key.organization_id, blocking=blocking)
+    if blocking and shape.refused:
+        field = shape.refused[0]
+        raise GatewayError(
+            f"'{field}' buys something whose cost the catalog cannot bound (docs/billing.md), so a blocking "
+            "budget cannot admit it.",
+            code=f"{field}_under_budget",
+            status=402,
+            param=field,
+        )
+    priced, no_model, no_feature = _price_targets(shape, targets)
+    if not proxied and (no_feature or no_model):
+        raise _unpriced(cast(UnpricedModel | UnpricedFeature, no_feature or no_model), proxied=False)
+    if blocking and priced:
+        targets = [p.target for p in priced]  # unpriced fallbacks are not tried under a cap
+    elif blocking and no_feature is not None:
+        raise _unpriced(no_feature, proxied=True)
+    elif blocking and not key.organization.allow_unpriced:
+        assert no_model is not None
+        raise _unpriced(no_model, proxied=True)
+    governed = blocking and bool(priced)
+    if governed and (shape.unbounded_parts or (shape.images and any(not t.model.max_image_tokens for t in targets))):
+        raise GatewayError(
+            "The request has parts (audio, files, or images for a model without an image bound) whose cost the "
+            "catalog cannot bound, so a blocking budget cannot admit it.",
+            code="unbounded_input_under_budget",
+            status=402,
+        )
+
+    # One unlocked read of the tightest ceiling, shared by the exact count and the output ceiling.
+    affords = proxied and shape.max_output is None
+    tightest = headroom(budgets=budgets) if governed and (affords or _countable(shape, priced)) else None
+    shape, input_bound = _exact_prompt(shape, priced, tightest)
+    cap = _catalog_max_output(targets)
+    inject = None
+    if shape.max_output is not None:
+        output = shape.max_output
+    elif not proxied:
+        output = cap
+    else:
+        default = _default_output(key, targets)
+        if default is not None:
+            cap = min(cap, default)
+        output = _affordable_output(shape, priced, tightest, cap) if governed else cap
+        # Sent upstream under a cap or a configured default; Anthropic requires max_tokens.
+        if governed or default is not None or shape.kind == "messages":
+            inject = output
+    if shape.kind == "embeddings":
+        output, inject = 0, None
+
+    worst = max(
+        (worst_case_nano(bound=_bound(shape, p.target, p.rates, output), rates=p.rates) for p in priced),
+        default=0,
+    )
+    if not governed and blocking:
+        # Unpriced traffic allowed past blocking budgets: they do not govern it (the dashboard
+        # says so). It still gets a reservation so its outcome is recorded and leased.
+        worst = 0
+        budgets = [b for b in budgets if b.mode == Budget.Mode.ALERT]
+    return Sized(
+        shape=shape,
+        targets=targets,
+        worst_nano=worst,
+        output_tokens=output,
+        inject_max_output=inject,
+        governed=governed,
+        budgets=budgets,
+        input_bound=input_bound,
+    )

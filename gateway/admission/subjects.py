@@ -1,0 +1,175 @@
+"""Who pays for a request: its key, the end customer and run its headers name, and the budgets
+a first call creates for them (a project's default customer cap, a run's lifetime cap).
+
+Those budgets are created through budgets.services.create_budget — validated and audited like
+any other, the key as the actor. That work happens once, when the budget is first needed; a
+request whose customer or run already has its budget pays one indexed read for it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.db import IntegrityError, transaction
+
+from budgets.services import create_budget
+from core.money import MoneyError, format_usd, usd_to_nano
+from gateway.http.errors import GatewayError, bad_request
+from ledger.admission import Subject
+from ledger.models import Budget
+from tenants.audit import Actor
+from tenants.models import ApiKey, EndCustomer
+
+_EXTERNAL_ID = re.compile(r"^[\w.@:+\-]{1,200}$")
+MAX_RUN_BUDGET_USD = Decimal("1000000")
+
+
+def key_actor(key: ApiKey) -> Actor:
+    """The audit log's name for a change an API key's request made."""
+    return Actor(label=f"key {key.name} ({key.prefix}…)")
+
+
+@dataclass(frozen=True)
+class Payer:
+    """Who a request is charged to, resolved from its key and headers."""
+
+    key: ApiKey
+    customer: EndCustomer | None = None
+    run_id: str | None = None
+    new_run_nano: int | None = None  # the run's budget, to create with its first admission
+    run_amount_explicit: bool = False  # the amount came from X-Capgate-Run-Budget-Usd
+
+    @property
+    def subject(self) -> Subject:
+        key = self.key
+        return Subject(
+            organization_id=key.organization_id,
+            project_id=key.project_id,
+            member_id=key.member_id,
+            api_key_id=key.id,
+            end_customer_id=self.customer.id if self.customer else None,
+            run_id=self.run_id,
+        )
+
+
+def payer(*, key: ApiKey, customer_id: str | None, run_id: str | None, run_budget_usd: str | None) -> Payer:
+    """Validate the customer and run headers and resolve who pays (creating a new end customer,
+    and its project's default cap, on first sight)."""
+    customer = end_customer(key=key, external_id=customer_id)
+    new_run_nano = run_budget(key=key, run_id=run_id, amount_usd=run_budget_usd)
+    return Payer(
+        key=key,
+        customer=customer,
+        run_id=run_id,
+        new_run_nano=new_run_nano,
+        run_amount_explicit=run_budget_usd is not None,
+    )
+
+
+def end_customer(*, key: ApiKey, external_id: str | None) -> EndCustomer | None:
+    """The end customer named by X-Capgate-Customer, created on first sight. A project's default
+    customer cap is materialised as the customer's own budget the first time it is needed."""
+    if external_id is None:
+        return None
+    if not _EXTERNAL_ID.match(external_id):
+        raise bad_request(
+            "X-Capgate-Customer must be 1-200 letters, digits or . _ @ : + -",
+            code="invalid_customer",
+        )
+    customer, _ = EndCustomer.objects.get_or_create(project_id=key.project_id, external_id=external_id)
+    project = key.project
+    if project.default_customer_budget_nano is not None and not Budget.objects.filter(end_customer=customer).exists():
+        with transaction.atomic():
+            # Serialise racing first requests of one customer on its row: one default budget.
+            EndCustomer.objects.select_for_update().get(pk=customer.pk)
+            if not Budget.objects.filter(end_customer=customer).exists():
+                create_budget(
+                    organization=key.organization,
+                    actor=key_actor(key),
+                    scope=Budget.Scope.END_CUSTOMER,
+                    end_customer=customer,
+                    name="project default customer cap",
+                    period=project.default_customer_budget_period,
+                    mode=project.default_customer_budget_mode,
+                    amount_nano=project.default_customer_budget_nano,
+                )
+    return customer
+
+
+def run_budget(*, key: ApiKey, run_id: str | None, amount_usd: str | None) -> int | None:
+    """Validate a run's headers. Returns the amount of the lifetime budget the run still needs
+    (created by `create_run_budget` in the same transaction as its first admission, so a refused
+    first call leaves no budget behind), or None when it has one or needs none. A later call
+    with a different amount is a 409."""
+    if run_id is None:
+        if amount_usd is not None:
+            raise bad_request("X-Capgate-Run-Budget-Usd needs X-Capgate-Run.", code="invalid_run")
+        return None
+    if not _EXTERNAL_ID.match(run_id):
+        raise bad_request("X-Capgate-Run must be 1-200 letters, digits or . _ @ : + -", code="invalid_run")
+    if amount_usd is None:
+        amount_nano = key.organization.default_run_budget_nano
+        if amount_nano is None:
+            return None  # a run label without a cap
+    else:
+        try:
+            amount_nano = usd_to_nano(amount_usd, maximum=MAX_RUN_BUDGET_USD)
+        except MoneyError as exc:
+            raise bad_request(f"X-Capgate-Run-Budget-Usd {exc.message}.", code="invalid_run_budget") from None
+        if amount_nano == 0:
+            raise bad_request("X-Capgate-Run-Budget-Usd must be more than 0.", code="invalid_run_budget")
+    existing = Budget.objects.filter(organization_id=key.organization_id, scope=Budget.Scope.RUN, run_id=run_id).first()
+    if existing is None:
+        return amount_nano
+    _check_run_amount(existing, run_id=run_id, amount_nano=amount_nano if amount_usd is not None else None)
+    return None
+
+
+def _check_run_amount(existing: Budget, *, run_id: str, amount_nano: int | None) -> None:
+    if amount_nano is not None and existing.amount_nano != amount_nano:
+        raise GatewayError(
+            f"Run '{run_id}' already has a budget of {format_usd(existing.amount_nano)}; "
+            f"a different amount ({format_usd(amount_nano)}) cannot be set by a later call.",
+            code="run_budget_conflict",
+            status=409,
+        )
+
+
+def create_run_budget(*, key: ApiKey, run_id: str, amount_nano: int, explicit: bool) -> None:
+    """Create a run's lifetime budget; call inside the transaction that admits its first call.
+    A concurrent first call waits on the unique index, then finds this one and compares."""
+    try:
+        with transaction.atomic():
+            create_budget(
+                organization=key.organization,
+                actor=key_actor(key),
+                scope=Budget.Scope.RUN,
+                run_id=run_id,
+                period=Budget.Period.LIFETIME,
+                mode=Budget.Mode.BLOCK,
+                amount_nano=amount_nano,
+                name=f"run {run_id}",
+            )
+    except IntegrityError:  # a concurrent first call created it: compare with that one
+        existing = Budget.objects.get(organization_id=key.organization_id, scope=Budget.Scope.RUN, run_id=run_id)
+        _check_run_amount(existing, run_id=run_id, amount_nano=amount_nano if explicit else None)
+
+
+@contextmanager
+def creating_run_budget(who: Payer) -> Iterator[None]:
+    """Admit inside this. For a run's first call (its budget still to create) it is one
+    transaction that creates the run's budget and then admits, so a refused first call leaves no
+    budget behind for the audit to carry; any other call gets no transaction of its own."""
+    if who.new_run_nano is None:
+        yield
+        return
+    assert who.run_id is not None
+    with transaction.atomic():
+        create_run_budget(
+            key=who.key, run_id=who.run_id, amount_nano=who.new_run_nano, explicit=who.run_amount_explicit
+        )
+        yield

@@ -1,0 +1,164 @@
+"""Exact prompt token counts for models whose tokenizer is public and local (issue 14).
+
+The byte bound (gateway/admission/bounds.py) stays the rule; this count replaces it only for a model the
+catalog maps to an encoding (`Model.tokenizer`), and only when the byte bound would refuse or
+take a large share of the tightest ceiling's room (gateway/admission/service.py). It stays an upper bound:
+
+- Message text (role, name, string content, text parts) is tokenized with the model's encoding,
+  plus the chat format's framing as OpenAI documents it (its cookbook "How to count tokens with
+  tiktoken", checked there against the API's usage): 3 tokens per message, 1 per name, 3 priming
+  the reply. Each text part of a list content gets a margin (PART_MARGIN_TOKENS): how parts are
+  joined is not documented, and joining can add a token at the seam.
+- Everything else the provider may render into the prompt (tools, functions, response_format,
+  tool calls, any other message field) keeps its byte bound: its compact JSON's UTF-8 bytes.
+  Fields the billing inventory classes as free or output-side are not prompt text.
+- Images keep the model's image bound and tool-use overheads their fixed amounts (the caller
+  adds those, as for the byte bound).
+
+The encoding files are built into TOKENIZER_DIR by scripts/tiktoken_data.py at install time and
+checked against tiktoken's pinned sha256 before use. Nothing is fetched: with the files missing
+or altered, `encoding()` returns None and the gateway keeps the byte bound.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+ENCODINGS = ("o200k_base", "cl100k_base")
+# sha256 of each .tiktoken file, as tiktoken_ext/openai_public.py pins them (a test checks).
+_SHA256 = {
+    "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+    "cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+}
+_URL = "https://openaipublic.blob.core.windows.net/encodings/{}.tiktoken"
+
+# The chat format's documented framing (OpenAI cookbook, gpt-3.5-turbo-0613 and later).
+TOKENS_PER_MESSAGE = 3  # <|start|>, the separator after the role, <|end|>
+TOKENS_PER_NAME = 1
+TOKENS_PER_REPLY = 3  # every reply is primed with <|start|>assistant<|message|>
+# Undocumented: how a list content's text parts are joined. Per part, for a joiner and a seam.
+PART_MARGIN_TOKENS = 2
+# Chat fields whose content the provider renders into the prompt (beside messages); the rest
+# of the body is free or bounds output (gateway/billing/live.py).
+PROMPT_FIELDS = ("tools", "functions", "response_format")
+_TEXT_KEYS = ("role", "name", "content")
+
+_lock = threading.Lock()
+_loaded: dict[str, Any] = {}
+
+
+def cache_name(name: str) -> str:
+    """The file name tiktoken's read_file_cached() looks for in TIKTOKEN_CACHE_DIR."""
+    return hashlib.sha1(_URL.format(name).encode()).hexdigest()
+
+
+def encoding(name: str | None) -> Any | None:
+    """The tiktoken Encoding for `name`, or None (use bytes) when it is unknown or its file is
+    missing or fails its checksum. Loaded once per process (~0.5 s for o200k_base)."""
+    if name not in _SHA256:
+        return None
+    enc = _loaded.get(name)
+    if enc is not None:
+        return enc or None  # False: known missing
+    with _lock:
+        if name not in _loaded:
+            _loaded[name] = _load(name)
+        return _loaded[name] or None
+
+
+def _load(name: str) -> Any:
+    directory = Path(settings.CAPGATE["TOKENIZER_DIR"])
+    path = directory / cache_name(name)
+    try:
+        data = path.read_bytes()
+    except OSError:
+        log.warning("tokenizer %s missing at %s: byte bound kept (run scripts/bootstrap.sh)", name, path)
+        return False
+    if hashlib.sha256(data).hexdigest() != _SHA256[name]:
+        # tiktoken would delete it and download again: never at request time.
+        log.error("tokenizer %s at %s fails its sha256: byte bound kept", name, path)
+        return False
+    import tiktoken
+
+    # Verified above, so tiktoken reads it from its cache and does not fetch.
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(directory)
+    try:
+        return tiktoken.get_encoding(name)
+    except Exception:  # noqa: BLE001 — any failure here only means "use bytes"
+        log.exception("tokenizer %s failed to load: byte bound kept", name)
+        return False
+
+
+def warm() -> None:
+    """Load every encoding now: the gateway calls this at startup on a worker thread, so the
+    first exact count does not pay the load (0.3-0.5 s each) on the admission path. Missing
+    data is logged here, once, instead of at the first request that would count."""
+    for name in ENCODINGS:
+        encoding(name)
+
+
+def reset() -> None:
+    """Forget loaded encodings (tests)."""
+    with _lock:
+        _loaded.clear()
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What an exact count needs from a request body, kept by reference: the work is done
+    only when a count is asked for (most requests never need one)."""
+
+    kind: str  # chat | embeddings
+    billed: dict  # chat: the body with image payloads stripped; embeddings: {"input": [...]}
+    overhead: int = 0  # fixed tokens beside the text (tool-use overheads)
+
+
+def _bytes(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def count(prompt: Prompt, enc: Any) -> int:
+    """An upper bound on the prompt tokens the provider bills for `prompt` under `enc`."""
+    n = enc.encode_ordinary  # text as text: a "<|endoftext|>" in a message is not a special token
+    if prompt.kind == "embeddings":
+        total = 0
+        for item in prompt.billed["input"]:
+            total += len(n(item)) if isinstance(item, str) else (len(item) if isinstance(item, list) else 1)
+        return total + prompt.overhead
+    body = prompt.billed
+    total = TOKENS_PER_REPLY + prompt.overhead
+    extra = {k: body[k] for k in PROMPT_FIELDS if body.get(k) is not None}
+    if extra:
+        total += _bytes(extra)
+    for message in body["messages"]:
+        total += TOKENS_PER_MESSAGE + len(n(message["role"]))
+        name = message.get("name")
+        if name is not None:
+            total += TOKENS_PER_NAME + (len(n(name)) if isinstance(name, str) else _bytes(name))
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(n(content))
+        elif isinstance(content, list):
+            for part in content:
+                text = part.get("text") if isinstance(part, dict) and part.get("type") == "text" else None
+                if isinstance(text, str) and set(part) <= {"type", "text"}:
+                    total += len(n(text)) + PART_MARGIN_TOKENS
+                else:
+                    total += _bytes(part) + PART_MARGIN_TOKENS  # an image's payload is stripped
+        elif content is not None:
+            total += _bytes(content)
+        rest = {k: v for k, v in message.items() if k not in _TEXT_KEYS}
+        if rest:
+            total += _bytes(rest)
+    return total

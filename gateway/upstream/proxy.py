@@ -1,0 +1,453 @@
+"""One proxied request: admit, call the provider (with failover), relay, record.
+
+Every admitted request ends in exactly one usage record (DESIGN §1, property 2-3):
+- served: the provider reported usage; charged at its actual cost;
+- failed_upstream: known not billed (connect refused, 5xx, 4xx validation); zero cost;
+- estimated: the outcome is unknown (client left, timeout after sending, stream without
+  usage); charged at the reserved worst case — the safe direction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import httpx
+from django.conf import settings
+from django.db import DatabaseError
+
+from catalog.pricing import UnpricedFeature, UnpricedModel, Usage, cost_nano, rates_for
+from core.errors import CapgateError
+from core.money import usd_str
+from gateway.admission.bounds import SHAPERS, Shape, parse_json
+from gateway.admission.request_fields import collecting_unclassified
+from gateway.admission.service import Prepared, Target, admit_call
+from gateway.http import metrics
+from gateway.http.errors import GatewayError, render
+from gateway.http.request import ClientGone, Request
+from gateway.providers import adapter, response_state
+from gateway.upstream import continuations, runtime, streams, transport
+from gateway.upstream.recorder import recorder
+from gateway.upstream.streams import NOT_BILLED, Attempt
+from gateway.upstream.transport import client
+from ledger.errors import BudgetExceeded, BudgetUnavailable
+from ledger.recording import Outcome
+from requestlog import buffer as request_log
+
+log = logging.getLogger("capgate.gateway")
+
+
+# Background responses (`background: true`) are provider jobs: admitted here like any response,
+# then handed to the jobs app (jobs/background.py), which registers itself at startup.
+BACKGROUND: Callable[[ProxyCall, dict], Awaitable[None]] | None = None
+
+
+def new_request_id() -> str:
+    return "req_" + uuid.uuid4().hex
+
+
+async def handle(req: Request, kind: str) -> None:
+    call = ProxyCall(req, kind)
+    await call.run()
+
+
+class ProxyCall:
+    def __init__(self, req: Request, kind: str):
+        self.req = req
+        self.kind = kind
+        self.flavor = "anthropic" if kind == "messages" else "openai"
+        self.request_id = new_request_id()
+        self.started = time.monotonic()
+        self.prepared: Prepared | None = None
+        self.text_tokens = 0  # the input bound, told to in-process providers (transport.Call)
+        self.client_stream_options: dict = {}
+        self.shape: Shape | None = None
+        self.model_name = ""  # as the caller asked for it, for the request log
+
+    def _headers(self) -> list[tuple[bytes, bytes]]:
+        headers = [(b"x-capgate-request-id", self.request_id.encode())]
+        p = self.prepared
+        if p is not None:  # admitted: what it reserved, and the room left under its tightest cap
+            headers.append((b"x-capgate-reserved-usd", usd_str(p.worst_nano).encode()))
+            # The prompt tokens that worst case reserves and how they were bounded (issue 14).
+            headers.append((b"x-capgate-reserved-input-tokens", str(p.input_tokens).encode()))
+            headers.append((b"x-capgate-input-bound", p.input_bound.encode()))
+            if p.remaining_nano is not None:
+                headers.append((b"x-capgate-budget-remaining-usd", usd_str(max(p.remaining_nano, 0)).encode()))
+        return headers
+
+    async def fail(self, exc: CapgateError) -> None:
+        request_log.note(self, exc)  # refused before admission: the log's row (admitted ones have a usage record)
+        status, headers, body = render(exc, flavor=self.flavor)
+        await self.req.respond(status, body, headers + self._headers())
+
+    async def run(self) -> None:
+        try:
+            raw = await self.req.body(settings.CAPGATE["MAX_BODY_BYTES"])
+        except GatewayError as exc:
+            return await self.fail(exc)
+        except ClientGone:
+            return
+        body: dict = {}
+        shape = shape_error = None
+        background = False
+        try:
+            body = parse_json(raw)
+            self.model_name = str(body.get("model") or "") if isinstance(body, dict) else ""
+            background = self.kind == "responses" and body.get("background") is True and BACKGROUND is not None
+            # A background response is bounded like the same response in the foreground. What the
+            # billing inventory does not list is decided once the budgets are known (gateway/admission/unclassified.py).
+            with collecting_unclassified() as found:
+                shape = SHAPERS[self.kind](
+                    {k: v for k, v in body.items() if k != "background"} if background else body, self.req.headers
+                )
+            if found:
+                shape = dataclasses.replace(shape, unclassified=tuple(found))
+        except CapgateError as exc:
+            shape_error = exc
+        bg = runtime.background
+        admitting = time.monotonic()
+        try:
+            _key, self.prepared = await runtime.db(
+                admit_call,
+                raw_key=self.req.api_key(),
+                shape=shape,
+                shape_error=shape_error,
+                kind=self.kind,
+                request_id=self.request_id,
+                customer_id=self.req.headers.get("x-capgate-customer"),
+                run_id=self.req.headers.get("x-capgate-run"),
+                run_budget_usd=self.req.headers.get("x-capgate-run-budget-usd"),
+                owner_id=bg.instance_id if bg else None,
+                healthy=runtime.health.ok,
+                sliced=not background,  # a provider job's reservation moves to the job
+            )
+        except BudgetExceeded as exc:
+            h = self.req.headers
+            _note_refusal(
+                exc,
+                tipped_by={
+                    "request_id": self.request_id,
+                    "key": (self.req.api_key() or "")[:12],
+                    "customer": h.get("x-capgate-customer", ""),
+                    "run": h.get("x-capgate-run", ""),
+                    "model": str(body.get("model", ""))[:200] if isinstance(body, dict) else "",
+                },
+            )
+            return await self.fail(exc)
+        except CapgateError as exc:
+            return await self.fail(exc)
+        except DatabaseError:
+            log.exception("admission failed: database unavailable")
+            return await self.fail(
+                BudgetUnavailable(
+                    "Budgets cannot be checked right now (database unavailable); the request was not sent."
+                )
+            )
+        finally:
+            metrics.observe_admission(time.monotonic() - admitting)
+        assert shape is not None
+        self.text_tokens = shape.text_tokens
+        self.shape = shape
+        if self.prepared is not None and self.prepared.unclassified:
+            metrics.count_unclassified(self.kind, self.prepared.unclassified)
+        if self.kind == "responses" and body.get("background") is True and BACKGROUND is not None:
+            return await BACKGROUND(self, body)
+        options = body.get("stream_options")
+        self.client_stream_options = options if isinstance(options, dict) else {}
+        try:
+            await self.forward(body, shape.stream)
+        except transport.UpstreamBusy as exc:  # the tenant's upstream share is in use: nothing was sent
+            await self.record(Outcome(status="failed_upstream", error=exc.message))
+            await self.fail(exc)
+        except Exception:
+            # A bug after admission: the call may have gone out, so it is charged at its worst case
+            # now rather than holding the room until expiry. If the outcome was already recorded,
+            # this record is a no-op (the first record of a request id wins).
+            assert self.prepared is not None
+            await self.record(
+                Outcome(status="estimated", cost_nano=self.prepared.worst_nano, error="internal error after admission")
+            )
+            raise
+
+    # --- after admission: exactly one record per request from here on -------------------
+
+    def upstream_body(self, body: dict, target: Target) -> dict:
+        # The provider gets the target's own model id (a route name is capgate's alias) and any
+        # field the billing bound rewrote (server tools' injected max_uses).
+        kind = adapter(target)
+        out = {**body, **(self.shape.patch if self.shape else {}), "model": kind.model_id(target)}
+        p = self.prepared
+        assert p is not None
+        if p.inject_max_output is not None:
+            if self.kind == "chat":
+                out.pop("max_tokens", None)
+                out.pop("max_completion_tokens", None)
+            out[kind.output_param(target, self.kind)] = p.inject_max_output
+        if self.kind == "chat" and body.get("stream"):
+            out["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        return out
+
+    async def forward(self, body: dict, stream: bool) -> None:
+        p = self.prepared
+        assert p is not None
+        last = Attempt(kind="not_billed", status=502, error="no connection was tried")
+        for target in p.targets:
+            if not runtime.health.ok(target.connection.id):
+                continue
+            up_body = self.upstream_body(body, target)
+            try:
+                if stream:
+                    attempt = await self.stream_attempt(target, up_body)
+                else:
+                    async with asyncio.timeout(self._seconds_left()):
+                        attempt = await self.call_attempt(target, up_body)
+            except TimeoutError:
+                attempt = Attempt(kind="unknown", error="request reached its maximum lifetime")
+            except ClientGone:
+                await self.record(
+                    Outcome(
+                        status="estimated",
+                        cost_nano=p.worst_nano,
+                        connection_id=target.connection.id,
+                        error="client disconnected before the response",
+                    ),
+                    target,
+                )
+                return
+            if attempt.kind == "failover":
+                runtime.health.failed(target.connection.id)
+                last = attempt
+                continue
+            if attempt.kind == "done":
+                return
+            last = attempt
+            break
+        # No target billed (or the outcome is unknown): record it and tell the client.
+        if last.kind == "unknown":
+            await self.record(Outcome(status="estimated", cost_nano=p.worst_nano, error=last.error))
+            return await self.fail(
+                GatewayError(f"Upstream outcome unknown: {last.error}", code="upstream_timeout", status=504)
+            )
+        await self.record(Outcome(status="failed_upstream", error=last.error or f"upstream status {last.status}"))
+        if last.body and 400 <= last.status < 500 and last.status not in (401, 403):
+            return await self.req.respond(last.status, last.body, self._headers())
+        if last.body and last.status in (429, 500, 502, 503, 529):
+            return await self.req.respond(last.status, last.body, self._headers())
+        await self.fail(
+            GatewayError(f"Upstream failed: {last.error or last.status}", code="upstream_error", status=502)
+        )
+
+    async def _race_client(self, coro):
+        """Run coro; if the client disconnects first, cancel it and raise ClientGone."""
+        work = asyncio.ensure_future(coro)
+        gone = asyncio.ensure_future(_wait_disconnect(self.req))
+        try:
+            done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if work in done:
+                return work.result()
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            raise ClientGone()
+        finally:
+            gone.cancel()
+
+    async def call_attempt(self, target: Target, up_body: dict) -> Attempt:
+        try:
+            # The adapter may fetch a credential first (a refused one is not billed either).
+            up = await self._race_client(
+                adapter(target).request(target, self.kind, up_body, self.req.headers, stream=False)
+            )
+            resp = await self._race_client(
+                client().post(up.url, content=up.content, headers=up.headers, extensions=self.upstream_tag(target))
+            )
+        except NOT_BILLED as exc:
+            return Attempt(kind="failover", error=f"{type(exc).__name__}: {exc}")
+        except httpx.HTTPError as exc:  # sent, then the answer never came: maybe billed
+            return Attempt(kind="unknown", error=f"{type(exc).__name__}: {exc}")
+        status, data = resp.status_code, resp.content
+        if status >= 500 or status == 429:
+            return Attempt(kind="failover", status=status, body=data, error=f"upstream status {status}")
+        if status >= 400:
+            return Attempt(kind="not_billed", status=status, body=data, error=f"upstream rejected: {status}")
+        runtime.health.succeeded(target.connection.id)
+        usage, provider_model = adapter(target).usage_from_body(self.kind, data)
+        await self.record(self._served(target, usage, provider_model), target)
+        if self.kind == "responses":
+            await self._remember(target, _loads(data))
+        await self.req.respond(200, data, self._headers())
+        return Attempt(kind="done")
+
+    async def _remember(self, target: Target, response: object) -> None:
+        """Keep a relayed response's context size, so a continuation from it can be bounded
+        (gateway/upstream/continuations.py). Not when the provider does not store it either."""
+        state = response_state(response)
+        if state is None or (self.shape is not None and self.shape.stored is False):
+            return
+        p = self.prepared
+        assert p is not None
+        response_id, conversation_id, context = state
+        try:
+            await runtime.db(
+                continuations.remember,
+                organization_id=p.reservation.organization_id,
+                connection_id=target.connection.id,
+                response_id=response_id,
+                conversation_id=conversation_id,
+                context=context,
+                lane="settle",
+            )
+        except DatabaseError:
+            # Safe direction: a continuation from an unknown id is refused under a cap.
+            log.warning("could not remember response %s: database unavailable", response_id)
+
+    def _seconds_left(self) -> float:
+        assert self.prepared is not None
+        return max(self.prepared.reservation.deadline_at.timestamp() - time.time(), 0.001)
+
+    def upstream_tag(self, target: Target) -> dict:
+        """The upstream call's request extensions: whose slot it takes, and what an in-process
+        provider is told of the call (gateway/upstream/transport.py)."""
+        return transport.tag(
+            connection=target.connection, client_headers=self.req.headers, input_tokens=self.text_tokens
+        )
+
+    def _served(
+        self, target: Target, usage: Usage | None, provider_model: str, error: str = "no usage reported"
+    ) -> Outcome:
+        """The record of a call the provider answered, priced at the model actually called and
+        at the service tier the provider says served it."""
+        p = self.prepared
+        assert p is not None
+        if usage is None:
+            return Outcome(
+                status="estimated",
+                cost_nano=p.worst_nano,
+                connection_id=target.connection.id,
+                provider_model=provider_model,
+                error=error,
+            )
+        requested = target.tier(self.shape.service_tier if self.shape else None)
+        notes = list(usage.unpriced)
+        try:
+            try:
+                rates = rates_for(
+                    model=target.model, connection=target.connection, tier=usage.service_tier or requested
+                )
+            except UnpricedFeature as exc:
+                notes.append(f"unpriced {exc.feature}")
+                rates = rates_for(model=target.model, connection=target.connection, tier=requested)
+            cost = cost_nano(usage=usage, rates=rates)
+            if usage.web_search_requests and rates.web_search_per_use is None:
+                notes.append("unpriced web search")
+            if usage.cache_write_1h_tokens and rates.cache_write_1h is None:
+                notes.append("unpriced 1-hour cache writes")
+        except (UnpricedModel, UnpricedFeature):  # unpriced traffic allowed through: cost unknown
+            cost = 0
+            notes.append("unpriced model")
+        if notes and p.governed:
+            # A paid feature we cannot price is never dropped: charged no less than the worst
+            # case reserved for it, and the record says what it was.
+            cost = max(cost, p.worst_nano)
+        return Outcome(
+            status="served",
+            cost_nano=cost,
+            usage=usage,
+            connection_id=target.connection.id,
+            provider_model=provider_model or target.model.name,
+            error=("unpriced usage: " + "; ".join(notes)) if notes else "",
+        )
+
+    async def stream_attempt(self, target: Target, up_body: dict) -> Attempt:
+        return await streams.stream_attempt(self, target, up_body)
+
+    async def record(self, outcome: Outcome, target: Target | None = None) -> None:
+        """Insert the usage record (group commit with the records of other requests finishing
+        meanwhile, gateway/upstream/recorder.py); if the database is down, spool it to disk (fsync'd)."""
+        from ledger.admission import disown
+        from ledger.recording import RecordRejected
+        from ledger.spool import append
+
+        p = self.prepared
+        assert p is not None
+        outcome = Outcome(
+            **{
+                **outcome.__dict__,
+                "latency_ms": int((time.monotonic() - self.started) * 1000),
+                "input_bound": p.input_bound,
+                "error": _with_unclassified(outcome.error, p.unclassified),
+            }
+        )
+        try:
+            await recorder().record(reservation=p.reservation, outcome=outcome)
+        except RecordRejected:
+            # Logged once where it was refused, and never spooled (a replay would be refused
+            # forever). The client is still answered; the reservation is disowned, so it lapses
+            # with its lease and expiry charges it at its worst case — the safe direction — rather
+            # than this process renewing it until its hard deadline. (A request from a slice has
+            # no row of its own: its part stays in the slice, charged with it.)
+            if p.reservation.slice_id is None:
+                try:
+                    await runtime.db(disown, request_id=p.reservation.request_id, lane="settle")
+                except DatabaseError:
+                    log.warning("could not disown %s: it lapses at its deadline instead", self.request_id)
+        except DatabaseError:
+            # Kept in memory and written again when the database answers (gateway/upstream/recorder.py),
+            # and spooled to disk (fsync'd) so that a crash before then loses nothing either. A
+            # spool that cannot be written (full, read-only) costs the crash-safety of this one
+            # record, never the answer: the provider has billed, so the client gets its response.
+            recorder().park(reservation=p.reservation, outcome=outcome)
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: append(reservation=p.reservation, outcome=outcome)
+                )
+                log.warning("usage record for %s spooled: database unavailable", self.request_id)
+            except OSError as exc:
+                log.error(
+                    "usage record for %s kept in memory only: database unavailable and spool not writable (%s)",
+                    self.request_id,
+                    exc,
+                )
+        if runtime.background is not None:
+            runtime.background.kick_drain()
+
+
+def _with_unclassified(error: str, names: list[str]) -> str:
+    """The record's note names what passed unclassified (no blocking budget applied to it)."""
+    if not names:
+        return error
+    note = "unclassified: " + ", ".join(names)
+    return f"{error}; {note}" if error else note
+
+
+def _loads(data: bytes) -> object:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+async def _wait_disconnect(req: Request) -> None:
+    while True:
+        message = await req.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _note_refusal(exc: BudgetExceeded, tipped_by: dict | None = None) -> None:
+    """Let alerts know a ceiling refused (first refusal per window emails). Never raises."""
+    try:
+        from alerts import alerts
+
+        note = getattr(alerts, "note_refusal", None)
+        if note is not None:
+            asyncio.get_running_loop().run_in_executor(
+                runtime.executor("settle"), lambda: note(window_id=exc.window_id, tipped_by=tipped_by)
+            )
+    except Exception:  # alerts must never break the request path
+        log.exception("could not note refusal")

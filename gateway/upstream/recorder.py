@@ -1,0 +1,111 @@
+"""Group commit for usage records (issue 12 §2): the records of requests that finish while one
+write is in flight go to the database together, in one INSERT on one settle thread
+(ledger/recording.py `record_many`), instead of one transaction per request.
+
+Nothing waits for a batch to fill: a record finding no write in flight starts one at once (so a
+lone request pays no delay), and the records arriving meanwhile form the next batch. Every
+caller still waits until its own record is committed (or gets the error that made it spool
+it), so a response is never finished before its usage row exists (property 3), and the drain
+only ever sees committed records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.upstream import runtime
+from ledger import slices
+from ledger.models import Reservation, UsageRecord
+from ledger.recording import Outcome, record_many
+
+MAX_BATCH = 200  # records per INSERT (each row is ~27 parameters)
+
+
+class Recorder:
+    """One per event loop (the gateway process's)."""
+
+    def __init__(self) -> None:
+        self._pending: list[tuple[Reservation, Outcome, asyncio.Future[UsageRecord]]] = []
+        self._writing = False
+        self._task: asyncio.Task[None] | None = None  # held: the loop keeps only weak references
+        self.batches = 0  # INSERTs made (the tests read it)
+        self.records = 0
+        # Records the database could not take (it was unreachable): written again by `retry_parked`
+        # until it does. Also spooled to disk where the disk allows, but memory is what keeps a
+        # record when the spool cannot, and what tells this process's slices it settled.
+        self.parked: list[tuple[Reservation, Outcome]] = []
+
+    async def record(self, *, reservation: Reservation, outcome: Outcome) -> UsageRecord:
+        """The record once committed; raises what `record` would (RecordRejected, ValueError,
+        or a DatabaseError for the whole batch: the caller spools its own record)."""
+        done: asyncio.Future[UsageRecord] = asyncio.get_running_loop().create_future()
+        self._pending.append((reservation, outcome, done))
+        if not self._writing:
+            self._writing = True
+            self._task = asyncio.get_running_loop().create_task(self._write())
+        return await asyncio.shield(done)  # a cancelled caller must not cancel the batch's write
+
+    async def _write(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+                try:
+                    results = await runtime.db(record_many, items=[(r, o) for r, o, _ in batch], lane="settle")
+                except BaseException as exc:  # every waiter gets it (a DatabaseError: each spools)
+                    for _, _, done in batch:
+                        if not done.done():
+                            done.set_exception(exc)
+                            done.exception()  # retrieved: a waiter that left must not log it
+                    if not isinstance(exc, Exception):
+                        raise
+                    continue
+                self.batches += 1
+                self.records += len(batch)
+                for (reservation, _, done), result in zip(batch, results, strict=True):
+                    # Carved from its slice with the record, or refused for good (then the slice
+                    # keeps its part until it lapses): either way no longer in flight here. A
+                    # batch that failed as a whole is spooled and carved on replay instead.
+                    slices.book.settled(reservation)
+                    if done.done():
+                        continue
+                    if isinstance(result, Exception):
+                        done.set_exception(result)
+                        done.exception()
+                    else:
+                        done.set_result(result)
+        finally:
+            self._writing = False
+
+    def park(self, *, reservation: Reservation, outcome: Outcome) -> None:
+        self.parked.append((reservation, outcome))
+
+    async def retry_parked(self) -> int:
+        """Write the parked records (one INSERT per MAX_BATCH); returns how many the database
+        took. A DatabaseError leaves them parked, in order, and is raised. A record refused for
+        good is dropped here as it is on the request path (logged where it was refused)."""
+        written = 0
+        while self.parked:
+            batch, self.parked = self.parked[:MAX_BATCH], self.parked[MAX_BATCH:]
+            try:
+                results = await runtime.db(record_many, items=batch, lane="settle")
+            except BaseException:
+                self.parked = batch + self.parked
+                raise
+            for (reservation, _), result in zip(batch, results, strict=True):
+                slices.book.settled(reservation)
+                written += not isinstance(result, Exception)
+        return written
+
+
+_recorders: dict[asyncio.AbstractEventLoop, Recorder] = {}
+
+
+def recorder() -> Recorder:
+    """This event loop's recorder (tests run several gateways, each on its own loop)."""
+    loop = asyncio.get_running_loop()
+    found = _recorders.get(loop)
+    if found is None:
+        for stale in [other for other in _recorders if other.is_closed()]:
+            del _recorders[stale]
+        found = _recorders[loop] = Recorder()
+    return found

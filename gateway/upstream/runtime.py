@@ -1,0 +1,258 @@
+"""Process-wide gateway machinery: upstream connection health, and the background loops started
+with the ASGI app (heartbeat, micro-batch drain, spool replay, request log flush). The database
+threads (`db`, `executor`) are gateway/upstream/dbthreads.py's, re-exported here for the callers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from django.conf import settings
+from django.db import DatabaseError
+
+from gateway.upstream import transport
+from gateway.upstream.dbthreads import close_thread_connections, db, executor, warm_thread_connections  # noqa: F401  (re-exported)
+
+log = logging.getLogger("capgate.gateway")
+
+
+class Health:
+    """Connection ejection: after `threshold` consecutive failures a connection sits out a
+    cooldown; one success resets it."""
+
+    def __init__(self, threshold: int = 3, cooldown: float = 30.0):
+        self.threshold = threshold
+        self.cooldown = cooldown
+        self._failures: dict[int, int] = {}
+        self._ejected_until: dict[int, float] = {}
+
+    def ok(self, connection_id: int) -> bool:
+        return self._ejected_until.get(connection_id, 0.0) <= time.monotonic()
+
+    def failed(self, connection_id: int) -> None:
+        n = self._failures.get(connection_id, 0) + 1
+        self._failures[connection_id] = n
+        if n >= self.threshold:
+            self._ejected_until[connection_id] = time.monotonic() + self.cooldown
+            self._failures[connection_id] = 0
+            log.warning("connection %s ejected for %.0fs after %d failures", connection_id, self.cooldown, n)
+
+    def succeeded(self, connection_id: int) -> None:
+        self._failures.pop(connection_id, None)
+        self._ejected_until.pop(connection_id, None)
+
+    def reset(self) -> None:
+        self._failures.clear()
+        self._ejected_until.clear()
+
+
+health = Health()
+
+
+class Background:
+    """Loops that live as long as the ASGI app: heartbeat, micro-batch drain, spool replay."""
+
+    def __init__(self) -> None:
+        self.instance_id: int | None = None
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self.tokenizers: asyncio.Future[None] | None = None  # encodings loading (gateway/admission/tokens.py)
+        self.drain_interval = settings.CAPGATE["DRAIN_INTERVAL"]
+
+    def kick_drain(self) -> None:
+        self._wake.set()
+
+    async def start(self) -> None:
+        from gateway.admission import tokens
+        from ledger.instances import register
+
+        # Off the event loop and not awaited: requests are served meanwhile, and one needing an
+        # exact count before the load ends waits on the encoding's lock only for the rest of it.
+        self.tokenizers = asyncio.get_running_loop().run_in_executor(None, tokens.warm)
+        try:
+            self.instance_id = (await db(register)).id
+        except DatabaseError:
+            log.exception("could not register this gateway process; will retry in the heartbeat loop")
+        await asyncio.get_running_loop().run_in_executor(None, warm_thread_connections)
+        self._tasks = [
+            asyncio.create_task(c())
+            for c in (
+                self._heartbeat,
+                self._drain,
+                self._replay,
+                self._request_log,
+                self._slices,
+                self._listen,
+                self._redis_idle,
+            )
+        ]
+
+    async def stop(self) -> None:
+        from ledger import slices
+        from ledger.drain import drain_all
+        from ledger.instances import stop
+        from requestlog import buffer as request_log
+
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            slices.book.retire_all()  # unused parts of this process's slices go back to their windows
+            await db(slices.book.give_back_pending, lane="settle")
+            await db(drain_all, lane="settle")
+            await db(request_log.flush, lane="settle")
+            if self.instance_id is not None:
+                await db(stop, instance_id=self.instance_id)
+        except DatabaseError:
+            log.warning("database unavailable at shutdown: beat will settle this process's records")
+
+    async def _heartbeat(self) -> None:
+        # On the `live` lane (its own thread and connection, never queued behind requests), and
+        # retried every HEARTBEAT_RETRY seconds after a failure rather than a whole interval: a
+        # process says it is alive as soon as the database answers again (ledger/instances.py
+        # measures a silence from the database's own start, so the outage itself is not counted).
+        from ledger import slices
+        from ledger.instances import alive_ids, heartbeat, register
+
+        interval = settings.CAPGATE["HEARTBEAT_INTERVAL"].total_seconds()
+        while True:
+            wait = interval
+            try:
+                if self.instance_id is None or not await db(heartbeat, instance_id=self.instance_id, lane="live"):
+                    self.instance_id = (await db(register, lane="live")).id
+                # Slices are sized by how many processes share a ceiling's room (ledger/slices.py).
+                live = await db(alive_ids, grace=settings.CAPGATE["HEARTBEAT_GRACE"], lane="live")
+                slices.book.processes = max(1, len(live))
+            except DatabaseError:
+                log.warning("heartbeat failed: database unavailable; retrying in %.1f s", HEARTBEAT_RETRY)
+                wait = min(interval, HEARTBEAT_RETRY)
+            await asyncio.sleep(wait)
+
+    async def _slices(self) -> None:
+        # Headroom slices (ledger/slices.py): retire the ones past their time or period, and give
+        # their unused parts back to the windows, off the request path. A return the database
+        # refuses now is tried again next round; until then the room stays held (never lost).
+        from ledger import slices
+
+        while True:
+            await asyncio.sleep(SLICE_TICK_SECONDS)
+            slices.book.retire_expired()
+            if not slices.book.has_returns():
+                continue
+            try:
+                await db(slices.book.give_back_pending, lane="settle")
+            except DatabaseError:
+                log.warning("could not give back slices: database unavailable; retrying")
+
+    async def _listen(self) -> None:
+        # Another process refused a request, or an organization's budgets changed: give back this
+        # process's slices on those windows, or of that organization, at once (LISTEN on its own
+        # connection; a lost notification costs utilization, not the cap).
+        import psycopg
+
+        from ledger import slices
+
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(conninfo(), autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {slices.NOTIFY_CHANNEL}")
+                    async for note in conn.notifies():
+                        if slices.book.on_notification(note.payload):
+                            await db(slices.book.give_back_pending, lane="settle")
+            except (psycopg.Error, DatabaseError, OSError):
+                log.warning("slice notifications: database unavailable; listening again in 2 s")
+                await asyncio.sleep(2.0)
+
+    async def _drain(self) -> None:
+        # Woken by each recorded response; waits one interval so that a burst settles in one
+        # batch (one lock per hot ceiling per batch), then drains until the outbox is empty.
+        from ledger.drain import drain
+
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=5.0)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            await asyncio.sleep(self.drain_interval)
+            try:
+                while await db(drain, limit=500, lane="settle") == 500:
+                    pass
+            except DatabaseError:
+                log.warning("drain failed: database unavailable; records stay in the outbox")
+
+    async def _redis_idle(self) -> None:
+        # Idle pooled Redis sockets are closed every REDIS_IDLE_DROP_SECONDS (the next call
+        # reconnects): after a Redis restart, the ones no call happens to reuse would otherwise sit
+        # half-closed (CLOSE-WAIT) for as long as the process lives.
+        from ratelimits.services import drop_idle_redis
+
+        while True:
+            await asyncio.sleep(settings.CAPGATE["REDIS_IDLE_DROP_SECONDS"])
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, drop_idle_redis)
+                await transport.drop_idle_in_process()  # in-process providers' own stores
+            except Exception:  # hygiene only: never ends the loop
+                log.exception("could not close idle Redis connections")
+
+    async def _request_log(self) -> None:
+        # Refusals noted in memory (requestlog/buffer.py) go to the database here, one INSERT per
+        # interval, off the admitting threads; if the database is down they wait (bounded).
+        from requestlog import buffer as request_log
+
+        interval = settings.CAPGATE["REQUEST_LOG_FLUSH_SECONDS"]
+        while True:
+            await asyncio.sleep(interval)
+            if not len(request_log.refusals):
+                continue
+            try:
+                await db(request_log.flush, lane="settle")
+            except DatabaseError:
+                log.warning(
+                    "request log flush failed: database unavailable; %d refusals wait", len(request_log.refusals)
+                )
+
+    async def _replay(self) -> None:
+        # Records parked in memory (gateway/upstream/recorder.py) and spooled to disk (ledger/spool.py)
+        # go to the outbox once the database answers. Nothing ends this loop but cancellation:
+        # any other failure is logged and the next round tries again.
+        from gateway.upstream.recorder import recorder
+        from ledger.spool import pending, replay
+
+        while True:
+            await asyncio.sleep(REPLAY_INTERVAL)
+            try:
+                parked = recorder()
+                if parked.parked and await parked.retry_parked():
+                    self.kick_drain()
+                if not await asyncio.get_running_loop().run_in_executor(None, pending):
+                    continue
+                n = await db(replay, lane="settle")
+                if n:
+                    log.info("replayed %d spooled usage records", n)
+                    self.kick_drain()
+            except DatabaseError:
+                pass  # still down: try again next round
+            except Exception:
+                log.exception("spool replay failed; retrying in %.1f s", REPLAY_INTERVAL)
+
+
+background: Background | None = None
+SLICE_TICK_SECONDS = 0.1
+HEARTBEAT_RETRY = 0.5  # seconds between heartbeats while the database does not answer
+REPLAY_INTERVAL = 1.0  # seconds between attempts to move parked and spooled records to the outbox
+
+
+def conninfo() -> str:
+    """The default database's libpq connection string (for a LISTEN connection of its own)."""
+    from psycopg.conninfo import make_conninfo
+
+    db_settings = settings.DATABASES["default"]
+    return make_conninfo(
+        dbname=db_settings["NAME"],
+        user=db_settings.get("USER") or None,
+        password=db_settings.get("PASSWORD") or None,
+        host=db_settings.get("HOST") or None,
+        port=str(db_settings.get("PORT") or "") or None,
+    )

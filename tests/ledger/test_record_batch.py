@@ -1,0 +1,96 @@
+"""Usage records written in batches (the gateway's group commit, issue 12 §2): one INSERT for a
+batch, idempotent per request id, and a batch the database refuses as a whole is written again
+one record at a time, so one bad record (its subject deleted in flight) loses nobody's cost."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import IntegrityError, connection
+
+from ledger import recording
+from ledger.drain import drain
+from ledger.models import Reservation, UsageRecord
+from ledger.recording import Outcome, record_many
+from tenants.models import ApiKey
+from tests.conftest import window_of
+
+# Outside a test transaction: record_many takes the gateway's path (one implicit transaction).
+pytestmark = pytest.mark.django_db(transaction=True)
+WORST = 1_000
+
+
+def _admitted(acme, n: int, key: ApiKey | None = None) -> list[Reservation]:
+    return [acme.admit(worst_nano=WORST, key=key).reservation for _ in range(n)]
+
+
+def _statements(fn):
+    sent: list[str] = []
+
+    def count(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        result = fn()
+    return result, sent
+
+
+def test_a_batch_is_one_statement_and_a_second_report_keeps_the_first(acme):
+    # given: five admitted requests under a cap
+    budget = acme.budget(amount="1")
+    reservations = _admitted(acme, 5)
+    # when: their outcomes are recorded together
+    out, sent = _statements(
+        lambda: record_many(items=[(r, Outcome(status="served", cost_nano=7)) for r in reservations])
+    )
+    # then: one statement (SET LOCAL + INSERT in one simple query), five records
+    assert len(sent) == 1
+    assert [type(r) for r in out] == [UsageRecord] * 5
+    assert UsageRecord.objects.count() == 5
+    # a second report of the first request is kept for the audit, never a second record
+    [again] = record_many(items=[(reservations[0], Outcome(status="served", cost_nano=9))])
+    assert again.pk == out[0].pk and again.cost_nano == 7 and again.reported_cost_nano == 9
+    assert UsageRecord.objects.count() == 5
+    assert drain() == 5
+    w = window_of(budget)
+    assert (w.spent_nano, w.reserved_nano) == (35, 0)
+
+
+def test_a_key_deleted_in_flight_does_not_lose_the_batch(acme):
+    # given: a batch in which one request's key was deleted while it was in flight
+    budget = acme.budget(amount="1")
+    doomed = acme.add_key("doomed")
+    reservations = _admitted(acme, 2) + _admitted(acme, 1, key=doomed) + _admitted(acme, 2)
+    ApiKey.objects.filter(pk=doomed.pk).delete()
+    # when
+    out = record_many(items=[(r, Outcome(status="served", cost_nano=7)) for r in reservations])
+    # then: every record is written; the deleted key's is detached, its id kept in `subject`
+    assert [type(r) for r in out] == [UsageRecord] * 5
+    gone = UsageRecord.objects.get(request_id=reservations[2].request_id)
+    assert gone.api_key_id is None and gone.subject["api_key"]["id"] == doomed.pk
+    drain()
+    assert window_of(budget).spent_nano == 35
+
+
+def test_without_splitting_a_refused_batch_one_bad_record_loses_them_all(acme, monkeypatch):
+    # given: the guard removed
+    monkeypatch.setattr(recording, "SPLIT_REFUSED_BATCH", False)
+    doomed = acme.add_key("doomed")
+    reservations = _admitted(acme, 2) + _admitted(acme, 1, key=doomed) + _admitted(acme, 2)
+    ApiKey.objects.filter(pk=doomed.pk).delete()
+    # when / then: the whole batch is refused, the four good records with it
+    with pytest.raises(IntegrityError):
+        record_many(items=[(r, Outcome(status="served", cost_nano=7)) for r in reservations])
+    assert not UsageRecord.objects.exists()
+
+
+def test_a_negative_cost_is_refused_for_its_own_record_only(acme):
+    reservations = _admitted(acme, 2)
+    out = record_many(
+        items=[
+            (reservations[0], Outcome(status="served", cost_nano=-1)),
+            (reservations[1], Outcome(status="served", cost_nano=7)),
+        ]
+    )
+    assert isinstance(out[0], ValueError) and isinstance(out[1], UsageRecord)
+    assert list(UsageRecord.objects.values_list("request_id", flat=True)) == [reservations[1].request_id]
