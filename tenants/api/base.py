@@ -88,11 +88,11 @@ class OrgViewSet(viewsets.GenericViewSet):
 
     def get_queryset(self):
         if self.schema_only:
-            return self.model.objects.none()
+            return self.model._default_manager.none()
         return self.org_queryset()
 
     def org_queryset(self) -> models.QuerySet:
-        return self.model.objects.filter(**{self.org_field: self.organization}).order_by(*self.ordering)
+        return self.model._default_manager.filter(**{self.org_field: self.organization}).order_by(*self.ordering)
 
     # --- writes: one audited service each ------------------------------------------------------
 
