@@ -30,15 +30,39 @@ from tenants.selectors import Access
 # --- budgets -------------------------------------------------------------------------------------
 
 
+RUN_PAGE = 50  # per-run budgets per page of their tab
+
+
 @org_view()
 def budgets(request: HttpRequest, access: Access) -> HttpResponse:
-    rows = list(
-        access.organization.budgets.select_related("project", "member__user", "api_key", "end_customer").order_by(
-            "scope", "id"
-        )
-    )
+    """Standing budgets are listed whole. Per-run budgets (one per X-Capgate-Run id, made by the
+    gateway on a run's first call) can number thousands, so they have a tab of their own: counted
+    on the first tab, listed newest first, paginated and searchable by run id on theirs."""
+    org = access.organization
+    rows = org.budgets.select_related("project", "member__user", "api_key", "end_customer")
+    runs = rows.filter(scope=Budget.Scope.RUN)
+    tab = "runs" if request.GET.get("tab") == "runs" else "standing"
+    search, page, query = "", None, ""
+    if tab == "runs":
+        search = request.GET.get("q", "").strip()[:200]
+        if search:
+            runs = runs.filter(run_id__icontains=search)
+        query = "tab=runs" + (f"&q={quote(search)}" if search else "")
+        page = Paginator(runs.order_by("-created_at", "-id"), RUN_PAGE).get_page(request.GET.get("page"))
+        shown = list(page)
+    else:
+        shown = list(rows.exclude(scope=Budget.Scope.RUN).order_by("scope", "id"))
     return render_org(
-        request, access, "dashboard/budgets.html", "budgets", statuses=statuses(budgets=rows, now=timezone.now())
+        request,
+        access,
+        "dashboard/budgets.html",
+        "budgets",
+        statuses=statuses(budgets=shown, now=timezone.now()),
+        tab=tab,
+        run_count=org.budgets.filter(scope=Budget.Scope.RUN).count(),
+        page=page,
+        search=search,
+        query=query,
     )
 
 
