@@ -121,17 +121,16 @@ def alert_channels(request: HttpRequest, access: Access) -> HttpResponse:
 
 
 CHANNELS = Resource(
-    model=AlertChannel,
-    noun="Channel",
-    section="alert_channels",
-    back="dashboard:alert_channels",
-    delete_url="dashboard:alert_channel_delete",
-    label=attrgetter("name"),
+    AlertChannel, "Channel", "alert_channels", delete_url="dashboard:alert_channel_delete", label=attrgetter("name")
 )
 
 
 class ChannelEditor(Editor):
     resource = CHANNELS
+    note = (
+        "Webhooks are signed: X-Capgate-Signature is “sha256=” and the hex HMAC-SHA256 of "
+        "“<X-Capgate-Timestamp>.<body>” with the channel's secret (docs/operations.md)."
+    )
 
     def form(self, data: QueryDict | None, access: Access, row: AlertChannel | None, query: QueryDict) -> ChannelForm:
         initial = {f: getattr(row, f) for f in channels.FIELDS} if row else None
@@ -164,12 +163,6 @@ class ChannelEditor(Editor):
 
     def title(self, row: AlertChannel | None) -> str:
         return f"Edit alert channel “{row.name}”" if row else "New alert channel"
-
-    def note(self, row: AlertChannel | None) -> str:
-        return (
-            "Webhooks are signed: X-Capgate-Signature is “sha256=” and the hex HMAC-SHA256 of "
-            "“<X-Capgate-Timestamp>.<body>” with the channel's secret (docs/operations.md)."
-        )
 
 
 alert_channel_edit = edit_page(ChannelEditor())

@@ -86,18 +86,12 @@ class RouteForm(OrgForm):
         return initial
 
 
-ROUTES = Resource(
-    model=Route,
-    noun="Route",
-    section="connections",
-    back="dashboard:connections",
-    delete_url="dashboard:route_delete",
-    label=attrgetter("name"),
-)
+ROUTES = Resource(Route, "Route", "connections", delete_url="dashboard:route_delete", label=attrgetter("name"))
 
 
 class RouteEditor(Editor):
     resource = ROUTES
+    note = "Targets are tried in order: the next one only when the one before fails."
 
     def form(self, data: QueryDict | None, access: Access, row: Route | None, query: QueryDict) -> RouteForm:
         initial = RouteForm.initial_for(row) if row else None
@@ -116,9 +110,6 @@ class RouteEditor(Editor):
             default_max_output_tokens=d["default_max_output_tokens"],
         )
         return route
-
-    def note(self, row: Route | None) -> str:
-        return "Targets are tried in order: the next one only when the one before fails."
 
 
 route_edit = edit_page(RouteEditor())
@@ -149,7 +140,11 @@ class PriceForm(forms.Form):
 class PriceEditor(Editor):
     """List prices are the catalog's (no organization): staff only, whatever their role here."""
 
-    resource = Resource(model=Model, noun="Price", section="connections", back="dashboard:connections", org_field="")
+    resource = Resource(Model, "Price", "connections", org_field="")
+    note = (
+        "List prices apply to every organization without a negotiated rate. "
+        "Rates are USD per 1M tokens; empty means unpriced (refused under a blocking cap)."
+    )
     manage = False
 
     def check(self, request: HttpRequest, access: Access) -> None:
@@ -184,12 +179,6 @@ class PriceEditor(Editor):
 
     def title(self, row: Model | None) -> str:
         return f"List price of {row}" if row else "New catalog model"
-
-    def note(self, row: Model | None) -> str:
-        return (
-            "List prices apply to every organization without a negotiated rate. "
-            "Rates are USD per 1M tokens; empty means unpriced (refused under a blocking cap)."
-        )
 
 
 price_edit = edit_page(PriceEditor())

@@ -37,11 +37,15 @@ from tenants.selectors import Access
 class Resource:
     model: type[models.Model]
     noun: str  # starts every message about one row: "Budget “Team cap” saved."
-    section: str  # the navigation entry its pages are under
-    back: str  # the list page (URL name) a save or delete returns to
+    section: str  # the navigation entry its pages are under, and its list page's URL name
     org_field: str = "organization"
     delete_url: str | None = None  # the edit page's delete button, when it has one
     label: Callable[[Any], str] = str  # how a message names a row
+
+    @property
+    def back(self) -> str:
+        """The list page a save or delete returns to."""
+        return f"dashboard:{self.section}"
 
     def row(self, access: Access, pk: int) -> Any:
         return get_object_or_404(self.model, pk=pk, **{self.org_field: access.organization})
@@ -78,8 +82,10 @@ class Editor:
         noun = self.resource.noun
         return f"Edit {noun.lower()} “{self.resource.label(row)}”" if row is not None else f"New {noun.lower()}"
 
-    def note(self, row: Any | None) -> str:
-        return ""
+    note: ClassVar[str] = ""  # a line above the form
+
+    def note_for(self, row: Any | None) -> str:
+        return self.note
 
     def submit(self, row: Any | None) -> str:
         return "Save" if row is not None else self.new_submit
@@ -116,7 +122,7 @@ def edit_page(editor: Editor) -> Callable[..., HttpResponse]:
             form=form,
             title=editor.title(row),
             submit=editor.submit(row),
-            note=editor.note(row),
+            note=editor.note_for(row),
             delete_url=resource.delete_url if row is not None else None,
             obj=row,
         )

@@ -66,9 +66,7 @@ def budgets(request: HttpRequest, access: Access) -> HttpResponse:
     )
 
 
-BUDGETS = Resource(
-    model=Budget, noun="Budget", section="budgets", back="dashboard:budgets", delete_url="dashboard:budget_delete"
-)
+BUDGETS = Resource(Budget, "Budget", "budgets", delete_url="dashboard:budget_delete")
 BUDGET_FIELDS = ("name", *BudgetForm.SUBJECT, "period", "timezone", "mode", "thresholds", "recipients")
 
 
@@ -142,7 +140,7 @@ def keys(request: HttpRequest, access: Access) -> HttpResponse:
     return render_org(request, access, "dashboard/keys.html", "keys", keys=rows, form=form, created=created, now=now)
 
 
-KEYS = Resource(model=ApiKey, noun="Key", section="keys", back="dashboard:keys", label=attrgetter("name"))
+KEYS = Resource(ApiKey, "Key", "keys", label=attrgetter("name"))
 
 
 def _own_key(access: Access, key: ApiKey) -> None:
@@ -203,7 +201,7 @@ def projects(request: HttpRequest, access: Access) -> HttpResponse:
 
 
 class ProjectEditor(Editor):
-    resource = Resource(model=Project, noun="Project", section="projects", back="dashboard:projects")
+    resource = Resource(Project, "Project", "projects")
 
     def form(self, data: QueryDict | None, access: Access, row: Project | None, query: QueryDict) -> ProjectForm:
         row = cast(Project, row)  # projects are created on their list page: only editing is routed here
@@ -226,13 +224,7 @@ class ProjectEditor(Editor):
 
 project_edit = edit_page(ProjectEditor())
 customer_delete = delete_action(
-    Resource(
-        model=EndCustomer,
-        noun="End customer",
-        section="projects",
-        back="dashboard:projects",
-        org_field="project__organization",
-    ),
+    Resource(EndCustomer, "End customer", "projects", org_field="project__organization"),
     services.delete_end_customer,
     instance="customer",
 )

@@ -102,7 +102,7 @@ def member_role(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
 
 
 member_remove = delete_action(
-    Resource(model=Member, noun="Member", section="members", back="dashboard:members", label=lambda m: m.user.email),
+    Resource(Member, "Member", "members", label=lambda m: m.user.email),
     remove_member,
     instance="member",
     verb="removed",
@@ -149,12 +149,7 @@ def connections(request: HttpRequest, access: Access) -> HttpResponse:
 
 
 CONNECTIONS = Resource(
-    model=Connection,
-    noun="Connection",
-    section="connections",
-    back="dashboard:connections",
-    delete_url="dashboard:connection_delete",
-    label=attrgetter("name"),
+    Connection, "Connection", "connections", delete_url="dashboard:connection_delete", label=attrgetter("name")
 )
 
 
@@ -175,7 +170,7 @@ class ConnectionEditor(Editor):
         catalog_services.update_connection(connection=row, actor=access.actor, secret=secret, **d)
         return row
 
-    def note(self, row: Connection | None) -> str:
+    def note_for(self, row: Connection | None) -> str:
         return "The secret is stored encrypted and never shown again." if row and row.secret else ""
 
 
@@ -210,7 +205,7 @@ def tokens(request: HttpRequest, access: Access) -> HttpResponse:
 
 
 token_revoke = delete_action(
-    Resource(model=ApiToken, noun="Token", section="tokens", back="dashboard:tokens", label=attrgetter("name")),
+    Resource(ApiToken, "Token", "tokens", label=attrgetter("name")),
     services.revoke_token,
     instance="token",
     verb="revoked",

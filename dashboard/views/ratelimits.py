@@ -59,13 +59,7 @@ def rate_limits(request: HttpRequest, access: Access) -> HttpResponse:
     return render_org(request, access, "dashboard/rate_limits.html", "rate_limits", limits=rows)
 
 
-RATE_LIMITS = Resource(
-    model=RateLimit,
-    noun="Rate limit",
-    section="rate_limits",
-    back="dashboard:rate_limits",
-    delete_url="dashboard:rate_limit_delete",
-)
+RATE_LIMITS = Resource(RateLimit, "Rate limit", "rate_limits", delete_url="dashboard:rate_limit_delete")
 
 
 class RateLimitEditor(Editor):
