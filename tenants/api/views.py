@@ -16,7 +16,7 @@ from rest_framework.response import Response
 
 from tenants import services
 from tenants.api.base import OrgCrudViewSet, OrgReadViewSet, Writes
-from tenants.api.base import OrgViewSet as OrgViewSet  # re-exported: its home before base.py
+from tenants.api.base import OrgViewSet as OrgViewSet  # also exported beside the resources built on it
 from tenants.api.fields import choice_field, output_ceiling_field
 from tenants.api.refs import OrgRelatedField
 from tenants.members import add_member, change_member_role, remove_member
