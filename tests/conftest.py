@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -86,3 +87,37 @@ def alice(db):
 
 def window_of(budget: Budget) -> Window:
     return Window.objects.get(budget=budget)
+
+
+# Markers (registered in pyproject.toml), given by where a test lives and what it starts, so a new
+# test is marked without anyone remembering to: `-m "not slow"` is the fast tier for editing.
+TESTS = Path(__file__).resolve().parent
+# A capgate served over HTTP: the gateway fixture (uvicorn in a thread), Django's live_server.
+LIVE_FIXTURES = {"gateway", "live_server"}
+# Modules that start gateway subprocesses themselves (tests/faults/conftest.py gateway_process).
+LIVE_NAMES = ("gateway_process",)
+# Slow but neither live nor faults: each costs seconds of CPU on its own, by design.
+SLOW_FILES = {
+    "api/test_schemathesis.py": "generates hundreds of requests per operation from the schema",
+    "budgets/test_admission_races.py": "hundreds of threads on real connections, each race widened",
+    "catalog/test_genai_prices.py": "loads the whole genai-prices catalog into the database",
+    "usage/test_tasks.py": "starts a real Celery worker with beat",
+    "ledger/test_slices.py": "races processes on one ceiling",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        rel = Path(str(item.path)).resolve().relative_to(TESTS).as_posix()
+        top = rel.split("/", 1)[0]
+        live = bool(LIVE_FIXTURES & set(getattr(item, "fixturenames", ()))) or any(
+            hasattr(getattr(item, "module", None), name) for name in LIVE_NAMES
+        )
+        if top == "faults":
+            item.add_marker(pytest.mark.faults)
+        if top == "browser":
+            item.add_marker(pytest.mark.browser)
+        if live or top in ("faults", "browser"):
+            item.add_marker(pytest.mark.live)
+        if live or top in ("faults", "browser", "clients") or rel in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
