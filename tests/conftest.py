@@ -96,14 +96,24 @@ TESTS = Path(__file__).resolve().parent
 LIVE_FIXTURES = {"gateway", "live_server"}
 # Modules that start gateway subprocesses themselves (tests/faults/conftest.py gateway_process).
 LIVE_NAMES = ("gateway_process",)
-# Slow but neither live nor faults: each costs seconds of CPU on its own, by design.
-SLOW_FILES = {
+# Slow but neither live nor faults: each costs seconds on its own, by design (a file, or one test).
+SLOW = {
     "api/test_schemathesis.py": "generates hundreds of requests per operation from the schema",
-    "budgets/test_admission_races.py": "hundreds of threads on real connections, each race widened",
-    "catalog/test_genai_prices.py": "loads the whole genai-prices catalog into the database",
-    "usage/test_tasks.py": "starts a real Celery worker with beat",
+    "ledger/test_admission_races.py": "hundreds of threads on real connections, each race widened",
     "ledger/test_slices.py": "races processes on one ceiling",
+    "ledger/test_tasks.py": "starts a real Celery worker with beat",
+    "catalog/test_genai_prices.py": "loads the whole genai-prices catalog into the database",
+    "alerts/test_audit.py::test_manage_py_audit_exits_1_on_drift": "runs manage.py in a subprocess",
+    "gateway/test_health_metrics.py::test_metrics_from_two_uvicorn_workers_count_both": "two uvicorn workers",
+    "upstream/test_server.py::test_runs_as_a_module": "the fake upstream as its own process",
 }
+
+
+def pytest_configure(config):
+    # An entry naming no file (a move, a rename) would put a slow test in the fast tier unseen.
+    gone = [entry for entry in SLOW if not (TESTS / entry.split("::")[0]).is_file()]
+    if gone:
+        raise pytest.UsageError(f"tests/conftest.py SLOW names files that do not exist: {gone}")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -119,5 +129,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.browser)
         if live or top in ("faults", "browser"):
             item.add_marker(pytest.mark.live)
-        if live or top in ("faults", "browser", "clients") or rel in SLOW_FILES:
+        node = rel + "::" + item.name.split("[")[0]
+        if live or top in ("faults", "browser", "clients") or rel in SLOW or node in SLOW:
             item.add_marker(pytest.mark.slow)
