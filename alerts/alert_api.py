@@ -4,14 +4,14 @@ settings. Under /api/orgs/{slug}/: an outsider gets 404 for all of it."""
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, serializers, status
+from rest_framework import serializers, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from alerts import channels
 from alerts.alert_models import AlertChannel, AlertDelivery
+from tenants.api.base import OrgCrudViewSet, OrgReadViewSet, OrgViewSet, Writes
 from tenants.api.fields import choice_field
-from tenants.api.views import OrgViewSet
 
 
 class AlertChannelSerializer(serializers.ModelSerializer):
@@ -42,24 +42,15 @@ class AlertChannelUpdateSerializer(AlertChannelSerializer):
         read_only_fields = ["id", "created_at", "secret", "kind"]
 
 
-class AlertChannelViewSet(
-    OrgViewSet,
-    mixins.ListModelMixin,
-    mixins.RetrieveModelMixin,
-    mixins.CreateModelMixin,
-    mixins.UpdateModelMixin,
-    mixins.DestroyModelMixin,
-):
+class AlertChannelViewSet(OrgCrudViewSet):
     """Where alerts go besides each budget's recipients: email addresses, or signed webhooks
     (HMAC-SHA256 of `<X-Capgate-Timestamp>.<body>` in `X-Capgate-Signature`)."""
 
+    model = AlertChannel
+    writes = Writes(instance="channel", delete=channels.delete_channel)
+
     def get_serializer_class(self):
         return AlertChannelUpdateSerializer if self.action in ("update", "partial_update") else AlertChannelSerializer
-
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):
-            return AlertChannel.objects.none()
-        return AlertChannel.objects.filter(organization=self.organization).order_by("id")
 
     def create(self, request, *args, **kwargs):
         serializer = self.get_serializer(data=request.data)
@@ -80,9 +71,6 @@ class AlertChannelViewSet(
         )
         channel.refresh_from_db()
         return Response(AlertChannelSerializer(channel, context={"new_secret": secret or None}).data)
-
-    def perform_destroy(self, instance):
-        channels.delete_channel(channel=instance, actor=self.access.actor)
 
 
 class AlertDeliverySerializer(serializers.ModelSerializer):
@@ -106,22 +94,18 @@ class AlertDeliverySerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class AlertDeliveryViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+class AlertDeliveryViewSet(OrgReadViewSet):
     """The webhook delivery log: every alert sent to every webhook channel, with its attempts."""
 
+    model = AlertDelivery
+    ordering = ("-created_at", "-id")
     serializer_class = AlertDeliverySerializer
 
     def can_write(self, access) -> bool:
         return False
 
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):
-            return AlertDelivery.objects.none()
-        return (
-            AlertDelivery.objects.filter(organization=self.organization)
-            .select_related("channel")
-            .order_by("-created_at", "-id")
-        )
+    def org_queryset(self):
+        return super().org_queryset().select_related("channel")
 
 
 class AlertSettingsSerializer(serializers.Serializer):

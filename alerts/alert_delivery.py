@@ -1,4 +1,4 @@
-"""Alert delivery (DESIGN §9): each AlertEvent emailed at most once, however many workers race.
+"""Alert delivery: each AlertEvent emailed at most once, however many workers race.
 
 Delivery is claimed by compare-and-set on the event's status, so retries and the catch-up
 cannot send a `sent` event again. Events are created in alerts/alerts.py; the task that sends

@@ -1,4 +1,4 @@
-"""Alerts (DESIGN §9): threshold crossings and first refusals become AlertEvents, and each
+"""Alerts: threshold crossings and first refusals become AlertEvents, and each
 event is emailed once (the sending: alerts/alert_delivery.py).
 
 Two rules shape this module:

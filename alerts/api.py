@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
-from rest_framework import mixins, serializers
+from rest_framework import serializers
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
@@ -12,7 +12,7 @@ from alerts.models import AlertEvent
 from alerts.selectors import GROUPS, UsageFilters, alert_events, totals, usage_records, usage_summary
 from catalog.api import UsdField
 from ledger.models import UsageRecord
-from tenants.api.views import OrgViewSet
+from tenants.api.base import OrgReadViewSet
 
 
 class UsageFilterSerializer(serializers.Serializer):
@@ -102,12 +102,11 @@ _FILTER_PARAMS = [
 
 
 @extend_schema_view(list=extend_schema(parameters=_FILTER_PARAMS))
-class UsageViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+class UsageViewSet(OrgReadViewSet):
+    model = UsageRecord
     serializer_class = UsageRecordSerializer
 
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):
-            return UsageRecord.objects.none()
+    def org_queryset(self):
         if self.action == "list":
             params = UsageFilterSerializer(data=self.request.query_params)
             params.is_valid(raise_exception=True)
@@ -164,12 +163,11 @@ class AlertEventSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class AlertEventViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+class AlertEventViewSet(OrgReadViewSet):
     """Alert history: thresholds crossed, first refusals, audit drift — with delivery status."""
 
+    model = AlertEvent
     serializer_class = AlertEventSerializer
 
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):
-            return AlertEvent.objects.none()
+    def org_queryset(self):
         return alert_events(organization=self.organization)

@@ -1,4 +1,4 @@
-"""The counter audit (DESIGN §10): every live window's counters equal the rows behind them.
+"""The counter audit: every live window's counters equal the rows behind them.
 
     reserved_nano == sum of the window's live holds
     spent_nano    == seed + sum of cost_nano of applied usage records charged to the window

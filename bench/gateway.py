@@ -229,7 +229,7 @@ def latency_table(seconds: int) -> list[str]:
 
 
 def reference_table(seconds: int) -> list[str]:
-    """Issue 12's comparison: the cap-less reference proxy (uvicorn + aiohttp client, no database)
+    """The comparison with the cap-less reference proxy (uvicorn + aiohttp client, no database)
     vs capgate with one hot blocking ceiling (every request admitted against the bench
     organization's one blocking cap), same static upstream answering at once, JSON."""
     httpx.post(f"http://127.0.0.1:{UP_PORT}/_control", json={"delay_ms": 0})

@@ -1,5 +1,5 @@
 """Where one capped request's time goes, step by step, without HTTP: the gateway's synchronous
-steps called in sequence the way it calls them (issue 12).
+steps called in sequence the way it calls them.
 
     bash scripts/services.sh start
     .venv/bin/python bench/gateway.py --only-reference --seconds 5   # creates capgate_bench_gw

@@ -1,4 +1,4 @@
-"""The cap-less reference proxy for bench/gateway.py (issue 12): uvicorn plus aiohttp's client,
+"""The cap-less reference proxy for bench/gateway.py: uvicorn plus aiohttp's client,
 forwarding bytes to one upstream, no database, no auth, no caps. What a proxy costs on this
 machine before capgate adds anything; capgate's targets are ratios against it.
 

@@ -1,4 +1,4 @@
-"""Budget utilization benchmark (issue 14): how much of a run budget a burst may use.
+"""Budget utilization benchmark: how much of a run budget a burst may use.
 
     bash scripts/services.sh start
     .venv/bin/python bench/utilization.py        # ~1 minute; prints a markdown table

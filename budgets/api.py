@@ -12,9 +12,9 @@ from budgets.selectors import current_status
 from catalog.fields import UsdField
 from ledger.models import Budget, Reservation
 from tenants import services as tenant_services
+from tenants.api.base import OrgCrudViewSet, OrgReadViewSet, Writes
 from tenants.api.fields import EmailAddressField, WholeNumberField, choice_field
 from tenants.api.refs import EndCustomerRefField, OrgRelatedField
-from tenants.api.views import OrgViewSet
 from tenants.models import ApiKey, ApiToken, EndCustomer, Member, Organization, Project
 from tenants.selectors import organizations_for
 
@@ -31,26 +31,22 @@ class OrganizationSerializer(serializers.ModelSerializer):
 
 
 @extend_schema(tags=["organizations"])  # its paths are the prefix the other resources' tags strip
-class OrganizationViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.UpdateModelMixin):
+class OrganizationViewSet(OrgReadViewSet, mixins.UpdateModelMixin):
     """The organizations the caller belongs to (a token: its own). Owners and admins (and write
     tokens) set the unpriced-model policy and the default run budget."""
 
+    model = Organization
     serializer_class = OrganizationSerializer
     lookup_field = "slug"
     lookup_url_kwarg = "org_slug"
     lookup_value_regex = r"[-a-zA-Z0-9_]+"
+    writes = Writes(instance="organization", update=tenant_services.update_organization)
 
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):
-            return Organization.objects.none()
+    def org_queryset(self):
+        # The caller's organizations, not one organization's rows (the list has no org_slug).
         if isinstance(self.request.auth, ApiToken):
             return Organization.objects.filter(pk=self.request.auth.organization_id)
         return organizations_for(self.request.user)
-
-    def perform_update(self, serializer):
-        tenant_services.update_organization(
-            organization=serializer.instance, actor=self.access.actor, **serializer.validated_data
-        )
 
 
 # --- projects ------------------------------------------------------------------------------------
@@ -82,38 +78,15 @@ class ProjectSerializer(serializers.ModelSerializer):
         validators: list = []
 
 
-class ProjectViewSet(
-    OrgViewSet,
-    mixins.ListModelMixin,
-    mixins.RetrieveModelMixin,
-    mixins.CreateModelMixin,
-    mixins.UpdateModelMixin,
-    mixins.DestroyModelMixin,
-):
+class ProjectViewSet(OrgCrudViewSet):
+    model = Project
     serializer_class = ProjectSerializer
-
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):
-            return Project.objects.none()
-        return Project.objects.filter(organization=self.organization).order_by("id")
-
-    def perform_create(self, serializer):
-        data = dict(serializer.validated_data)
-        serializer.instance = tenant_services.create_project(
-            organization=self.organization,
-            slug=data.pop("slug"),
-            name=data.pop("name"),
-            actor=self.access.actor,
-            **data,
-        )
-
-    def perform_update(self, serializer):
-        tenant_services.update_project(
-            project=serializer.instance, actor=self.access.actor, **serializer.validated_data
-        )
-
-    def perform_destroy(self, instance):
-        tenant_services.delete_project(project=instance, actor=self.access.actor)
+    writes = Writes(
+        instance="project",
+        create=tenant_services.create_project,
+        update=tenant_services.update_project,
+        delete=tenant_services.delete_project,
+    )
 
 
 # --- budgets -------------------------------------------------------------------------------------
@@ -192,44 +165,25 @@ class BudgetSerializer(serializers.ModelSerializer):
         return WindowStatusSerializer(current_status(budget=budget, now=timezone.now())).data
 
 
-class BudgetViewSet(
-    OrgViewSet,
-    mixins.ListModelMixin,
-    mixins.RetrieveModelMixin,
-    mixins.CreateModelMixin,
-    mixins.UpdateModelMixin,
-    mixins.DestroyModelMixin,
-):
+class BudgetViewSet(OrgCrudViewSet):
     """Budgets of every scope. Scope and subject are fixed once created; `current` is the
     window of the period containing now (spent, reserved, remaining)."""
 
+    model = Budget
     serializer_class = BudgetSerializer
+    writes = Writes(
+        instance="budget", create=services.create_budget, update=services.update_budget, delete=services.delete_budget
+    )
 
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):
-            return Budget.objects.none()
-        qs = Budget.objects.filter(organization=self.organization).order_by("id")
+    def org_queryset(self):
+        qs = super().org_queryset()
         scope = self.request.query_params.get("scope")
         return qs.filter(scope=scope) if scope else qs
 
-    def perform_create(self, serializer):
-        data = dict(serializer.validated_data)
-        serializer.instance = services.create_budget(
-            organization=self.organization,
-            actor=self.access.actor,
-            scope=data.pop("scope"),
-            amount_nano=data.pop("amount_nano"),
-            **data,
-        )
-
-    def perform_update(self, serializer):
-        data = dict(serializer.validated_data)
-        if "scope" in data and data["scope"] == serializer.instance.scope:
-            del data["scope"]
-        services.update_budget(budget=serializer.instance, actor=self.access.actor, **data)
-
-    def perform_destroy(self, instance):
-        services.delete_budget(budget=instance, actor=self.access.actor)
+    def update_kwargs(self, instance, data):
+        if "scope" in data and data["scope"] == instance.scope:
+            del data["scope"]  # scope is fixed once created: restating it is no change
+        return data
 
 
 # --- reservations --------------------------------------------------------------------------------
@@ -259,11 +213,8 @@ class ReservationSerializer(serializers.ModelSerializer):
 
 
 @extend_schema(description="Live reservations: worst cases held on budgets until their usage is applied.")
-class ReservationViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+class ReservationViewSet(OrgReadViewSet):
+    model = Reservation
+    ordering = ("-created_at", "id")
     serializer_class = ReservationSerializer
     lookup_value_regex = r"[0-9a-fA-F-]{36}"
-
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):
-            return Reservation.objects.none()
-        return Reservation.objects.filter(organization=self.organization).order_by("-created_at", "id")

@@ -1,4 +1,4 @@
-"""capcheck: the four-property method (DESIGN §1) run against a live capgate.
+"""capcheck: the four-property method (docs/architecture.md) run against a live capgate.
 
 For each scenario at each concurrency, `run_capcheck`:
 

@@ -1,4 +1,4 @@
-"""capcheck's verdict: the four properties (DESIGN §1) decided from one organization's rows.
+"""capcheck's verdict: the four properties (docs/architecture.md) decided from one organization's rows.
 
 The client's view is used only to know what each request was told (served, refused, failed);
 every property is decided by rows in the database.

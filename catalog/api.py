@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema_field
-from rest_framework import mixins, serializers
+from rest_framework import serializers
 
 from catalog import services
 from catalog.fields import UsdField as UsdField  # re-exported: the other apps' read-only USD fields
 from catalog.fields import rate_field
 from catalog.models import Connection, Model, Route
 from core.errors import InvalidChange
+from tenants.api.base import OrgCrudViewSet, OrgReadViewSet, Writes
 from tenants.api.fields import choice_field, output_ceiling_field
 from tenants.api.refs import OrgRelatedField
-from tenants.api.views import OrgViewSet
 
 
 class ConnectionSerializer(serializers.ModelSerializer):
@@ -54,35 +54,20 @@ class ConnectionSerializer(serializers.ModelSerializer):
         return bool(connection.secret)
 
 
-class ConnectionViewSet(
-    OrgViewSet,
-    mixins.ListModelMixin,
-    mixins.RetrieveModelMixin,
-    mixins.CreateModelMixin,
-    mixins.UpdateModelMixin,
-    mixins.DestroyModelMixin,
-):
+class ConnectionViewSet(OrgCrudViewSet):
     """An organization's upstreams. Rates set here override the catalog's list price for it."""
 
+    model = Connection
     serializer_class = ConnectionSerializer
+    writes = Writes(
+        instance="connection",
+        create=services.create_connection,
+        update=services.update_connection,
+        delete=services.delete_connection,
+    )
 
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):
-            return Connection.objects.none()
-        return Connection.objects.filter(organization=self.organization).order_by("id")
-
-    def perform_create(self, serializer):
-        serializer.instance = services.create_connection(
-            organization=self.organization, actor=self.access.actor, **serializer.validated_data
-        )
-
-    def perform_update(self, serializer):
-        data = dict(serializer.validated_data)
-        secret = data.pop("secret", None)  # absent: keep the stored secret
-        services.update_connection(connection=serializer.instance, actor=self.access.actor, secret=secret, **data)
-
-    def perform_destroy(self, instance):
-        services.delete_connection(connection=instance, actor=self.access.actor)
+    def update_kwargs(self, instance, data):
+        return {**data, "secret": data.get("secret")}  # absent (None): keep the stored secret
 
 
 class ModelRefField(serializers.CharField):
@@ -126,22 +111,12 @@ class RouteSerializer(serializers.ModelSerializer):
         }
 
 
-class RouteViewSet(
-    OrgViewSet,
-    mixins.ListModelMixin,
-    mixins.RetrieveModelMixin,
-    mixins.CreateModelMixin,
-    mixins.UpdateModelMixin,
-    mixins.DestroyModelMixin,
-):
+class RouteViewSet(OrgCrudViewSet):
     """A model name the organization's keys call, mapped to ordered (connection, model) targets."""
 
+    model = Route
     serializer_class = RouteSerializer
-
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):
-            return Route.objects.none()
-        return Route.objects.filter(organization=self.organization).order_by("id")
+    writes = Writes(instance="route", delete=services.delete_route)
 
     def _set(self, serializer, name: str):
         data = serializer.validated_data
@@ -169,9 +144,6 @@ class RouteViewSet(
         if not {"targets", "default_max_output_tokens"} & set(serializer.validated_data):
             return
         self._set(serializer, serializer.instance.name)
-
-    def perform_destroy(self, instance):
-        services.delete_route(route=instance, actor=self.access.actor)
 
 
 class PriceSerializer(serializers.ModelSerializer):
@@ -203,12 +175,13 @@ class PriceSerializer(serializers.ModelSerializer):
         return str(model)
 
 
-class PriceViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+class PriceViewSet(OrgReadViewSet):
     """The list-price catalog (read-only; negotiated rates live on connections)."""
 
+    model = Model
     serializer_class = PriceSerializer
 
-    def get_queryset(self):
-        if not getattr(self, "swagger_fake_view", False):
-            self.access  # noqa: B018 — membership checked (404 for outsiders) before listing
+    def org_queryset(self):
+        # Global rows: every organization prices with them, once its membership is checked (404 else).
+        self.access  # noqa: B018
         return Model.objects.select_related("provider").order_by("provider__slug", "name")

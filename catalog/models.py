@@ -125,7 +125,7 @@ class Model(models.Model):
     # largest accepted size). Null: images cannot be bounded, so they are refused under a cap.
     max_image_tokens = models.PositiveIntegerField(null=True, blank=True)
     # The public encoding the provider counts this model's prompt tokens with; null: unknown,
-    # so the prompt is bounded by its bytes (gateway/admission/tokens.py, issue 14).
+    # so the prompt is bounded by its bytes (gateway/admission/tokens.py).
     tokenizer = models.CharField(max_length=20, null=True, blank=True, choices=TOKENIZERS)
     prices_as_of = models.DateField(null=True, blank=True)
     # What the price catalog last said for each field it loads (catalog key -> JSON value). A

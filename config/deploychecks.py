@@ -1,4 +1,4 @@
-"""Production refuses to start on settings that are only safe on a laptop (issue 9, item 7).
+"""Production refuses to start on settings that are only safe on a laptop.
 
 Called from config/settings/prod.py: any failure raises ImproperlyConfigured before Django is
 set up, so a gateway, worker or `manage.py` command with a missing or default secret key does not

@@ -1,4 +1,4 @@
-"""Management API throttles (issue 9, item 4): one rate per API token, else per signed-in user,
+"""Management API throttles: one rate per API token, else per signed-in user,
 else per client address. DRF's sliding-window algorithm, counted in the "throttle" cache (Redis,
 so every process shares one count).
 

@@ -280,6 +280,13 @@ class ChartForm(forms.Form):
                 self.add_error("end", f"At most {self.MAX_DAYS} days.")
         return data
 
+    def drawn(self, buckets: list[datetime]) -> ChartForm:
+        """The picker for a drawn range: the range and grouping resolved (defaults included) and
+        the first and last day drawn as its dates, so what it shows is what the charts show
+        (not the first option of an unset choice, nor dates a preset range ignored)."""
+        d = self.cleaned_data
+        return ChartForm({"range": d["range"], "by": d["by"], "start": buckets[0].date(), "end": buckets[-1].date()})
+
     def window(self, now: datetime) -> tuple[datetime, str, list[datetime]]:
         """(since, bucket, bucket starts) of a valid form: the last 24 hours by hour, 7 or 30
         days by day (today included), or the custom days (by hour when it is a single day)."""

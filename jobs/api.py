@@ -6,12 +6,12 @@ from __future__ import annotations
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
-from rest_framework import mixins, serializers
+from rest_framework import serializers
 
 from catalog.api import UsdField
 from jobs.models import Job
 from jobs.selectors import jobs_of
-from tenants.api.views import OrgViewSet
+from tenants.api.base import OrgReadViewSet
 
 
 class JobFilterSerializer(serializers.Serializer):
@@ -74,14 +74,13 @@ class JobSerializer(serializers.ModelSerializer):
         ]
     )
 )
-class JobViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+class JobViewSet(OrgReadViewSet):
     """Provider jobs (batches, message batches, background responses, videos) of the organization."""
 
+    model = Job
     serializer_class = JobSerializer
 
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):
-            return Job.objects.none()
+    def org_queryset(self):
         if self.action == "list":
             params = JobFilterSerializer(data=self.request.query_params)
             params.is_valid(raise_exception=True)

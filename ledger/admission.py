@@ -1,6 +1,6 @@
 """Admission: reserve a request's worst case on every ceiling it falls under, or refuse it.
 
-The invariant (DESIGN §1): for each blocking window, spent + reserved never exceeds the budget
+The invariant: for each blocking window, spent + reserved never exceeds the budget
 by admission — only a provider billing above a reserved worst case can push spent past it.
 
 Why this holds under concurrency: every admission that touches a ceiling locks that ceiling's

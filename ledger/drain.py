@@ -16,7 +16,7 @@ from django.utils import timezone
 from ledger.locks import WINDOW_LOCK_STRENGTH
 from ledger.signals import send_after_commit
 
-# One statement, one round trip (issue 12 §2): the ORM version cost ~10 statements and several ms
+# One statement, one round trip: the ORM version cost ~10 statements and several ms
 # of Python per batch, on the thread pool every request's admission shares (docs/performance.md).
 # Run as one simple query after SET LOCAL, so it is one implicit transaction with a relaxed
 # commit (ledger/locks.py relaxed_commit: a drain lost in a crash is simply redone); an error

@@ -1,5 +1,5 @@
 """Gateway process registry: each gateway process registers and heartbeats; beat renews the
-leases of live processes' reservations and expires the rest (DESIGN §7)."""
+leases of live processes' reservations and expires the rest."""
 
 from __future__ import annotations
 

@@ -200,7 +200,7 @@ class Reservation(Charged):
     created_at = models.DateTimeField()  # the admission time: usage belongs to this period
     expires_at = models.DateTimeField()  # lease: renewed while the owner heartbeats
     deadline_at = models.DateTimeField()  # hard maximum lifetime: never renewed past it
-    # Room for provider-side jobs (DESIGN §12): a job's reservation is metered by its job id.
+    # Room for provider-side jobs: a job's reservation is metered by its job id.
     job_id = models.CharField(max_length=200, null=True, blank=True)
     # Who may settle it: a proxied call's reservation is settled only by that call; one made
     # through the reservation API by the key that made it (or a write-scope organization token).

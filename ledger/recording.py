@@ -263,7 +263,7 @@ def _is_foreign_key_violation(exc: IntegrityError) -> bool:
 
 
 # Guard point: the tests set it to False to show that without it a record whose subject was
-# deleted in flight is lost (the leak of issue 15, item 4).
+# deleted in flight is lost, and its spend with it.
 DETACH_DELETED_SUBJECTS = True
 
 

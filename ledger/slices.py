@@ -4,7 +4,7 @@ A slice is one durable reservation (origin `slice`, owned by the process, renewe
 heartbeat like any of its reservations) taken by the ordinary admission statement: its amount is
 already inside every blocking window's `reserved`. The process then admits requests against it in
 memory, never more than it holds, so no window's `spent + reserved` grows by those admissions and
-the ceiling's invariant is the admission statement's own (DESIGN §13).
+the ceiling's invariant is the admission statement's own.
 
 The life of a request admitted from a slice:
 

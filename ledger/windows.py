@@ -41,7 +41,7 @@ from ledger.scopes import subject_filter, usage_sql
 Bounds = dict[int, tuple[datetime, datetime | None]]
 
 # Guard point: the tests set it to False to show that without carrying live holds a new window
-# under-counts the requests in flight (the leak of issue 15, item 2).
+# under-counts the requests in flight, and the cap leaks by their worst cases.
 CARRY_HOLDS = True
 
 

@@ -3,13 +3,13 @@ or end customer — declared like budgets."""
 
 from __future__ import annotations
 
-from rest_framework import mixins, serializers
+from rest_framework import serializers
 
 from ratelimits import services
 from ratelimits.models import RateLimit
+from tenants.api.base import OrgCrudViewSet, Writes
 from tenants.api.fields import WholeNumberField, choice_field, range_messages
 from tenants.api.refs import EndCustomerRefField, OrgRelatedField
-from tenants.api.views import OrgViewSet
 from tenants.models import ApiKey, EndCustomer, Project
 
 # The service's words for a bad limit, whichever way it is bad.
@@ -61,32 +61,15 @@ class RateLimitSerializer(serializers.ModelSerializer):
         validators: list = []
 
 
-class RateLimitViewSet(
-    OrgViewSet,
-    mixins.ListModelMixin,
-    mixins.RetrieveModelMixin,
-    mixins.CreateModelMixin,
-    mixins.UpdateModelMixin,
-    mixins.DestroyModelMixin,
-):
+class RateLimitViewSet(OrgCrudViewSet):
     """Rate limits of every scope. Over one, a gateway call gets 429 with Retry-After and the
     limit's name, and nothing is reserved or charged. Scope and subject are fixed once created."""
 
+    model = RateLimit
     serializer_class = RateLimitSerializer
-
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):
-            return RateLimit.objects.none()
-        return RateLimit.objects.filter(organization=self.organization).order_by("id")
-
-    def perform_create(self, serializer):
-        data = dict(serializer.validated_data)
-        serializer.instance = services.create_rate_limit(
-            organization=self.organization, actor=self.access.actor, scope=data.pop("scope"), **data
-        )
-
-    def perform_update(self, serializer):
-        services.update_rate_limit(limit=serializer.instance, actor=self.access.actor, **serializer.validated_data)
-
-    def perform_destroy(self, instance):
-        services.delete_rate_limit(limit=instance, actor=self.access.actor)
+    writes = Writes(
+        instance="limit",
+        create=services.create_rate_limit,
+        update=services.update_rate_limit,
+        delete=services.delete_rate_limit,
+    )

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from django_filters.rest_framework import DjangoFilterBackend
-from rest_framework import mixins, serializers
+from rest_framework import serializers
 
 from catalog.api import UsdField
 from requestlog.filters import RequestLogFilter
 from requestlog.models import RequestLogEntry
 from requestlog.selectors import request_log
-from tenants.api.views import OrgViewSet
+from tenants.api.base import OrgReadViewSet
 
 
 class RequestLogEntrySerializer(serializers.ModelSerializer):
@@ -63,17 +63,16 @@ class OrgFilterBackend(DjangoFilterBackend):
         return kwargs
 
 
-class RequestLogViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+class RequestLogViewSet(OrgReadViewSet):
     """Every gateway request with its outcome: served, failed upstream, estimated, released
     (from the usage records) and refused, rate limited or rejected before admission."""
 
+    model = RequestLogEntry
     serializer_class = RequestLogEntrySerializer
     filter_backends = [OrgFilterBackend]
     filterset_class = RequestLogFilter
     lookup_field = "request_id"
     lookup_value_regex = r"[-A-Za-z0-9_.:]{1,100}"
 
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):
-            return RequestLogEntry.objects.none()
+    def org_queryset(self):
         return request_log(organization=self.organization).select_related("end_customer")

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Run the whole test suite against a real PostgreSQL and Redis (started here if needed).
+# Arguments go to pytest: `bash scripts/test.sh -m "not slow"` is the fast tier (no live gateway,
+# fault injection, browser or agent CLI; markers in pyproject.toml, applied in tests/conftest.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 bash scripts/services.sh start
 bash scripts/browser-deps.sh  # Debian's Chromium for the browser tests (no browser download)
 export DJANGO_SETTINGS_MODULE=config.settings.test
-eval "$(bash scripts/services.sh env | sed 's/^/export /')"
+# The shared services' URLs, unless the caller named its own (each engineer's run its own Redis db).
+while IFS= read -r line; do
+  name=${line%%=*}
+  [ -n "${!name:-}" ] || export "$line"
+done < <(bash scripts/services.sh env)
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .  # one layout, line length 120 (E501 in ruff check)
 .venv/bin/mypy .

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -86,3 +87,48 @@ def alice(db):
 
 def window_of(budget: Budget) -> Window:
     return Window.objects.get(budget=budget)
+
+
+# Markers (registered in pyproject.toml), given by where a test lives and what it starts, so a new
+# test is marked without anyone remembering to: `-m "not slow"` is the fast tier for editing.
+TESTS = Path(__file__).resolve().parent
+# A capgate served over HTTP: the gateway fixture (uvicorn in a thread), Django's live_server.
+LIVE_FIXTURES = {"gateway", "live_server"}
+# Modules that start gateway subprocesses themselves (tests/faults/conftest.py gateway_process).
+LIVE_NAMES = ("gateway_process",)
+# Slow but neither live nor faults: each costs seconds on its own, by design (a file, or one test).
+SLOW = {
+    "api/test_schemathesis.py": "generates hundreds of requests per operation from the schema",
+    "ledger/test_admission_races.py": "hundreds of threads on real connections, each race widened",
+    "ledger/test_slices.py": "races processes on one ceiling",
+    "ledger/test_tasks.py": "starts a real Celery worker with beat",
+    "catalog/test_genai_prices.py": "loads the whole genai-prices catalog into the database",
+    "alerts/test_audit.py::test_manage_py_audit_exits_1_on_drift": "runs manage.py in a subprocess",
+    "gateway/test_health_metrics.py::test_metrics_from_two_uvicorn_workers_count_both": "two uvicorn workers",
+    "upstream/test_server.py::test_runs_as_a_module": "the fake upstream as its own process",
+}
+
+
+def pytest_configure(config):
+    # An entry naming no file (a move, a rename) would put a slow test in the fast tier unseen.
+    gone = [entry for entry in SLOW if not (TESTS / entry.split("::")[0]).is_file()]
+    if gone:
+        raise pytest.UsageError(f"tests/conftest.py SLOW names files that do not exist: {gone}")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        rel = Path(str(item.path)).resolve().relative_to(TESTS).as_posix()
+        top = rel.split("/", 1)[0]
+        live = bool(LIVE_FIXTURES & set(getattr(item, "fixturenames", ()))) or any(
+            hasattr(getattr(item, "module", None), name) for name in LIVE_NAMES
+        )
+        if top == "faults":
+            item.add_marker(pytest.mark.faults)
+        if top == "browser":
+            item.add_marker(pytest.mark.browser)
+        if live or top in ("faults", "browser"):
+            item.add_marker(pytest.mark.live)
+        node = rel + "::" + item.name.split("[")[0]
+        if live or top in ("faults", "browser", "clients") or rel in SLOW or node in SLOW:
+            item.add_marker(pytest.mark.slow)

@@ -1,4 +1,4 @@
-"""The leases runner (issue 12 §1, headroom slices): N forked processes, each a gateway process in
+"""The leases runner (headroom slices): N forked processes, each a gateway process in
 miniature admitting on one hot ceiling through its own ledger.slices.Book.
 
 Each process:

@@ -7,23 +7,22 @@ URL can itself be a credential (Slack's are), so only owners and admins see it w
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any
 from urllib.parse import urlparse
 
 from django import forms
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect
-from django.views.decorators.http import require_POST
+from django.http import HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import redirect
 
 from alerts import channels
 from alerts.alert_api import AlertChannelSerializer
 from alerts.alert_models import AlertChannel, AlertDelivery
-from core.errors import InvalidChange
 from dashboard.access import org_view, render_org, require_manage
 from dashboard.fields import api_field, comma_list, show_list
-from dashboard.forms import add_service_error
+from dashboard.views.crud import Editor, Resource, delete_action, edit_page
 from tenants.selectors import Access
 
 
@@ -121,57 +120,50 @@ def alert_channels(request: HttpRequest, access: Access) -> HttpResponse:
     )
 
 
-@org_view(manage=True)
-def alert_channel_edit(request: HttpRequest, access: Access, pk: int | None = None) -> HttpResponse:
-    require_manage(access)
-    org = access.organization
-    channel = get_object_or_404(AlertChannel, pk=pk, organization=org) if pk else None
-    initial = {f: getattr(channel, f) for f in channels.FIELDS} if channel else None
-    form = ChannelForm(request.POST or None, initial=initial, channel=channel)
-    if request.method == "POST" and form.is_valid():
-        try:
-            if channel is None:
-                channel, secret = channels.create_channel(organization=org, actor=access.actor, **form.service_kwargs())
-            else:
-                data = form.service_kwargs()
-                data.pop("kind", None)
-                _changes, secret = channels.update_channel(
-                    channel=channel, actor=access.actor, rotate_secret=data.pop("rotate_secret", False), **data
-                )
-        except InvalidChange as exc:
-            add_service_error(form, exc)
-        else:
-            if secret:  # rendered once, in this response only
-                return render_org(
-                    request,
-                    access,
-                    "dashboard/alert_channel_secret.html",
-                    "alert_channels",
-                    channel=channel,
-                    secret=secret,
-                )
-            messages.success(request, f"Channel “{channel.name}” saved.")
-            return redirect("dashboard:alert_channels", org.slug)
-    title = f"Edit alert channel “{channel.name}”" if channel else "New alert channel"
-    return render_org(
-        request,
-        access,
-        "dashboard/form.html",
-        "alert_channels",
-        form=form,
-        title=title,
-        submit="Save",
-        delete_url="dashboard:alert_channel_delete" if channel else None,
-        obj=channel,
-        note="Webhooks are signed: X-Capgate-Signature is “sha256=” and the hex HMAC-SHA256 of "
-        "“<X-Capgate-Timestamp>.<body>” with the channel's secret (docs/operations.md).",
+CHANNELS = Resource(
+    AlertChannel, "Channel", "alert_channels", delete_url="dashboard:alert_channel_delete", label=attrgetter("name")
+)
+
+
+class ChannelEditor(Editor):
+    resource = CHANNELS
+    note = (
+        "Webhooks are signed: X-Capgate-Signature is “sha256=” and the hex HMAC-SHA256 of "
+        "“<X-Capgate-Timestamp>.<body>” with the channel's secret (docs/operations.md)."
     )
 
+    def form(self, data: QueryDict | None, access: Access, row: AlertChannel | None, query: QueryDict) -> ChannelForm:
+        initial = {f: getattr(row, f) for f in channels.FIELDS} if row else None
+        return ChannelForm(data, initial=initial, channel=row)
 
-@require_POST
-@org_view(manage=True)
-def alert_channel_delete(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
-    channel = get_object_or_404(AlertChannel, pk=pk, organization=access.organization)
-    channels.delete_channel(channel=channel, actor=access.actor)
-    messages.success(request, f"Channel “{channel.name}” deleted.")
-    return redirect("dashboard:alert_channels", access.organization.slug)
+    def save(self, access: Access, row: AlertChannel | None, form: ChannelForm) -> tuple[AlertChannel, str]:
+        if row is None:
+            return channels.create_channel(
+                organization=access.organization, actor=access.actor, **form.service_kwargs()
+            )
+        data = form.service_kwargs()
+        data.pop("kind", None)
+        _changes, secret = channels.update_channel(
+            channel=row, actor=access.actor, rotate_secret=data.pop("rotate_secret", False), **data
+        )
+        return row, secret
+
+    def saved(self, request: HttpRequest, access: Access, row: AlertChannel | None, result: Any) -> HttpResponse | None:
+        channel, secret = result
+        if secret:  # rendered once, in this response only
+            return render_org(
+                request,
+                access,
+                "dashboard/alert_channel_secret.html",
+                "alert_channels",
+                channel=channel,
+                secret=secret,
+            )
+        return super().saved(request, access, row, channel)
+
+    def title(self, row: AlertChannel | None) -> str:
+        return f"Edit alert channel “{row.name}”" if row else "New alert channel"
+
+
+alert_channel_edit = edit_page(ChannelEditor())
+alert_channel_delete = delete_action(CHANNELS, channels.delete_channel, instance="channel")

@@ -7,24 +7,24 @@ they reach the page through an organization they belong to, like every other pag
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Any, cast
 
 from django import forms
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.forms.models import fields_for_model
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect
-from django.views.decorators.http import require_POST
+from django.http import HttpRequest, QueryDict
+from django.shortcuts import get_object_or_404
 
 from catalog import services
 from catalog.api import RouteSerializer
 from catalog.fields import PriceSerializer
 from catalog.models import Model, Route
 from core.errors import InvalidChange
-from dashboard.access import org_view, render_org, require_manage
 from dashboard.fields import api_field
-from dashboard.forms import OrgForm, add_service_error
+from dashboard.forms import OrgForm
+from dashboard.views.crud import Editor, Resource, delete_action, edit_page
 from tenants.selectors import Access
 
 MAX_TARGETS = 6
@@ -86,57 +86,34 @@ class RouteForm(OrgForm):
         return initial
 
 
-@org_view(manage=True)
-def route_edit(request: HttpRequest, access: Access, pk: int | None = None) -> HttpResponse:
-    require_manage(access)
-    org = access.organization
-    route = get_object_or_404(Route, pk=pk, organization=org) if pk else None
-    form = RouteForm(
-        request.POST or None,
-        organization=org,
-        editing=route is not None,
-        initial=RouteForm.initial_for(route) if route else None,
-    )
-    if request.method == "POST" and form.is_valid():
-        d = form.cleaned_data
-        name = route.name if route else d["name"]
-        try:
-            if route is None and org.routes.filter(name=name).exists():
-                raise InvalidChange(f"A route named {name!r} exists.", param="name")
-            services.set_route(
-                organization=org,
-                name=name,
-                targets=d["targets"],
-                actor=access.actor,
-                default_max_output_tokens=d["default_max_output_tokens"],
-            )
-        except InvalidChange as exc:
-            add_service_error(form, exc)
-        else:
-            messages.success(request, f"Route “{name}” saved.")
-            return redirect("dashboard:connections", org.slug)
-    title = f"Edit route “{route.name}”" if route else "New route"
-    return render_org(
-        request,
-        access,
-        "dashboard/form.html",
-        "connections",
-        form=form,
-        title=title,
-        submit="Save",
-        delete_url="dashboard:route_delete" if route else None,
-        obj=route,
-        note="Targets are tried in order: the next one only when the one before fails.",
-    )
+ROUTES = Resource(Route, "Route", "connections", delete_url="dashboard:route_delete", label=attrgetter("name"))
 
 
-@require_POST
-@org_view(manage=True)
-def route_delete(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
-    route = get_object_or_404(Route, pk=pk, organization=access.organization)
-    services.delete_route(route=route, actor=access.actor)
-    messages.success(request, f"Route “{route.name}” deleted.")
-    return redirect("dashboard:connections", access.organization.slug)
+class RouteEditor(Editor):
+    resource = ROUTES
+    note = "Targets are tried in order: the next one only when the one before fails."
+
+    def form(self, data: QueryDict | None, access: Access, row: Route | None, query: QueryDict) -> RouteForm:
+        initial = RouteForm.initial_for(row) if row else None
+        return RouteForm(data, organization=access.organization, editing=row is not None, initial=initial)
+
+    def save(self, access: Access, row: Route | None, form: RouteForm) -> Route:
+        d, org = form.cleaned_data, access.organization
+        name = row.name if row else d["name"]
+        if row is None and org.routes.filter(name=name).exists():
+            raise InvalidChange(f"A route named {name!r} exists.", param="name")
+        route, _changes = services.set_route(
+            organization=org,
+            name=name,
+            targets=d["targets"],
+            actor=access.actor,
+            default_max_output_tokens=d["default_max_output_tokens"],
+        )
+        return route
+
+
+route_edit = edit_page(RouteEditor())
+route_delete = delete_action(ROUTES, services.delete_route, instance="route")
 
 
 # --- list prices (staff) --------------------------------------------------------------------------
@@ -160,45 +137,48 @@ class PriceForm(forms.Form):
         self.order_fields(["model", *services.MODEL_PRICE_FIELDS])
 
 
-def _staff(request: HttpRequest) -> None:
-    if not getattr(request.user, "is_staff", False):
-        raise PermissionDenied("List prices are global: only staff edit them.")
+class PriceEditor(Editor):
+    """List prices are the catalog's (no organization): staff only, whatever their role here."""
 
-
-@org_view()
-def price_edit(request: HttpRequest, access: Access, pk: int | None = None) -> HttpResponse:
-    _staff(request)
-    model = get_object_or_404(Model.objects.select_related("provider"), pk=pk) if pk else None
-    initial = {f: getattr(model, f) for f in services.MODEL_PRICE_FIELDS} if model else {"per_request_usd": 0}
-    form = PriceForm(request.POST or None, initial=initial, creating=model is None)
-    if request.method == "POST" and form.is_valid():
-        d = dict(form.cleaned_data)
-        ref = str(model) if model else d.pop("model")
-        try:
-            if (
-                model is None
-                and Model.objects.filter(provider__slug=ref.partition("/")[0], name=ref.partition("/")[2]).exists()
-            ):
-                raise InvalidChange(f"Model {ref!r} is already in the catalog.", param="model")
-            _saved, changes = services.set_model_price(ref=ref, create=model is None, **d)
-        except InvalidChange as exc:
-            add_service_error(form, exc)
-        else:
-            messages.success(
-                request,
-                f"Price of {ref} saved ({len(changes)} field{'s' if len(changes) != 1 else ''} changed)."
-                if model
-                else f"{ref} added to the catalog.",
-            )
-            return redirect("dashboard:connections", access.organization.slug)
-    return render_org(
-        request,
-        access,
-        "dashboard/form.html",
-        "connections",
-        form=form,
-        submit="Save",
-        title=f"List price of {model}" if model else "New catalog model",
-        note="List prices apply to every organization without a negotiated rate. "
-        "Rates are USD per 1M tokens; empty means unpriced (refused under a blocking cap).",
+    resource = Resource(Model, "Price", "connections", org_field="")
+    note = (
+        "List prices apply to every organization without a negotiated rate. "
+        "Rates are USD per 1M tokens; empty means unpriced (refused under a blocking cap)."
     )
+    manage = False
+
+    def check(self, request: HttpRequest, access: Access) -> None:
+        if not getattr(request.user, "is_staff", False):
+            raise PermissionDenied("List prices are global: only staff edit them.")
+
+    def get_row(self, access: Access, pk: int) -> Model:
+        return get_object_or_404(Model.objects.select_related("provider"), pk=pk)
+
+    def form(self, data: QueryDict | None, access: Access, row: Model | None, query: QueryDict) -> PriceForm:
+        initial = {f: getattr(row, f) for f in services.MODEL_PRICE_FIELDS} if row else {"per_request_usd": 0}
+        return PriceForm(data, initial=initial, creating=row is None)
+
+    def save(self, access: Access, row: Model | None, form: PriceForm) -> tuple[str, dict]:
+        d = dict(form.cleaned_data)
+        ref = str(row) if row else d.pop("model")
+        provider, _, name = ref.partition("/")
+        if row is None and Model.objects.filter(provider__slug=provider, name=name).exists():
+            raise InvalidChange(f"Model {ref!r} is already in the catalog.", param="model")
+        _saved, changes = services.set_model_price(ref=ref, create=row is None, **d)
+        return ref, changes
+
+    def saved(self, request: HttpRequest, access: Access, row: Model | None, result: Any) -> None:
+        ref, changes = result
+        n = len(changes)
+        message = (
+            f"Price of {ref} saved ({n} field{'s' if n != 1 else ''} changed)."
+            if row
+            else f"{ref} added to the catalog."
+        )
+        messages.success(request, message)
+
+    def title(self, row: Model | None) -> str:
+        return f"List price of {row}" if row else "New catalog model"
+
+
+price_edit = edit_page(PriceEditor())

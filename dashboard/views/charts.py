@@ -67,8 +67,9 @@ def charts(request: HttpRequest, access: Access) -> HttpResponse:
         access,
         "dashboard/charts.html",
         "charts",
-        form=form,
+        form=form.drawn(buckets),
         since=since,
         until=until,
         charts=[(label, fmt(chart.total_nano), chart) for label, fmt, chart in drawn],
+        by=form.cleaned_data["by"],
     )

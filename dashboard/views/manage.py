@@ -3,15 +3,16 @@ service; a service's InvalidChange comes back as a form error and nothing is cha
 
 from __future__ import annotations
 
+from operator import attrgetter
+from typing import Any, cast
 from urllib.parse import quote
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect
+from django.http import HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import redirect
 from django.utils import timezone
-from django.views.decorators.http import require_POST
 
 from alerts.selectors import keys_with_activity
 from budgets import services as budget_services
@@ -20,6 +21,7 @@ from core.errors import InvalidChange
 from core.money import usd_input
 from dashboard.access import org_view, render_org, require_manage
 from dashboard.forms import BudgetForm, EndCustomerForm, KeyForm, ProjectForm, add_service_error
+from dashboard.views.crud import Editor, Resource, delete_action, edit_page
 from ledger.models import Budget
 from tenants import services
 from tenants.models import ApiKey, EndCustomer, Project
@@ -28,93 +30,73 @@ from tenants.selectors import Access
 # --- budgets -------------------------------------------------------------------------------------
 
 
+RUN_PAGE = 50  # per-run budgets per page of their tab
+
+
 @org_view()
 def budgets(request: HttpRequest, access: Access) -> HttpResponse:
-    rows = list(
-        access.organization.budgets.select_related("project", "member__user", "api_key", "end_customer").order_by(
-            "scope", "id"
-        )
-    )
-    return render_org(
-        request, access, "dashboard/budgets.html", "budgets", statuses=statuses(budgets=rows, now=timezone.now())
-    )
-
-
-@org_view(manage=True)
-def budget_new(request: HttpRequest, access: Access) -> HttpResponse:
-    require_manage(access)
-    # "add budget" from a key, customer or project row preselects its scope and subject.
-    initial = {k: request.GET[k] for k in ("scope", *BudgetForm.SUBJECT) if k in request.GET}
-    form = BudgetForm(request.POST or None, organization=access.organization, initial=initial)
-    if request.method == "POST" and form.is_valid():
-        try:
-            budget = budget_services.create_budget(
-                organization=access.organization, actor=access.actor, **form.service_kwargs()
-            )
-        except InvalidChange as exc:
-            add_service_error(form, exc)
-        else:
-            messages.success(request, f"Budget “{budget}” created.")
-            return redirect("dashboard:budgets", access.organization.slug)
-    return render_org(
-        request, access, "dashboard/form.html", "budgets", form=form, title="New budget", submit="Create budget"
-    )
-
-
-@org_view(manage=True)
-def budget_edit(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
-    require_manage(access)
-    budget = get_object_or_404(Budget, pk=pk, organization=access.organization)
-    initial = {
-        f: getattr(budget, f)
-        for f in (
-            "name",
-            "scope",
-            "project",
-            "member",
-            "api_key",
-            "end_customer",
-            "run_id",
-            "period",
-            "timezone",
-            "mode",
-            "thresholds",
-            "recipients",
-        )
-    }
-    initial["amount_usd"] = usd_input(budget.amount_nano)
-    form = BudgetForm(request.POST or None, organization=access.organization, initial=initial, editing=True)
-    if request.method == "POST" and form.is_valid():
-        kwargs = form.service_kwargs()
-        for name in BudgetForm.SUBJECT:
-            kwargs.pop(name, None)
-        try:
-            budget_services.update_budget(budget=budget, actor=access.actor, **kwargs)
-        except InvalidChange as exc:
-            add_service_error(form, exc)
-        else:
-            messages.success(request, f"Budget “{budget}” saved.")
-            return redirect("dashboard:budgets", access.organization.slug)
+    """Standing budgets are listed whole. Per-run budgets (one per X-Capgate-Run id, made by the
+    gateway on a run's first call) can number thousands, so they have a tab of their own: counted
+    on the first tab, listed newest first, paginated and searchable by run id on theirs."""
+    org = access.organization
+    rows = org.budgets.select_related("project", "member__user", "api_key", "end_customer")
+    runs = rows.filter(scope=Budget.Scope.RUN)
+    tab = "runs" if request.GET.get("tab") == "runs" else "standing"
+    search, page, query = "", None, ""
+    if tab == "runs":
+        search = request.GET.get("q", "").strip()[:200]
+        if search:
+            runs = runs.filter(run_id__icontains=search)
+        query = "tab=runs" + (f"&q={quote(search)}" if search else "")
+        page = Paginator(runs.order_by("-created_at", "-id"), RUN_PAGE).get_page(request.GET.get("page"))
+        shown = list(page)
+    else:
+        shown = list(rows.exclude(scope=Budget.Scope.RUN).order_by("scope", "id"))
     return render_org(
         request,
         access,
-        "dashboard/form.html",
+        "dashboard/budgets.html",
         "budgets",
-        form=form,
-        title=f"Edit budget “{budget}”",
-        submit="Save",
-        delete_url="dashboard:budget_delete",
-        obj=budget,
+        statuses=statuses(budgets=shown, now=timezone.now()),
+        tab=tab,
+        run_count=org.budgets.filter(scope=Budget.Scope.RUN).count(),
+        page=page,
+        search=search,
+        query=query,
     )
 
 
-@require_POST
-@org_view(manage=True)
-def budget_delete(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
-    budget = get_object_or_404(Budget, pk=pk, organization=access.organization)
-    budget_services.delete_budget(budget=budget, actor=access.actor)
-    messages.success(request, f"Budget “{budget}” deleted.")
-    return redirect("dashboard:budgets", access.organization.slug)
+BUDGETS = Resource(Budget, "Budget", "budgets", delete_url="dashboard:budget_delete")
+BUDGET_FIELDS = ("name", *BudgetForm.SUBJECT, "period", "timezone", "mode", "thresholds", "recipients")
+
+
+class BudgetEditor(Editor):
+    resource = BUDGETS
+    new_submit = "Create budget"
+    created = "created"
+
+    def form(self, data: QueryDict | None, access: Access, row: Budget | None, query: QueryDict) -> BudgetForm:
+        initial: dict[str, Any]
+        if row is None:
+            # "add budget" from a key, customer or project row preselects its scope and subject.
+            initial = {k: query[k] for k in ("scope", *BudgetForm.SUBJECT) if k in query}
+            return BudgetForm(data, organization=access.organization, initial=initial)
+        initial = {f: getattr(row, f) for f in BUDGET_FIELDS}
+        initial["amount_usd"] = usd_input(row.amount_nano)
+        return BudgetForm(data, organization=access.organization, initial=initial, editing=True)
+
+    def save(self, access: Access, row: Budget | None, form: BudgetForm) -> Budget:
+        kwargs = form.service_kwargs()
+        if row is None:
+            return budget_services.create_budget(organization=access.organization, actor=access.actor, **kwargs)
+        for name in BudgetForm.SUBJECT:  # scope and subject are fixed once created
+            kwargs.pop(name, None)
+        budget_services.update_budget(budget=row, actor=access.actor, **kwargs)
+        return row
+
+
+budget_edit = edit_page(BudgetEditor())
+budget_delete = delete_action(BUDGETS, budget_services.delete_budget, instance="budget")
 
 
 # --- keys ----------------------------------------------------------------------------------------
@@ -158,15 +140,16 @@ def keys(request: HttpRequest, access: Access) -> HttpResponse:
     return render_org(request, access, "dashboard/keys.html", "keys", keys=rows, form=form, created=created, now=now)
 
 
-@require_POST
-@org_view()
-def key_revoke(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
-    key = get_object_or_404(ApiKey, pk=pk, organization=access.organization)
+KEYS = Resource(ApiKey, "Key", "keys", label=attrgetter("name"))
+
+
+def _own_key(access: Access, key: ApiKey) -> None:
     if not access.can_manage_key(key):
         raise PermissionDenied("You can revoke only your own keys.")
-    services.revoke_key(key=key, actor=access.actor)
-    messages.success(request, f"Key “{key.name}” revoked.")
-    return redirect("dashboard:keys", access.organization.slug)
+
+
+# Members revoke their own keys, so the role check is the key's own (can_manage_key).
+key_revoke = delete_action(KEYS, services.revoke_key, instance="key", verb="revoked", manage=False, check=_own_key)
 
 
 # --- projects and end customers ------------------------------------------------------------------
@@ -217,37 +200,31 @@ def projects(request: HttpRequest, access: Access) -> HttpResponse:
     )
 
 
-@org_view(manage=True)
-def project_edit(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
-    require_manage(access)
-    project = get_object_or_404(Project, pk=pk, organization=access.organization)
-    initial = {
-        "slug": project.slug,
-        "name": project.name,
-        "default_customer_budget_usd": None
-        if project.default_customer_budget_nano is None
-        else usd_input(project.default_customer_budget_nano),
-        "default_customer_budget_period": project.default_customer_budget_period,
-        "default_customer_budget_mode": project.default_customer_budget_mode,
-    }
-    form = ProjectForm(request.POST or None, organization=access.organization, initial=initial)
-    if request.method == "POST" and form.is_valid():
-        try:
-            services.update_project(project=project, actor=access.actor, **form.service_kwargs())
-        except InvalidChange as exc:
-            add_service_error(form, exc)
-        else:
-            messages.success(request, "Project saved.")
-            return redirect("dashboard:projects", access.organization.slug)
-    return render_org(
-        request, access, "dashboard/form.html", "projects", form=form, title=f"Edit project {project}", submit="Save"
-    )
+class ProjectEditor(Editor):
+    resource = Resource(Project, "Project", "projects")
+
+    def form(self, data: QueryDict | None, access: Access, row: Project | None, query: QueryDict) -> ProjectForm:
+        row = cast(Project, row)  # projects are created on their list page: only editing is routed here
+        initial = {
+            "slug": row.slug,
+            "name": row.name,
+            "default_customer_budget_usd": None
+            if row.default_customer_budget_nano is None
+            else usd_input(row.default_customer_budget_nano),
+            "default_customer_budget_period": row.default_customer_budget_period,
+            "default_customer_budget_mode": row.default_customer_budget_mode,
+        }
+        return ProjectForm(data, organization=access.organization, initial=initial)
+
+    def save(self, access: Access, row: Project | None, form: ProjectForm) -> Project:
+        row = cast(Project, row)
+        services.update_project(project=row, actor=access.actor, **form.service_kwargs())
+        return row
 
 
-@require_POST
-@org_view(manage=True)
-def customer_delete(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
-    customer = get_object_or_404(EndCustomer, pk=pk, project__organization=access.organization)
-    services.delete_end_customer(customer=customer, actor=access.actor)
-    messages.success(request, f"End customer {customer} deleted.")
-    return redirect("dashboard:projects", access.organization.slug)
+project_edit = edit_page(ProjectEditor())
+customer_delete = delete_action(
+    Resource(EndCustomer, "End customer", "projects", org_field="project__organization"),
+    services.delete_end_customer,
+    instance="customer",
+)

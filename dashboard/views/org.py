@@ -3,10 +3,12 @@ unpriced-model policy, and management API tokens."""
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from django.contrib import messages
 from django.contrib.auth.tokens import default_token_generator
 from django.core.mail import send_mail
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect
 from django.urls import reverse
 from django.utils.encoding import force_bytes
@@ -27,6 +29,7 @@ from dashboard.forms import (
     TokenForm,
     add_service_error,
 )
+from dashboard.views.crud import Editor, Resource, delete_action, edit_page
 from tenants import services
 from tenants.members import add_member, change_member_role, remove_member
 from tenants.models import ApiToken, Member
@@ -98,16 +101,12 @@ def member_role(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
     return redirect("dashboard:members", access.organization.slug)
 
 
-@require_POST
-@org_view(manage=True)
-def member_remove(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
-    member = get_object_or_404(Member, pk=pk, organization=access.organization)
-    try:
-        remove_member(member=member, actor=access.actor)
-        messages.success(request, f"{member.user.email} removed.")
-    except (InvalidChange, NotAllowed) as exc:
-        messages.error(request, exc.message)
-    return redirect("dashboard:members", access.organization.slug)
+member_remove = delete_action(
+    Resource(Member, "Member", "members", label=lambda m: m.user.email),
+    remove_member,
+    instance="member",
+    verb="removed",
+)
 
 
 # --- connections, prices and policy ----------------------------------------------------------------
@@ -149,50 +148,34 @@ def connections(request: HttpRequest, access: Access) -> HttpResponse:
     )
 
 
-@org_view(manage=True)
-def connection_edit(request: HttpRequest, access: Access, pk: int | None = None) -> HttpResponse:
-    require_manage(access)
-    org = access.organization
-    connection = get_object_or_404(Connection, pk=pk, organization=org) if pk else None
-    initial = {}
-    if connection is not None:
-        initial = {f: getattr(connection, f) for f in ("name", "kind", "base_url", *RATE_FIELDS, "options", "enabled")}
-    form = ConnectionForm(request.POST or None, initial=initial)
-    if request.method == "POST" and form.is_valid():
+CONNECTIONS = Resource(
+    Connection, "Connection", "connections", delete_url="dashboard:connection_delete", label=attrgetter("name")
+)
+
+
+class ConnectionEditor(Editor):
+    resource = CONNECTIONS
+
+    def form(self, data: QueryDict | None, access: Access, row: Connection | None, query: QueryDict) -> ConnectionForm:
+        fields = ("name", "kind", "base_url", *RATE_FIELDS, "options", "enabled")
+        return ConnectionForm(data, initial={f: getattr(row, f) for f in fields} if row else {})
+
+    def save(self, access: Access, row: Connection | None, form: ConnectionForm) -> Connection:
         d = dict(form.cleaned_data)
         secret = d.pop("secret") or None  # empty: keep the stored secret
-        try:
-            if connection is None:
-                catalog_services.create_connection(organization=org, actor=access.actor, secret=secret or "", **d)
-            else:
-                catalog_services.update_connection(connection=connection, actor=access.actor, secret=secret, **d)
-        except InvalidChange as exc:
-            add_service_error(form, exc)
-        else:
-            messages.success(request, f"Connection “{d['name']}” saved.")
-            return redirect("dashboard:connections", org.slug)
-    title = f"Edit connection “{connection.name}”" if connection else "New connection"
-    return render_org(
-        request,
-        access,
-        "dashboard/form.html",
-        "connections",
-        form=form,
-        title=title,
-        submit="Save",
-        note="The secret is stored encrypted and never shown again." if connection and connection.secret else "",
-        delete_url="dashboard:connection_delete" if connection else None,
-        obj=connection,
-    )
+        if row is None:
+            return catalog_services.create_connection(
+                organization=access.organization, actor=access.actor, secret=secret or "", **d
+            )
+        catalog_services.update_connection(connection=row, actor=access.actor, secret=secret, **d)
+        return row
+
+    def note_for(self, row: Connection | None) -> str:
+        return "The secret is stored encrypted and never shown again." if row and row.secret else ""
 
 
-@require_POST
-@org_view(manage=True)
-def connection_delete(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
-    connection = get_object_or_404(Connection, pk=pk, organization=access.organization)
-    catalog_services.delete_connection(connection=connection, actor=access.actor)
-    messages.success(request, f"Connection “{connection.name}” deleted.")
-    return redirect("dashboard:connections", access.organization.slug)
+connection_edit = edit_page(ConnectionEditor())
+connection_delete = delete_action(CONNECTIONS, catalog_services.delete_connection, instance="connection")
 
 
 # --- API tokens ----------------------------------------------------------------------------------
@@ -221,10 +204,9 @@ def tokens(request: HttpRequest, access: Access) -> HttpResponse:
     return render_org(request, access, "dashboard/tokens.html", "tokens", tokens=rows, form=form, created=created)
 
 
-@require_POST
-@org_view(manage=True)
-def token_revoke(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
-    token = get_object_or_404(ApiToken, pk=pk, organization=access.organization)
-    services.revoke_token(token=token, actor=access.actor)
-    messages.success(request, f"Token “{token.name}” revoked.")
-    return redirect("dashboard:tokens", access.organization.slug)
+token_revoke = delete_action(
+    Resource(ApiToken, "Token", "tokens", label=attrgetter("name")),
+    services.revoke_token,
+    instance="token",
+    verb="revoked",
+)

@@ -16,6 +16,7 @@ from alerts.selectors import GROUPS, daily_spend
 from budgets.selectors import live_reservations, statuses
 from dashboard.access import org_view, render_org
 from dashboard.charts import stacked_daily
+from ledger.models import Budget
 from ledger.spool import dead_letter_count
 from requestlog.selectors import refusals_by_code
 from tenants.selectors import Access, organizations_for
@@ -46,8 +47,11 @@ def switch(request: HttpRequest) -> HttpResponse:
 def overview(request: HttpRequest, access: Access) -> HttpResponse:
     org = access.organization
     now = timezone.now()
+    # Per-run budgets (thousands, one per run id) are counted here and listed on their own tab.
     budgets = list(
-        org.budgets.select_related("project", "member__user", "api_key", "end_customer").order_by("scope", "id")
+        org.budgets.exclude(scope=Budget.Scope.RUN)
+        .select_related("project", "member__user", "api_key", "end_customer")
+        .order_by("scope", "id")
     )
     # cast: the branch runs only when the value is one of CHART_GROUPS (so not None).
     group_by = cast(str, request.GET.get("by")) if request.GET.get("by") in CHART_GROUPS else "project"
@@ -66,6 +70,7 @@ def overview(request: HttpRequest, access: Access) -> HttpResponse:
         "dashboard/overview.html",
         "overview",
         statuses=statuses(budgets=budgets, now=now),
+        run_count=org.budgets.filter(scope=Budget.Scope.RUN).count(),
         chart=chart,
         group_by=group_by,
         chart_groups=CHART_LABELS,

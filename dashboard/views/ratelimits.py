@@ -1,20 +1,18 @@
-"""Rate limits: list, create, edit, delete. Each POST calls one ratelimits service; its
-InvalidChange comes back as a form error and nothing is changed."""
+"""Rate limits: list, create, edit, delete (the edit and delete steps are dashboard/views/crud.py's).
+Each POST calls one ratelimits service; its InvalidChange comes back as a form error and nothing
+is changed."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django import forms
-from django.contrib import messages
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect
-from django.views.decorators.http import require_POST
+from django.http import HttpRequest, HttpResponse, QueryDict
 
-from core.errors import InvalidChange
-from dashboard.access import org_view, render_org, require_manage
+from dashboard.access import org_view, render_org
 from dashboard.fields import api_field
-from dashboard.forms import OrgForm, add_service_error
+from dashboard.forms import OrgForm
+from dashboard.views.crud import Editor, Resource, delete_action, edit_page
 from ratelimits import services
 from ratelimits.api import RateLimitSerializer
 from ratelimits.models import RateLimit
@@ -61,66 +59,32 @@ def rate_limits(request: HttpRequest, access: Access) -> HttpResponse:
     return render_org(request, access, "dashboard/rate_limits.html", "rate_limits", limits=rows)
 
 
-@org_view(manage=True)
-def rate_limit_new(request: HttpRequest, access: Access) -> HttpResponse:
-    require_manage(access)
-    form = RateLimitForm(request.POST or None, organization=access.organization)
-    if request.method == "POST" and form.is_valid():
-        data = dict(form.cleaned_data)
-        try:
-            limit = services.create_rate_limit(
+RATE_LIMITS = Resource(RateLimit, "Rate limit", "rate_limits", delete_url="dashboard:rate_limit_delete")
+
+
+class RateLimitEditor(Editor):
+    resource = RATE_LIMITS
+    new_submit = "Create rate limit"
+    created = "created"
+
+    def form(self, data: QueryDict | None, access: Access, row: RateLimit | None, query: QueryDict) -> RateLimitForm:
+        if row is None:
+            return RateLimitForm(data, organization=access.organization)
+        initial = {
+            f: getattr(row, f) for f in ("name", *RateLimitForm.SUBJECT, "requests_per_minute", "tokens_per_minute")
+        }
+        return RateLimitForm(data, organization=access.organization, initial=initial, editing=True)
+
+    def save(self, access: Access, row: RateLimit | None, form: RateLimitForm) -> RateLimit:
+        if row is None:
+            data = dict(form.cleaned_data)
+            return services.create_rate_limit(
                 organization=access.organization, actor=access.actor, scope=data.pop("scope"), **data
             )
-        except InvalidChange as exc:
-            add_service_error(form, exc)
-        else:
-            messages.success(request, f"Rate limit “{limit}” created.")
-            return redirect("dashboard:rate_limits", access.organization.slug)
-    return render_org(
-        request,
-        access,
-        "dashboard/form.html",
-        "rate_limits",
-        form=form,
-        title="New rate limit",
-        submit="Create rate limit",
-    )
-
-
-@org_view(manage=True)
-def rate_limit_edit(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
-    require_manage(access)
-    limit = get_object_or_404(RateLimit, pk=pk, organization=access.organization)
-    initial = {
-        f: getattr(limit, f) for f in ("name", *RateLimitForm.SUBJECT, "requests_per_minute", "tokens_per_minute")
-    }
-    form = RateLimitForm(request.POST or None, organization=access.organization, initial=initial, editing=True)
-    if request.method == "POST" and form.is_valid():
         data = {k: v for k, v in form.cleaned_data.items() if k not in RateLimitForm.SUBJECT}
-        try:
-            services.update_rate_limit(limit=limit, actor=access.actor, **data)
-        except InvalidChange as exc:
-            add_service_error(form, exc)
-        else:
-            messages.success(request, f"Rate limit “{limit}” saved.")
-            return redirect("dashboard:rate_limits", access.organization.slug)
-    return render_org(
-        request,
-        access,
-        "dashboard/form.html",
-        "rate_limits",
-        form=form,
-        title=f"Edit rate limit “{limit}”",
-        submit="Save",
-        delete_url="dashboard:rate_limit_delete",
-        obj=limit,
-    )
+        services.update_rate_limit(limit=row, actor=access.actor, **data)
+        return row
 
 
-@require_POST
-@org_view(manage=True)
-def rate_limit_delete(request: HttpRequest, access: Access, pk: int) -> HttpResponse:
-    limit = get_object_or_404(RateLimit, pk=pk, organization=access.organization)
-    services.delete_rate_limit(limit=limit, actor=access.actor)
-    messages.success(request, f"Rate limit “{limit}” deleted.")
-    return redirect("dashboard:rate_limits", access.organization.slug)
+rate_limit_edit = edit_page(RateLimitEditor())
+rate_limit_delete = delete_action(RATE_LIMITS, services.delete_rate_limit, instance="limit")

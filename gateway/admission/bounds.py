@@ -1,6 +1,6 @@
 """Bounds: the most a request body can be billed for, never an estimate of it. Each endpoint's
 shaper validates the body and returns its `Shape` (input bound, images, output ceiling, choices)
-for admission to reserve the worst case of (DESIGN §5).
+for admission to reserve the worst case of.
 
 The input bound is the whole billed body in UTF-8 bytes plus framing overhead: a byte-level BPE
 token covers at least one byte, so bytes bound tokens for any such tokenizer — unlike an

@@ -3,14 +3,14 @@ reserve a worst case, then settle it with the actual usage or cost, or release i
 
 Request ids are namespaced by organization, so one org's ids never collide with another's.
 
-Who may act on a reservation (issue 15):
+Who may act on a reservation:
 - one the gateway made for a proxied call is settled by that call only: 409
   `reservation_owned_by_gateway` here;
 - one made here, by the key that made it, or by a management-API token of the organization
   with write scope (sent as the bearer key); a read token gets 403 `read_only_token`, another
   key 403 `not_reservation_owner`. Every settle and release is written to the audit log.
 
-Release and settle, after expiry and after each other (decisions.md, 2026-12-01): the first
+Release and settle, after expiry and after each other (docs/decisions.md): the first
 settle or release is final and repeating it returns that first result; the other action after
 it is 409 (`reservation_settled` / `reservation_released`), and so is a settle at another cost
 than the first (`reservation_settle_conflict`, kept once on the record, not applied). An
@@ -44,7 +44,7 @@ from tenants.services import authenticate_token
 # The reservation API's own fields: everything else in a chat-shaped body is the chat request.
 OWN_FIELDS = ("request_id", "ttl_seconds", "amount_usd")
 # Guard point: the tests set it to False to show that without it any key of the organization
-# can zero the cost of another request's proxied call (issue 15, item 1).
+# can zero the cost of another request's proxied call.
 CHECK_OWNER = True
 
 # Guard point: a settle that loses a race with another settle of the same reservation at another

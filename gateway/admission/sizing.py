@@ -135,7 +135,7 @@ def _countable(shape: Shape, priced: list[_Priced]) -> bool:
 
 
 def _exact_prompt(shape: Shape, priced: list[_Priced], tightest: Ceiling | None) -> tuple[Shape, str]:
-    """The shape with its prompt counted exactly, when that changes the answer (issue 14).
+    """The shape with its prompt counted exactly, when that changes the answer.
 
     Only under a blocking ceiling, when every priced target's model has a local tokenizer
     (a byte-bound target, such as an Anthropic fallback, keeps bytes for all: the count must

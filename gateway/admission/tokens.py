@@ -1,4 +1,4 @@
-"""Exact prompt token counts for models whose tokenizer is public and local (issue 14).
+"""Exact prompt token counts for models whose tokenizer is public and local.
 
 The byte bound (gateway/admission/bounds.py) stays the rule; this count replaces it only for a model the
 catalog maps to an encoding (`Model.tokenizer`), and only when the byte bound would refuse or

@@ -1,5 +1,5 @@
 """The billing inventory: every request field and forwarded header the gateway accepts, per
-endpoint, in exactly one class (DESIGN §5, docs/billing.md).
+endpoint, in exactly one class (docs/billing.md). A field in no class is refused.
 
 - free: cannot change the bill.
 - tokens: bounded by tokens — covered by the byte bound on the input and the output ceiling.

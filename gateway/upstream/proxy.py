@@ -1,6 +1,6 @@
 """One proxied request: admit, call the provider (with failover), relay, record.
 
-Every admitted request ends in exactly one usage record (DESIGN §1, property 2-3):
+Every admitted request ends in exactly one usage record (the four properties' 2 and 3):
 - served: the provider reported usage; charged at its actual cost;
 - failed_upstream: known not billed (connect refused, 5xx, 4xx validation); zero cost;
 - estimated: the outcome is unknown (client left, timeout after sending, stream without
@@ -74,7 +74,7 @@ class ProxyCall:
         p = self.prepared
         if p is not None:  # admitted: what it reserved, and the room left under its tightest cap
             headers.append((b"x-capgate-reserved-usd", usd_str(p.worst_nano).encode()))
-            # The prompt tokens that worst case reserves and how they were bounded (issue 14).
+            # The prompt tokens that worst case reserves and how they were bounded (exact count or bytes).
             headers.append((b"x-capgate-reserved-input-tokens", str(p.input_tokens).encode()))
             headers.append((b"x-capgate-input-bound", p.input_bound.encode()))
             if p.remaining_nano is not None:

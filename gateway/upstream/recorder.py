@@ -1,4 +1,4 @@
-"""Group commit for usage records (issue 12 §2): the records of requests that finish while one
+"""Group commit for usage records: the records of requests that finish while one
 write is in flight go to the database together, in one INSERT on one settle thread
 (ledger/recording.py `record_many`), instead of one transaction per request.
 

@@ -1,27 +1,27 @@
-"""Management API plumbing (token auth, organization access, the error shape) and the
-endpoints for members, gateway keys and end customers.
+"""Management API endpoints for members, gateway keys and end customers (the shared base,
+auth and error shape are tenants/api/base.py and auth.py).
 
 URL shape: /api/orgs/{org_slug}/<resource>/. Views parse, call one service, render.
 """
 
 from __future__ import annotations
 
-from functools import cached_property
-from typing import Any, cast
+from typing import Any
 
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import extend_schema, extend_schema_view
-from rest_framework import exceptions, mixins, serializers, status, viewsets
+from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.response import Response
 
 from tenants import services
-from tenants.api.auth import OrgPermission
+from tenants.api.base import OrgCrudViewSet, OrgReadViewSet, Writes
+from tenants.api.base import OrgViewSet as OrgViewSet  # also exported beside the resources built on it
 from tenants.api.fields import choice_field, output_ceiling_field
 from tenants.api.refs import OrgRelatedField
 from tenants.members import add_member, change_member_role, remove_member
-from tenants.models import ApiKey, ApiToken, EndCustomer, Member, Project
-from tenants.selectors import Access, access_for_token, access_for_user
+from tenants.models import ApiKey, EndCustomer, Member, Project
+from tenants.selectors import Access
 
 
 class TokenAuthenticationScheme(OpenApiAuthenticationExtension):
@@ -30,32 +30,6 @@ class TokenAuthenticationScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema):
         return {"type": "http", "scheme": "bearer", "description": "Organization API token (cgt_…)"}
-
-
-class OrgViewSet(viewsets.GenericViewSet):
-    permission_classes = [OrgPermission]
-    lookup_value_regex = r"[0-9]+"
-
-    @cached_property
-    def access(self) -> Access:
-        slug = self.kwargs.get("org_slug", "")
-        if isinstance(self.request.auth, ApiToken):
-            return access_for_token(token=self.request.auth, slug=slug)
-        return access_for_user(user=self.request.user, slug=slug)
-
-    @property
-    def organization(self):
-        return self.access.organization
-
-    def can_write(self, access: Access) -> bool:
-        return access.can_manage
-
-    def get_serializer_context(self) -> dict[str, Any]:
-        # cast: DRF builds a fresh dict here; the stubs declare it a read-only Mapping.
-        context = cast(dict[str, Any], super().get_serializer_context())
-        if not getattr(self, "swagger_fake_view", False) and "org_slug" in self.kwargs:
-            context["organization"] = self.organization
-        return context
 
 
 # --- members -------------------------------------------------------------------------------------
@@ -79,28 +53,20 @@ class MemberRoleSerializer(serializers.Serializer):
     partial_update=extend_schema(request=MemberRoleSerializer, responses=MemberSerializer),
     update=extend_schema(request=MemberRoleSerializer, responses=MemberSerializer),
 )
-class MemberViewSet(
-    OrgViewSet,
-    mixins.ListModelMixin,
-    mixins.RetrieveModelMixin,
-    mixins.CreateModelMixin,
-    mixins.UpdateModelMixin,
-    mixins.DestroyModelMixin,
-):
+class MemberViewSet(OrgCrudViewSet):
+    model = Member
     serializer_class = MemberSerializer
+    writes = Writes(instance="member", create=add_member, delete=remove_member)
 
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):
-            return Member.objects.none()
-        return Member.objects.filter(organization=self.organization).select_related("user").order_by("id")
+    def org_queryset(self):
+        return super().org_queryset().select_related("user")
 
-    def perform_create(self, serializer):
-        serializer.instance = add_member(
-            organization=self.organization,
-            email=serializer.validated_data["user"]["email"],
-            role=serializer.validated_data.get("role", Member.Role.MEMBER),
-            actor=self.access.actor,
-        )
+    def create_kwargs(self, data: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "organization": self.organization,
+            "email": data["user"]["email"],
+            "role": data.get("role", Member.Role.MEMBER),
+        }
 
     def update(self, request, *args, **kwargs):
         member = self.get_object()
@@ -108,9 +74,6 @@ class MemberViewSet(
         data.is_valid(raise_exception=True)
         change_member_role(member=member, role=data.validated_data["role"], actor=self.access.actor)
         return Response(MemberSerializer(member).data)
-
-    def perform_destroy(self, instance):
-        remove_member(member=instance, actor=self.access.actor)
 
 
 # --- gateway keys --------------------------------------------------------------------------------
@@ -168,13 +131,9 @@ class KeyUpdateSerializer(serializers.Serializer):
     partial_update=extend_schema(request=KeyUpdateSerializer, responses=KeySerializer),
     destroy=extend_schema(description="Revoke the key (it stays listed, revoked)."),
 )
-class KeyViewSet(OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin):
+class KeyViewSet(OrgReadViewSet):
+    model = ApiKey
     serializer_class = KeySerializer
-
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):
-            return ApiKey.objects.none()
-        return ApiKey.objects.filter(organization=self.organization).order_by("id")
 
     def can_write(self, access: Access) -> bool:
         # Members manage their own keys (checked per key below); viewers and read tokens only read.
@@ -239,26 +198,18 @@ class EndCustomerSerializer(serializers.ModelSerializer):
         validators: list = []  # uniqueness is the service's to report, as a field error
 
 
-class EndCustomerViewSet(
-    OrgViewSet, mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, mixins.DestroyModelMixin
-):
+class EndCustomerViewSet(OrgReadViewSet, mixins.CreateModelMixin, mixins.DestroyModelMixin):
+    model = EndCustomer
+    org_field = "project__organization"
     serializer_class = EndCustomerSerializer
+    writes = Writes(instance="customer", create=services.create_end_customer, delete=services.delete_end_customer)
 
-    def get_queryset(self):
-        if getattr(self, "swagger_fake_view", False):
-            return EndCustomer.objects.none()
-        qs = EndCustomer.objects.filter(project__organization=self.organization).order_by("id")
+    def org_queryset(self):
+        qs = super().org_queryset()
         project = self.request.query_params.get("project")
         if project and project.isdigit():
             qs = qs.filter(project_id=int(project))
         return qs
 
-    def perform_create(self, serializer):
-        serializer.instance = services.create_end_customer(
-            project=serializer.validated_data["project"],
-            external_id=serializer.validated_data["external_id"],
-            actor=self.access.actor,
-        )
-
-    def perform_destroy(self, instance):
-        services.delete_end_customer(customer=instance, actor=self.access.actor)
+    def create_kwargs(self, data: dict[str, Any]) -> dict[str, Any]:
+        return {"project": data["project"], "external_id": data["external_id"]}  # the project names the org

@@ -185,3 +185,59 @@ def test_queries_do_not_grow_with_groups_or_records(history: Org):
         )
     # then: the same number of queries (two grouped reads, whatever the groups)
     assert queries() == few
+
+
+def picked(html: str) -> dict[str, str]:
+    """What the range picker shows: the selected range and grouping, and the two dates."""
+    form = re.search(r'<form method="get" class="card filters" novalidate id="chart-form">(.*?)</form>', html, re.S)
+    assert form
+    shown = {}
+    for name in ("range", "by"):
+        select = re.search(rf'<select name="{name}"[^>]*>(.*?)</select>', form.group(1), re.S)
+        assert select, name
+        chosen = re.findall(r'<option value="([^"]*)" selected>', select.group(1))
+        shown[name] = chosen[0] if len(chosen) == 1 else f"{len(chosen)} selected"
+    for name in ("start", "end"):
+        field = re.search(rf'<input type="date" name="{name}"([^>]*)>', form.group(1))
+        assert field, name
+        value = re.search(r'value="([^"]*)"', field.group(1))
+        shown[name] = value.group(1) if value else ""
+    return shown
+
+
+def drawn_since(html: str) -> str:
+    """The day the charts start at, from the line above them."""
+    found = re.search(r'<p class="muted small" id="chart-range">(\S+) ', html)
+    assert found
+    return found.group(1)
+
+
+@pytest.mark.parametrize(
+    ("params", "range_", "days"),
+    [
+        ({}, "week", 7),  # nothing chosen: the default range, shown as chosen
+        ({"range": "month", "by": "model"}, "month", 30),
+        ({"range": "week", "start": "2020-01-01", "end": "2020-01-31"}, "week", 7),  # dates a preset ignores
+        ("custom", "custom", 3),
+    ],
+)
+@pytest.mark.django_db
+def test_the_range_picker_shows_the_range_it_draws(history: Org, params, range_, days):
+    # given: a preset ends today; the custom range is 5 to 3 days ago
+    today = timezone.now().date()
+    last = today if range_ != "custom" else today - timedelta(days=3)
+    first = last - timedelta(days=days - 1)
+    if params == "custom":
+        params = {"range": "custom", "start": first.isoformat(), "end": last.isoformat()}
+    # when
+    r = browser(history.owner).get(url(history), params)
+    # then: the picker names the range and grouping drawn, and its dates are the first and last day drawn
+    assert r.status_code == 200
+    html = r.content.decode()
+    assert picked(html) == {
+        "range": range_,
+        "by": params.get("by", "project"),
+        "start": first.isoformat(),
+        "end": last.isoformat(),
+    }
+    assert drawn_since(html) == first.isoformat()

@@ -9,7 +9,7 @@ from django.test import Client
 from django.urls import reverse
 
 from dashboard import access as dashboard_access
-from dashboard.views import ratelimits as views
+from dashboard.views import crud
 from ratelimits.models import RateLimit
 from tenants.audit import Actor
 from tenants.models import AuditLogEntry, Organization
@@ -218,10 +218,11 @@ def test_another_orgs_limit_is_404_under_your_own_org(org_a: Org, org_b: Org):
 
 @pytest.mark.django_db
 def test_another_orgs_limit_guard_removed_is_deleted(org_a: Org, org_b: Org, monkeypatch):
-    # The removal test of the one above: the organization in the object lookup is the guard.
+    # The removal test of the one above: the organization in the object lookup is the guard
+    # (dashboard/views/crud.py's, for every resource's edit and delete).
     from django.shortcuts import get_object_or_404
 
     theirs = org_limit(org_b, name="theirs")
-    monkeypatch.setattr(views, "get_object_or_404", lambda model, pk, organization: get_object_or_404(model, pk=pk))
+    monkeypatch.setattr(crud, "get_object_or_404", lambda model, pk, organization: get_object_or_404(model, pk=pk))
     assert browser(org_a.owner).post(url(org_a, "rate_limit_delete", theirs.id)).status_code == 302
     assert not RateLimit.objects.filter(pk=theirs.pk).exists()
