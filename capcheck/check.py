@@ -201,11 +201,13 @@ def check_organization(
                 problems.append(f"P2: {what} got 503 '{s.code}'")
             if rec is not None or s.request_id in live:
                 problems.append(f"P2: {what} was refused but has a usage row or reservation")
-        elif s.status in (502, 504):
+        elif s.status in (500, 502, 504):
+            # 500: the provider's own error relayed (its body, from the last target tried); a
+            # capgate bug after admission would leave an estimated row, not a failed one.
             failed += 1
             if rec is None:
                 problems.append(f"P2: {what} failed upstream ({s.status} {s.code}) without its own usage row")
-            elif s.status == 502 and rec.status != UsageRecord.Status.FAILED_UPSTREAM:
+            elif s.status in (500, 502) and rec.status != UsageRecord.Status.FAILED_UPSTREAM:
                 problems.append(f"P2: {what} failed upstream but its row says {rec.status}")
         elif s.status == 0:
             undelivered += 1

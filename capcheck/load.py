@@ -45,7 +45,7 @@ async def _fire(setup: Setup, plan: Plan, sent: list[Sent]) -> None:
 async def _one(client: httpx.AsyncClient, setup: Setup, s: Sent, body: dict, start: asyncio.Event) -> None:
     headers = {"authorization": f"Bearer {setup.keys[s.key]}", **setup.headers}
     if s.mode == "fault":
-        headers["x-capgate-echo-fail"] = "500"
+        headers[setup.fault_header[0]] = setup.fault_header[1]
     elif s.mode == "customer":
         headers["x-capgate-customer"] = CUSTOMER
     await start.wait()
@@ -61,8 +61,8 @@ async def _one(client: httpx.AsyncClient, setup: Setup, s: Sent, body: dict, sta
                     break  # leaving the block closes the connection mid-stream
             else:
                 data = await resp.aread()
-                if s.mode == "stream" and b"[DONE]" not in data:
-                    s.error = "stream ended without [DONE]"
+                if s.mode == "stream" and b"[DONE]" not in data and b"message_stop" not in data:
+                    s.error = "stream ended without its last event ([DONE] or message_stop)"
     except httpx.HTTPError as exc:
         s.error = f"{type(exc).__name__}: {exc}"[:300]
     s.latency_s = time.perf_counter() - began

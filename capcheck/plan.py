@@ -48,6 +48,13 @@ class Plan:
     # the operator allows capcheck to restart, and how long it stays down.
     restart_db_cluster: str = ""
     restart_seconds: float = 6.0
+    # The connection kind the run's route calls (capcheck/kinds.py): the built-in echo, or
+    # any other kind at `upstream_url` (a fake provider that takes its bill from X-Upstream-*
+    # headers, tests/upstream/server.py), with that kind's secret and options.
+    kind: str = "echo"
+    upstream_url: str = ""
+    connection_secret: str = ""
+    connection_options: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,8 @@ class Setup:
     served_model: str = ""
     # A batch scenario's line routes, one line each (default: one line on `route`).
     batch_routes: tuple[str, ...] = ()
+    # The header that makes the run's provider answer 500 (mode "fault").
+    fault_header: tuple[str, str] = ("x-capgate-echo-fail", "500")
 
     def body(self, *, stream: bool) -> dict:
         """The body every request of the run sends: the plan's chat shape plus the scenario's

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from django.utils import timezone
 
+from capcheck import kinds
 from capcheck.check import RunReport, check_organization
 from capcheck.load import Sampler, fire, wait_settled
 from capcheck.plan import INPUT_USD, OUTPUT_USD, CapcheckError, Plan, Sent, Setup, Tokens
@@ -38,11 +39,11 @@ def create_run(*, plan: Plan, scenario: str, concurrency: int) -> Setup:
     )
     org = Organization.objects.create(slug=slug, name=f"capcheck {scenario} x{concurrency}")
     main = Project.objects.create(organization=org, name="Main", slug="main")
-    echo = Connection.objects.create(
+    echo = kinds.connection(
+        plan=plan,
         organization=org,
-        name="echo",
-        kind=Connection.Kind.ECHO,
-        options={
+        tokens=tokens,
+        echo_options={
             "delay_ms": plan.delay_ms,
             "chunk_delay_ms": plan.chunk_delay_ms,
             "chunks": plan.chunks,
@@ -52,7 +53,7 @@ def create_run(*, plan: Plan, scenario: str, concurrency: int) -> Setup:
             "allow_fault_headers": shape.fault_headers,
         },
     )
-    route = Route.objects.create(organization=org, name="capcheck-echo")
+    route = Route.objects.create(organization=org, name=f"capcheck-{plan.kind}")
     RouteTarget.objects.create(route=route, connection=echo, model=model, position=0)
     build = Build(
         plan=plan,
@@ -66,7 +67,7 @@ def create_run(*, plan: Plan, scenario: str, concurrency: int) -> Setup:
     )
     build.key("A", main)
     build.budget("capcheck organization cap", Budget.Scope.ORGANIZATION, plan.cap_nano)
-    overrides = shape.prepare(build)
+    overrides = {**kinds.overrides(plan=plan, tokens=tokens), **shape.prepare(build)}
     return Setup(
         scenario=scenario,
         concurrency=concurrency,
@@ -142,6 +143,7 @@ def run_one(*, plan: Plan, scenario: str, concurrency: int) -> RunReport:
 
 def run_capcheck(*, plan: Plan, progress: Callable[[RunReport], None] | None = None) -> list[RunReport]:
     """Every scenario at every concurrency, one fresh organization each."""
+    kinds.check_plan(plan)
     for s in plan.scenarios:
         _scenario(s)
         if s == DB_RESTART.name and not plan.restart_db_cluster:

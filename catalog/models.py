@@ -164,6 +164,21 @@ class Connection(models.Model):
         AZURE_OPENAI = "azure_openai"
         # The Gemini API's OpenAI-compatible endpoint, with a Gemini API key as the bearer token.
         GEMINI = "gemini"
+        # Amazon Bedrock (Claude's Messages body on InvokeModel), signed with SigV4.
+        BEDROCK = "bedrock"
+        # Google Vertex AI (Claude's rawPredict, Gemini's OpenAI-compatible endpoint), with a
+        # service account's OAuth token.
+        VERTEX = "vertex"
+        # OpenAI-compatible providers: base URL, headers and model naming from catalog/presets.py.
+        GROQ = "groq"
+        MISTRAL = "mistral"
+        DEEPSEEK = "deepseek"
+        XAI = "xai"
+        TOGETHER = "together"
+        FIREWORKS = "fireworks"
+        OPENROUTER = "openrouter"
+        VLLM = "vllm"
+        OLLAMA = "ollama"
         ECHO = "echo"
 
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="connections")
@@ -181,6 +196,12 @@ class Connection(models.Model):
     # azure_openai: {"api_version": "2024-10-21", "auth": "api_key" | "entra",
     #                "deployments": {"<catalog model name>": "<deployment name>"}}
     # gemini: none needed; base_url defaults to https://generativelanguage.googleapis.com/v1beta/openai/
+    # bedrock: {"region": "us-east-1", "profile"?: "<AWS profile>"}; the secret is
+    #          {"access_key_id", "secret_access_key", "session_token"?} (or empty: the chain)
+    # vertex: {"project": "<project id>", "region": "us-east5" | "global"}; the secret is a
+    #         service account's JSON key
+    # openrouter: {"app_url"?, "app_name"?} (attribution headers)
+    # any kind: {"model_ids": {"<catalog model name>": "<the provider's id>"}}
     options = models.JSONField(default=dict, blank=True)
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)

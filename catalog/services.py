@@ -4,7 +4,6 @@ list prices — validated and audited."""
 from __future__ import annotations
 
 import ipaddress
-import re
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
@@ -13,7 +12,9 @@ from urllib.parse import urlparse
 from django.db import transaction
 
 from catalog.destinations import refusal_reason
+from catalog.kinds import check_kind
 from catalog.models import TOKENIZERS, Connection, Model, Provider, Route, RouteTarget
+from catalog.presets import PRESETS
 from core.errors import InvalidChange
 from tenants.audit import Actor, audit, save_changes, snapshot
 from tenants.models import Organization
@@ -59,7 +60,9 @@ def _check_rate(name: str, value: Any) -> None:
         raise InvalidChange("At most 6 decimal places.", param=name)
 
 
-def _check_connection(fields: dict[str, Any]) -> None:
+def _check_connection(fields: dict[str, Any], *, current: Connection | None = None, secret: str | None = None) -> None:
+    """The fields of a new connection, or of an edit to `current` (its kind, options and secret
+    are checked as they will be after the edit)."""
     if "name" in fields and not (fields["name"] or "").strip():
         raise InvalidChange("A connection needs a name.", param="name")
     if "kind" in fields and fields["kind"] not in Connection.Kind.values:
@@ -71,32 +74,23 @@ def _check_connection(fields: dict[str, Any]) -> None:
         _check_destination(url)
     if "options" in fields and not isinstance(fields["options"], dict):
         raise InvalidChange("An object.", param="options")
-    _check_azure_options(fields.get("options") or {})
     for name in RATE_FIELDS:
         _check_rate(name, fields.get(name))
-
-
-_AZURE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_AZURE_VERSION = re.compile(r"\d{4}-\d{2}-\d{2}(-preview)?")
-
-
-def _check_azure_options(options: dict[str, Any]) -> None:
-    """An Azure OpenAI connection's api-version, auth and deployment names: each goes into the
-    upstream URL or headers, so only their documented shapes are accepted."""
-    version = options.get("api_version")
-    if version is not None and not (isinstance(version, str) and _AZURE_VERSION.fullmatch(version)):
-        raise InvalidChange('options.api_version: an Azure api-version such as "2024-10-21".', param="options")
-    if options.get("auth") not in (None, "api_key", "entra"):
-        raise InvalidChange('options.auth: "api_key" (an api-key header) or "entra" (a bearer token).', param="options")
-    deployments = options.get("deployments")
-    if deployments is not None and not (
-        isinstance(deployments, dict)
-        and all(isinstance(k, str) and isinstance(v, str) and _AZURE_NAME.fullmatch(v) for k, v in deployments.items())
-    ):
-        raise InvalidChange(
-            "options.deployments: an object of model name to deployment name (letters, digits, . _ -).",
-            param="options",
-        )
+    kind = fields.get("kind", current.kind if current is not None else "")
+    options = fields["options"] if "options" in fields else (current.options if current is not None else {})
+    if current is not None and secret is None and kind != current.kind:
+        secret = current.secret  # a new kind checks the stored secret too
+    check_kind(kind=kind, options=options or {}, secret=secret if current is not None else (secret or ""))
+    preset = PRESETS.get(kind)
+    if preset is not None and not url and not (current is not None and current.base_url and "base_url" not in fields):
+        # The preset's own base URL goes through the destination rules like any other.
+        try:
+            _check_destination(preset.base_url)
+        except InvalidChange as exc:
+            raise InvalidChange(
+                f"{preset.title}'s default base URL {preset.base_url}: {exc.message} Give the server's base URL.",
+                param="base_url",
+            ) from None
 
 
 def _check_destination(url: str, *, param: str = "base_url", what: str = "A base URL") -> None:
@@ -133,7 +127,7 @@ check_destination = _check_destination
 
 
 def create_connection(*, organization: Organization, actor: Actor, secret: str = "", **fields: Any) -> Connection:
-    _check_connection(fields)
+    _check_connection(fields, secret=secret)
     if organization.connections.filter(name=fields["name"]).exists():
         raise InvalidChange(f"A connection named {fields['name']!r} exists.", param="name")
     connection = Connection.objects.create(organization=organization, secret=secret, **fields)
@@ -148,7 +142,7 @@ def update_connection(
     *, connection: Connection, actor: Actor, secret: str | None = None, **fields: Any
 ) -> dict[str, list[Any]]:
     """`secret=None` keeps the stored secret (it is write-only: forms never show it back)."""
-    _check_connection(fields)
+    _check_connection(fields, current=connection, secret=secret)
     if (
         "name" in fields
         and connection.organization.connections.filter(name=fields["name"]).exclude(pk=connection.pk).exists()

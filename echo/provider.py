@@ -16,7 +16,14 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.providers import SSEEvent
+from gateway.providers import Adapter, SSEEvent
+
+
+class Echo(Adapter):
+    """The built-in provider serves every live endpoint in its own format, in-process (its
+    transport, echo/transport.py, answers the call; registered in EchoConfig.ready)."""
+
+    endpoints = frozenset({"chat", "messages", "embeddings", "responses", "videos"})
 
 
 def max_output(body: dict) -> Any:

@@ -300,6 +300,10 @@ CAPGATE = {
     # Upstream reach and capacity (docs/security.md). Networks a connection may reach besides
     # public addresses: comma-separated CIDRs, environment only (never tenant-editable).
     "UPSTREAM_ALLOWED_NETWORKS": env.list("CAPGATE_UPSTREAM_ALLOWED_NETWORKS", default=[]),
+    # A Bedrock connection without keys signs with the gateway's own AWS credential chain
+    # (environment, profile, instance role): the operator's account. Off by default, so no tenant
+    # can spend it; a single-tenant deployment turns it on.
+    "BEDROCK_AMBIENT_CREDENTIALS": env.bool("CAPGATE_BEDROCK_AMBIENT_CREDENTIALS", default=False),
     # Per gateway process: upstream sockets in all, and in-flight upstream calls one connection
     # and one organization may hold (over it: 429 at once, instead of queueing for everyone).
     "UPSTREAM_MAX_CONNECTIONS": env.int("CAPGATE_UPSTREAM_MAX_CONNECTIONS", default=2000),

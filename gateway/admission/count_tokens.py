@@ -30,7 +30,7 @@ from gateway.admission.routing import Target, authenticate, resolve_route
 from gateway.http import metrics
 from gateway.http.errors import render
 from gateway.http.request import ClientGone, Request
-from gateway.providers import connection_url, upstream_headers
+from gateway.providers import adapter, connection_url, upstream_headers
 from gateway.upstream import runtime
 from gateway.upstream.transport import client
 from ledger.errors import BudgetUnavailable
@@ -66,7 +66,7 @@ def local_count(body: dict, encoding_name: str) -> int | None:
 
 async def _ask_provider(targets: list[Target], body: dict, headers: dict[str, str]) -> dict | None:
     for target in targets:
-        if target.connection.kind != "anthropic":
+        if not adapter(target).counts_tokens:  # a kind with Anthropic's own count endpoint
             continue
         try:
             resp = await client().post(

@@ -12,18 +12,10 @@ from django.utils import timezone
 
 from catalog.models import Connection, Model, Route
 from catalog.pricing import Rates, rates_for
+from gateway import providers
 from gateway.http.errors import GatewayError
 from ledger.models import Reservation
 from tenants.models import ApiKey, hash_key
-
-# Which connection kinds can serve which endpoint without translating formats.
-COMPATIBLE = {
-    "chat": {"openai", "azure_openai", "gemini", "echo"},
-    "embeddings": {"openai", "azure_openai", "gemini", "echo"},
-    "messages": {"anthropic", "echo"},
-    "responses": {"openai", "echo"},
-    "videos": {"openai", "echo"},
-}
 
 
 @dataclass(frozen=True)
@@ -120,7 +112,8 @@ def resolve_route(*, key: ApiKey, name: str, kind: str) -> list[Target]:
             for t in route.targets.select_related("connection", "model", "model__provider").order_by("position", "id")
         ]
         lookups.put(cache_key, routed)
-    targets = [t for t in routed if t.connection.enabled and t.connection.kind in COMPATIBLE[kind]]
+    # Only kinds whose adapter serves this endpoint in its own wire format.
+    targets = [t for t in routed if t.connection.enabled and providers.serves(t.connection.kind, kind)]
     if not targets:
         # A configuration error, not an outage: a 503 would read as "overloaded" and be retried.
         raise GatewayError(

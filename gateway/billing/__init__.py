@@ -22,6 +22,7 @@ Pure data and string functions, no Django: `python -m gateway.billing` prints do
 from gateway.billing.docs import ENDPOINTS, counts, markdown
 from gateway.billing.entries import CLASS_TITLES, FREE, IDENT, PRICED, REFUSED, TOKENS, Entry
 from gateway.billing.jobs import JOB_ENDPOINTS, JOB_FIELDS, JOB_HEADERS_NOT_FORWARDED, VIDEO_PRICED_SIZES
+from gateway.billing.kinds import KINDS
 from gateway.billing.live import (
     ANTHROPIC_BETAS,
     FIELDS,
@@ -43,6 +44,7 @@ __all__ = [
     "JOB_ENDPOINTS",
     "JOB_FIELDS",
     "JOB_HEADERS_NOT_FORWARDED",
+    "KINDS",
     "NOT_FORWARDED",
     "PRICED",
     "PROVIDER_HEADER_PREFIXES",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gateway.billing.entries import CLASS_TITLES, Entry
 from gateway.billing.jobs import JOB_ENDPOINTS, JOB_FIELDS, JOB_HEADERS_NOT_FORWARDED
+from gateway.billing.kinds import KINDS
 from gateway.billing.live import ANTHROPIC_BETAS, FIELDS, HEADERS, NOT_FORWARDED, TOOL_TYPES
 
 ENDPOINTS = {
@@ -89,6 +90,18 @@ def markdown() -> str:
     ]
     lines += [f"| `{name}` | {why} |" for name, why in NOT_FORWARDED.items()]
     lines += ["", "## `anthropic-beta` values", "", *_rows("beta", ANTHROPIC_BETAS)]
+    lines += [
+        "",
+        "## Connection kinds",
+        "",
+        "Each kind serves the endpoints above in its provider's format; what it adds to the bill:",
+    ]
+    groups: dict[int, list[str]] = {}  # kinds sharing one table (the presets) are listed once
+    for kind, features in KINDS.items():
+        groups.setdefault(id(features), []).append(kind)
+    for kinds in groups.values():
+        title = ", ".join(f"`{k}`" for k in kinds)
+        lines += ["", f"### {title}", "", *_rows("feature", KINDS[kinds[0]])]
     lines += [
         "",
         "## Job endpoints",

@@ -30,12 +30,7 @@ from gateway.admission.service import Prepared, Target, admit_call
 from gateway.http import metrics
 from gateway.http.errors import GatewayError, render
 from gateway.http.request import ClientGone, Request
-from gateway.providers import (
-    response_state,
-    upstream_headers,
-    upstream_url,
-    usage_from_body,
-)
+from gateway.providers import adapter, response_state
 from gateway.upstream import continuations, runtime, streams, transport
 from gateway.upstream.recorder import recorder
 from gateway.upstream.streams import NOT_BILLED, Attempt
@@ -185,19 +180,15 @@ class ProxyCall:
     def upstream_body(self, body: dict, target: Target) -> dict:
         # The provider gets the target's own model id (a route name is capgate's alias) and any
         # field the billing bound rewrote (server tools' injected max_uses).
-        out = {**body, **(self.shape.patch if self.shape else {}), "model": target.model.name}
+        kind = adapter(target)
+        out = {**body, **(self.shape.patch if self.shape else {}), "model": kind.model_id(target)}
         p = self.prepared
         assert p is not None
         if p.inject_max_output is not None:
-            if self.kind == "messages":
-                out["max_tokens"] = p.inject_max_output
-            elif self.kind == "responses":
-                out["max_output_tokens"] = p.inject_max_output
-            else:
-                param = target.connection.options.get("max_tokens_param", "max_completion_tokens")
+            if self.kind == "chat":
                 out.pop("max_tokens", None)
                 out.pop("max_completion_tokens", None)
-                out[param] = p.inject_max_output
+            out[kind.output_param(target, self.kind)] = p.inject_max_output
         if self.kind == "chat" and body.get("stream"):
             out["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         return out
@@ -268,13 +259,12 @@ class ProxyCall:
 
     async def call_attempt(self, target: Target, up_body: dict) -> Attempt:
         try:
+            # The adapter may fetch a credential first (a refused one is not billed either).
+            up = await self._race_client(
+                adapter(target).request(target, self.kind, up_body, self.req.headers, stream=False)
+            )
             resp = await self._race_client(
-                client().post(
-                    upstream_url(target, self.kind),
-                    content=json.dumps(up_body).encode(),
-                    headers=upstream_headers(target, self.req.headers),
-                    extensions=self.upstream_tag(target),
-                )
+                client().post(up.url, content=up.content, headers=up.headers, extensions=self.upstream_tag(target))
             )
         except NOT_BILLED as exc:
             return Attempt(kind="failover", error=f"{type(exc).__name__}: {exc}")
@@ -286,7 +276,7 @@ class ProxyCall:
         if status >= 400:
             return Attempt(kind="not_billed", status=status, body=data, error=f"upstream rejected: {status}")
         runtime.health.succeeded(target.connection.id)
-        usage, provider_model = usage_from_body(self.kind, data)
+        usage, provider_model = adapter(target).usage_from_body(self.kind, data)
         await self.record(self._served(target, usage, provider_model), target)
         if self.kind == "responses":
             await self._remember(target, _loads(data))

@@ -4,7 +4,6 @@ and record once when it ends however it ends (gateway/upstream/proxy.py drives t
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -12,7 +11,7 @@ import httpx
 
 from gateway.admission.service import Target
 from gateway.http.request import ClientGone
-from gateway.providers import StreamUsage, sse_events, upstream_headers, upstream_url
+from gateway.providers import adapter
 from gateway.upstream import runtime
 from gateway.upstream.transport import client
 from ledger.recording import Outcome
@@ -36,14 +35,12 @@ class Attempt:
 async def stream_attempt(call: ProxyCall, target: Target, up_body: dict) -> Attempt:
     """Try one target with a streamed call: relay it to the client, or say why not."""
     upstream_client = client()
-    request = upstream_client.build_request(
-        "POST",
-        upstream_url(target, call.kind),
-        content=json.dumps(up_body).encode(),
-        headers=upstream_headers(target, call.req.headers),
-        extensions=call.upstream_tag(target),
-    )
     try:
+        # The adapter may fetch a credential first (a refused one is not billed either).
+        up = await call._race_client(adapter(target).request(target, call.kind, up_body, call.req.headers, stream=True))
+        request = upstream_client.build_request(
+            "POST", up.url, content=up.content, headers=up.headers, extensions=call.upstream_tag(target)
+        )
         response = await call._race_client(upstream_client.send(request, stream=True))
     except NOT_BILLED as exc:
         return Attempt(kind="failover", error=f"{type(exc).__name__}: {exc}")
@@ -56,7 +53,7 @@ async def stream_attempt(call: ProxyCall, target: Target, up_body: dict) -> Atte
         if status >= 500 or status == 429:
             return Attempt(kind="failover", status=status, body=data, error=f"upstream status {status}")
         return Attempt(kind="not_billed", status=status, body=data, error=f"upstream rejected: {status}")
-    events = sse_events(response.aiter_lines())
+    events = adapter(target).events(response, call.kind)
     runtime.health.succeeded(target.connection.id)
     await relay(call, target, events, response)
     return Attempt(kind="done")
@@ -67,7 +64,7 @@ async def relay(call: ProxyCall, target: Target, events, response: httpx.Respons
     upstream drops, or the request's hard lifetime runs out; then record once."""
     p = call.prepared
     assert p is not None
-    tracker = StreamUsage(call.kind)
+    tracker = adapter(target).stream_usage(call.kind)
     wants_usage = call.client_stream_options.get("include_usage") is True
     ending = "completed"
     deadline = call._seconds_left()

@@ -160,3 +160,9 @@ def test_the_inventory_would_catch_a_new_sdk_parameter():
     # the check above is not vacuous: a TypedDict with one more field fails it
     Extended = typing.TypedDict("Extended", {"model": str, "brand_new_paid_option": bool}, total=False)  # noqa: UP013
     assert _sdk_params(Extended) - set(billing.FIELDS["chat"]) == {"brand_new_paid_option"}
+
+
+def test_every_connection_kind_says_what_it_adds_to_the_bill():
+    from catalog.models import Connection
+
+    assert set(billing.KINDS) == set(Connection.Kind.values)

@@ -10,7 +10,7 @@ import pytest
 
 from catalog import services as catalog_services
 from catalog.models import Connection
-from gateway import providers
+from gateway.providers import base as providers
 from ledger.models import Reservation
 from tests.api.conftest import Org, client
 from tests.gateway.conftest import KEY, wait_settled

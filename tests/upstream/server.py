@@ -1,5 +1,6 @@
-"""Fake LLM provider speaking the OpenAI, Anthropic, Azure OpenAI and Gemini (OpenAI-compatible)
-wire formats, for tests and benchmarks.
+"""Fake LLM provider speaking the OpenAI, Anthropic, Azure OpenAI, Gemini (OpenAI-compatible),
+Amazon Bedrock (InvokeModel, SigV4, the AWS event stream) and Google Vertex AI (rawPredict, the
+OpenAI-compatible endpoint, the OAuth token endpoint) wire formats, for tests and benchmarks.
 
 A plain ASGI app served by uvicorn. Behaviour is driven by "knobs" (see ``DEFAULTS``) that can be
 set globally with ``POST /_control`` or per request with ``X-Upstream-<knob>`` headers
@@ -28,7 +29,7 @@ from urllib.parse import parse_qs
 import httpx
 import uvicorn
 
-from tests.upstream import azure, files, gemini, job_routes, jobs, media
+from tests.upstream import azure, bedrock, files, gemini, job_routes, jobs, media, vertex
 
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -51,6 +52,7 @@ DEFAULTS: dict[str, Any] = {
     "cache_write_1h_tokens": 0,  # of the input, written to the 1-hour cache when ttl "1h" is asked
     "audio_tokens": 0,  # completion audio tokens reported (a paid field capgate cannot price)
     "thoughts_tokens": 0,  # thinking tokens counted in total_tokens only, as Gemini reports them
+    "cached_tokens": 0,  # chat: of the prompt, read from the cache (prompt_tokens_details.cached_tokens)
     # "o200k_base" | "cl100k_base": chat prompt_tokens counted like the provider (tests/upstream/
     # chatml.py) instead of the fixed prompt_tokens knob.
     "count_prompt": "",
@@ -136,6 +138,9 @@ class _Exchange:
         self.uploads: dict[str, tuple[str, bytes]] = {}  # multipart files: name -> (filename, bytes)
         self.query: dict[str, str] = {}
         self.deployment = ""  # Azure OpenAI: the deployment in the URL (tests/upstream/azure.py)
+        # How a stream's SSE frames go on the wire (Bedrock: AWS event stream messages).
+        self.stream_type = "text/event-stream"
+        self.encode_frame: Callable[[str], bytes] = str.encode
         self.headers: Headers = {}
         self.store: jobs.JobStore | None = None
         self.knobs: dict[str, Any] = dict(DEFAULTS)
@@ -217,14 +222,16 @@ class _Exchange:
         """
         if self.fail != "drop_mid_stream":
             drop_at = -1
-        await self.start(200, "text/event-stream", (b"cache-control", b"no-cache"))
+        await self.start(200, self.stream_type, (b"cache-control", b"no-cache"))
         for i, frame in enumerate(frames):
             if i == drop_at:
                 await self.abort()
                 return
             if i and not await self.wait(self.knobs["chunk_delay_ms"] / 1000):
                 return  # client went away
-            await self.body_chunk(frame.encode(), more=True)
+            if frame.startswith("data: [DONE]") and self.encode_frame is not str.encode:
+                continue
+            await self.body_chunk(self.encode_frame(frame), more=True)
         await self.body_chunk(b"")
 
 
@@ -271,6 +278,8 @@ async def _chat(ex: _Exchange) -> None:
     usage["total_tokens"] = prompt + completion + knobs["thoughts_tokens"]
     if knobs["audio_tokens"]:
         usage["completion_tokens_details"] = {"audio_tokens": knobs["audio_tokens"]}
+    if knobs["cached_tokens"]:
+        usage["prompt_tokens_details"] = {"cached_tokens": knobs["cached_tokens"]}
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     tier = _served_tier(knobs, body, "openai")
 
@@ -538,6 +547,7 @@ class UpstreamApp:
         self.by_path: dict[str, int] = {}
         self.last: dict[str, dict[str, Any]] = {}
         self.store = jobs.JobStore(ROUTES)  # files and jobs
+        self.tokens = vertex.Tokens()  # Vertex: the access tokens issued by /token
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -546,6 +556,7 @@ class UpstreamApp:
             "in_flight": self.in_flight,
             "completed": self.completed,
             "disconnected": self.disconnected,
+            "token_grants": self.tokens.grants,
         }
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -588,6 +599,34 @@ class UpstreamApp:
                 await ex.json(*refusal)
                 return
             await self._v1(ex, method, v1_path, headers, raw, seen_as=path)
+        elif path.startswith(bedrock.PREFIX):
+            host = headers.get("host", "")
+            raw_path = scope.get("raw_path", path.encode()).decode("latin-1")
+            body, refusal = bedrock.to_v1(method, host, raw_path, qs, headers, raw)
+            if refusal is not None:
+                self.last[path] = {"method": method, "headers": headers, "query": ex.query}
+                status, extra, error = refusal
+                await ex.start(status, "application/json", *((k.encode(), v.encode()) for k, v in extra.items()))
+                await ex.body_chunk(json.dumps(error).encode())
+                return
+            if body["stream"]:
+                ex.stream_type, ex.encode_frame = bedrock.EVENT_STREAM, bedrock.Encoder()
+            await self._v1(ex, method, "/v1/messages", headers, json.dumps(body).encode(), seen_as=path, raw_seen=raw)
+        elif path == vertex.TOKEN_PATH and method == "POST":
+            status, answer = self.tokens.grant(raw)
+            self.last[path] = {"method": method, "headers": headers, "body": raw.decode("latin-1")}
+            await ex.json(status, answer)
+        elif path.startswith(vertex.PREFIX):
+            try:
+                sent: Any = json.loads(raw or b"{}")
+            except ValueError:
+                sent = None
+            v1_path, body, refusal = vertex.to_v1(path, headers, sent, self.tokens)
+            if refusal is not None:
+                self.last[path] = {"method": method, "headers": headers, "query": ex.query}
+                await ex.json(*refusal)
+                return
+            await self._v1(ex, method, v1_path, headers, json.dumps(body).encode(), seen_as=path, raw_seen=raw)
         elif path.startswith("/v1/"):
             await self._v1(ex, method, path, headers, raw)
         else:
@@ -627,7 +666,14 @@ class UpstreamApp:
             await ex.json(404, {"error": f"unknown path {method} {path}"})
 
     async def _v1(
-        self, ex: _Exchange, method: str, path: str, hdrs: Headers, raw: bytes, seen_as: str | None = None
+        self,
+        ex: _Exchange,
+        method: str,
+        path: str,
+        hdrs: Headers,
+        raw: bytes,
+        seen_as: str | None = None,
+        raw_seen: bytes | None = None,  # the body as sent, when it was rewritten for the handler
     ) -> None:
         self.requests += 1
         number = self.requests  # fail_every is keyed on this global, 1-based counter
@@ -647,6 +693,8 @@ class UpstreamApp:
                 except ValueError as exc:
                     body = f"malformed multipart body: {exc}"
             self.last[seen_as or path] = {"method": method, "body": body, "headers": hdrs, "query": ex.query}
+            if raw_seen is not None:
+                self.last[seen_as or path]["body"] = json.loads(raw_seen)
             handler = ROUTES.get((method, path)) or job_routes.route(self.store, method, path)
             try:
                 ex.knobs = dict(self.settings)

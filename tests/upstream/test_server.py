@@ -186,6 +186,7 @@ def test_stats_counts(client: httpx.Client) -> None:
         "in_flight": 0,
         "completed": 5,
         "disconnected": 1,
+        "token_grants": 0,  # Vertex's OAuth token endpoint (tests/upstream/vertex.py)
     }
 
 

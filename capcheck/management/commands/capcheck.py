@@ -14,6 +14,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from capcheck import SCENARIOS, CapcheckError, Plan, RunReport, run_capcheck
+from capcheck.kinds import CORE
 from core.money import MoneyError, format_usd, usd_to_nano
 
 
@@ -101,6 +102,23 @@ class Command(BaseCommand):
         parser.add_argument(
             "--restart-seconds", type=float, default=6.0, help="db-restart: how long the database stays down"
         )
+        parser.add_argument(
+            "--kind",
+            default="echo",
+            help="the connection kind the runs call (default echo, the built-in provider); any other kind "
+            "calls --upstream-url, which must bill from X-Upstream-* headers (the fake provider), and runs "
+            "the core scenarios (basic, stream, multi, failures) by default",
+        )
+        parser.add_argument("--upstream-url", default="", help="the provider's base URL for --kind")
+        parser.add_argument(
+            "--connection-secret-env",
+            default="",
+            metavar="VAR",
+            help="the environment variable holding the --kind connection's secret",
+        )
+        parser.add_argument(
+            "--connection-options", default="{}", help="the --kind connection's options, as a JSON object"
+        )
         parser.add_argument("--json", action="store_true", dest="as_json", help="print the reports as JSON")
 
     def handle(self, *args, **opts) -> None:
@@ -109,7 +127,18 @@ class Command(BaseCommand):
             raise CommandError(
                 f"--restart-db-cluster {cluster}: not a scripts/pg-cluster.sh cluster (no data/PG_VERSION)"
             )
-        scenario = opts["scenario"] or ("db-restart" if cluster else ",".join(SCENARIOS))
+        kind = opts["kind"]
+        default = ",".join(SCENARIOS if kind == "echo" else CORE)
+        scenario = opts["scenario"] or ("db-restart" if cluster else default)
+        try:
+            options = json.loads(opts["connection_options"])
+        except ValueError:
+            options = None
+        if not isinstance(options, dict):
+            raise CommandError("--connection-options: a JSON object")
+        secret_env = opts["connection_secret_env"]
+        if secret_env and secret_env not in os.environ:
+            raise CommandError(f"--connection-secret-env: environment variable {secret_env} is not set")
         plan = Plan(
             url=opts["url"].rstrip("/"),
             scenarios=tuple(s.strip() for s in scenario.split(",") if s.strip()),
@@ -125,6 +154,10 @@ class Command(BaseCommand):
             request_timeout=opts["timeout"],
             settle_timeout=opts["settle_timeout"],
             keep=opts["keep"],
+            kind=kind,
+            upstream_url=opts["upstream_url"],
+            connection_secret=os.environ[secret_env] if secret_env else "",
+            connection_options=options,
         )
         as_json = opts["as_json"]
         try:

@@ -1,125 +1,12 @@
-"""Provider adapters: where a request goes, with which headers, and how its usage is read back.
-
-Upstream responses are consumed as raw bytes (non-stream) or as SSE events (stream) so the
-client receives the provider's own wire format, untouched except where noted.
-"""
+"""Usage read back from a provider's answer, by wire format (not by connection kind): OpenAI's
+chat completions and embeddings, Anthropic's messages, OpenAI's responses. Each adapter says
+which format its provider answers in (gateway/providers/base.py)."""
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
-from urllib.parse import quote
-
-import httpx
 
 from catalog.pricing import Usage
-from gateway import billing
-from gateway.admission.routing import Target
-
-ANTHROPIC_VERSION = "2023-06-01"
-PATHS = {
-    "chat": "/v1/chat/completions",
-    "messages": "/v1/messages",
-    "embeddings": "/v1/embeddings",
-    "responses": "/v1/responses",
-}
-
-
-AZURE_API_VERSION = "2024-10-21"  # the GA version whose streams report usage (include_usage)
-# Azure OpenAI serves each endpoint under a deployment: /openai/deployments/{name}/chat/completions.
-AZURE_PATHS = {"chat": "chat/completions", "embeddings": "embeddings"}
-
-
-def _openai_url(target: Target, kind: str) -> str:
-    return connection_url(target.connection.base_url, PATHS[kind])
-
-
-def _azure_url(target: Target, kind: str) -> str:
-    """The deployment's URL with its api-version. The deployment is the one the connection maps
-    the catalog model to, else the model's own name (Azure's default when a deployment is named
-    after its model)."""
-    options = target.connection.options
-    deployment = (options.get("deployments") or {}).get(target.model.name) or target.model.name
-    base = httpx.URL(target.connection.base_url)
-    prefix = base.raw_path.decode("ascii").partition("?")[0].rstrip("/")
-    path = f"{prefix}/openai/deployments/{quote(deployment, safe='')}/{AZURE_PATHS[kind]}"
-    version = options.get("api_version") or AZURE_API_VERSION
-    return str(
-        base.copy_with(raw_path=path.encode("ascii"), query=None, fragment=None).copy_set_param("api-version", version)
-    )
-
-
-# The Gemini API's OpenAI-compatible endpoint: its paths sit directly under this base (no /v1).
-GEMINI_BASE_URL = "https://generativelanguage.googleapis.com/v1beta/openai/"
-GEMINI_PATHS = {"chat": "chat/completions", "embeddings": "embeddings"}
-
-
-def _gemini_url(target: Target, kind: str) -> str:
-    """The endpoint under the connection's base URL, Gemini's own when none is set."""
-    base = httpx.URL(target.connection.base_url or GEMINI_BASE_URL)
-    prefix = base.raw_path.decode("ascii").partition("?")[0].rstrip("/")
-    return str(base.copy_with(raw_path=f"{prefix}/{GEMINI_PATHS[kind]}".encode("ascii"), query=None, fragment=None))
-
-
-def upstream_url(target: Target, kind: str) -> str:
-    return _URLS.get(target.connection.kind, _openai_url)(target, kind)
-
-
-@functools.lru_cache(maxsize=1024)  # a pure function of two strings, parsed twice per call uncached
-def connection_url(base_url: str, path: str) -> str:
-    """`path` (starting /v1/) under a connection's base URL. Joined as a URL, not a string: a
-    query or fragment in a stored base URL is dropped, never allowed to turn the endpoint's path
-    into a query string."""
-    base = httpx.URL(base_url)
-    # The path still percent-encoded: decoded, an escaped `?` or `#` in it (`/v1%3F`) is one
-    # httpx refuses to put back into a path, and every call on the connection would fail.
-    prefix = base.raw_path.decode("ascii").partition("?")[0].rstrip("/")
-    if prefix.endswith("/v1"):  # accept the SDK-style base URL too
-        prefix = prefix[: -len("/v1")]
-    return str(base.copy_with(path=prefix + path, query=None, fragment=None))
-
-
-def _bearer(target: Target, client_headers: dict[str, str], headers: dict[str, str]) -> None:
-    if target.connection.plain_secret:
-        headers["authorization"] = f"Bearer {target.connection.plain_secret}"
-
-
-def _anthropic(target: Target, client_headers: dict[str, str], headers: dict[str, str]) -> None:
-    headers["x-api-key"] = target.connection.plain_secret
-    # Only the headers the billing inventory classifies (their values were checked when the
-    # request was shaped); anthropic-version is always sent.
-    for name in billing.HEADERS["messages"]:
-        if name in client_headers:
-            headers[name] = client_headers[name]
-    headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
-
-
-def _azure(target: Target, client_headers: dict[str, str], headers: dict[str, str]) -> None:
-    # A resource key goes in `api-key`; a Microsoft Entra ID access token is a bearer token.
-    if target.connection.options.get("auth") == "entra":
-        _bearer(target, client_headers, headers)
-    else:
-        headers["api-key"] = target.connection.plain_secret
-
-
-# Each connection kind's URL and credentials; a kind not listed speaks OpenAI's.
-_URLS: dict[str, Callable[[Target, str], str]] = {"azure_openai": _azure_url, "gemini": _gemini_url}
-_AUTH: dict[str, Callable[[Target, dict[str, str], dict[str, str]], None]] = {
-    "anthropic": _anthropic,
-    "azure_openai": _azure,
-}
-
-
-def upstream_headers(target: Target, client_headers: dict[str, str]) -> dict[str, str]:
-    headers = {"content-type": "application/json", "accept-encoding": "identity"}
-    _AUTH.get(target.connection.kind, _bearer)(target, client_headers, headers)
-    # The fake upstream used by tests and benchmarks takes its fault knobs from these.
-    for name, value in client_headers.items():
-        if name.startswith("x-upstream-") and target.connection.options.get("forward_test_headers"):
-            headers[name] = value
-    return headers
 
 
 def _count(d: object, key: str) -> int:
@@ -283,27 +170,3 @@ class StreamUsage:
             self.model = str(chunk.get("model") or self.model)
             return not chunk.get("choices")
         return False
-
-
-@dataclass
-class SSEEvent:
-    raw: bytes  # the event as sent, without the blank line that ends it
-    data: bytes  # its data field
-
-
-async def sse_events(lines: AsyncIterator[str]) -> AsyncIterator[SSEEvent]:
-    buf: list[str] = []
-    async for line in lines:
-        if line == "":
-            if buf:
-                yield _event(buf)
-                buf = []
-            continue
-        buf.append(line)
-    if buf:
-        yield _event(buf)
-
-
-def _event(lines: list[str]) -> SSEEvent:
-    data = "\n".join(line[5:].lstrip(" ") for line in lines if line.startswith("data:"))
-    return SSEEvent(raw="\n".join(lines).encode(), data=data.encode())

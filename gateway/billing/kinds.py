@@ -1,0 +1,89 @@
+"""What each connection kind adds to the bill beyond the endpoint it serves: how its usage is
+read, and its own paid features. The endpoint tables (live.py) classify every request field for
+every kind; a feature priced per model (a tier, web search, a long-context band) is priced or
+refused at the route target's catalog model, whichever kind serves it. `tests/gateway/
+test_billing_inventory.py` checks that every connection kind has its table here."""
+
+from __future__ import annotations
+
+from gateway.billing.entries import FREE, PRICED, REFUSED, TOKENS, Entry
+
+_OPENAI_USAGE = Entry(
+    PRICED,
+    "OpenAI's usage fields: prompt, cached and completion tokens; output is the larger of "
+    "completion_tokens and total_tokens - prompt_tokens",
+)
+_PRESET = {
+    "usage": _OPENAI_USAGE,
+    "base URL, model naming, headers": Entry(
+        FREE, "from the preset table (catalog/presets.py); cannot change the bill"
+    ),
+    "output ceiling": Entry(TOKENS, "sent in the parameter the provider takes (max_tokens or max_completion_tokens)"),
+    "provider extensions": Entry(
+        REFUSED, "any field the provider adds to OpenAI's body is unclassified: 400 under a blocking cap"
+    ),
+}
+
+KINDS: dict[str, dict[str, Entry]] = {
+    "openai": {"usage": Entry(PRICED, "each endpoint's own usage object, as in the tables above")},
+    "anthropic": {"usage": Entry(PRICED, "message_start and message_delta usage, as in the tables above")},
+    "azure_openai": {
+        "usage": _OPENAI_USAGE,
+        "deployment, api-version": Entry(FREE, "where the call goes; the deployment's catalog model prices it"),
+    },
+    "gemini": {
+        "usage": _OPENAI_USAGE,
+        "thinking tokens": Entry(PRICED, "counted in total_tokens only; billed as output"),
+        "`extra_body.google` (thinking config, cached content), grounding": Entry(
+            REFUSED, "unclassified fields: 400 under a blocking cap"
+        ),
+    },
+    "bedrock": {
+        "usage": Entry(
+            PRICED,
+            "Anthropic's usage (input, output, cache read and write tokens) from the body or the "
+            "event stream's message_start/message_delta; the last event's "
+            "amazon-bedrock-invocationMetrics fill in a missing count (the larger is kept)",
+        ),
+        "cross-region inference profiles": Entry(
+            PRICED, "a profile id (global., us., eu., ...) is its own catalog model with its own price"
+        ),
+        "`anthropic-beta`": Entry(PRICED, "sent as the body's anthropic_beta; each beta classified as on /v1/messages"),
+        "guardrails, latency-optimized inference, Bedrock service tiers": Entry(
+            FREE,
+            "chosen with X-Amzn-Bedrock-* headers that capgate never sends: the on-demand standard "
+            "tier without guardrails is what is billed",
+        ),
+        "a stream's exception event": Entry(
+            PRICED, "relayed as Anthropic's error event; a stream without final usage is charged at its worst case"
+        ),
+    },
+    "vertex": {
+        "usage (Claude)": Entry(
+            PRICED,
+            "Anthropic's usage from rawPredict or streamRawPredict, server_tool_use.web_search_requests "
+            "at the catalog model's web-search price",
+        ),
+        "usage (Gemini)": Entry(
+            PRICED,
+            "OpenAI's usage fields: cached tokens (prompt_tokens_details.cached_tokens) at the cache-read "
+            "rate, thinking tokens (total_tokens only) as output",
+        ),
+        "regional endpoints": Entry(
+            PRICED,
+            "Google lists recent Claude models at a premium on regional endpoints that the catalog's "
+            "price does not carry: a connection in a region other than global is priced at its "
+            "negotiated rates, which the operator sets to the regional price",
+        ),
+        "`extra_body.google`, grounding with Google Search": Entry(
+            REFUSED, "unclassified fields: 400 under a blocking cap"
+        ),
+        "the OAuth token request": Entry(FREE, "not billed; once per connection and token lifetime"),
+    },
+    "echo": {"usage": Entry(PRICED, "the built-in provider's usage, priced from the catalog like any other")},
+    **dict.fromkeys(("groq", "mistral", "deepseek", "xai", "together", "fireworks", "openrouter"), _PRESET),
+    **dict.fromkeys(
+        ("vllm", "ollama"),
+        {**_PRESET, "self-hosted": Entry(FREE, "priced at the catalog model the route names, if it has a price")},
+    ),
+}
