@@ -77,10 +77,16 @@ ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
 ASGI_APPLICATION = "config.asgi.application"
 
+# The project's templates: beside the code in a checkout, under <prefix>/share/capgate in an
+# installed wheel (pyproject.toml's data-files; the image).
+TEMPLATES_DIR = next(
+    (d for d in (BASE_DIR / "templates", Path(sys.prefix) / "share" / "capgate" / "templates") if d.is_dir()),
+    BASE_DIR / "templates",
+)
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [TEMPLATES_DIR],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
