@@ -19,9 +19,9 @@ The encoding files are built into TOKENIZER_DIR by scripts/tiktoken_data.py at i
 checked against tiktoken's pinned sha256 before use. Nothing is fetched: with the files missing
 or altered, `encoding()` returns None and the gateway keeps the byte bound.
 
-An encoding is loaded only when a model needs it: at startup for those the catalog's models name
-(`warm`), else at its first count. A loaded encoding holds 40-70 MiB of ranks per process, so a
-deployment whose models use none (Anthropic, Gemini, the echo demo) loads none.
+An encoding is loaded only when a model needs it: at startup for those named by the catalog's
+routed models (`warm`), else at its first count. A loaded encoding holds 40-110 MiB per process,
+so a deployment that routes to no such model (Anthropic, Gemini, the echo demo) loads none.
 """
 
 from __future__ import annotations
@@ -108,8 +108,14 @@ def _load(name: str) -> Any:
 
 
 def used() -> list[str]:
-    """The encodings the catalog's models name (a model without one is bounded by bytes)."""
-    names = Model.objects.filter(tokenizer__in=ENCODINGS).values_list("tokenizer", flat=True).distinct()
+    """The encodings named by the catalog's models that some route sends traffic to. The price
+    catalog lists every provider's models (`load_prices`), so a model only counts once a route
+    targets it; a model without a tokenizer is bounded by bytes."""
+    names = (
+        Model.objects.filter(tokenizer__in=ENCODINGS, route_targets__isnull=False)
+        .values_list("tokenizer", flat=True)
+        .distinct()
+    )
     return sorted(name for name in names if name)
 
 

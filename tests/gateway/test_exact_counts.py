@@ -245,12 +245,13 @@ def test_gateway_startup_loads_the_catalogs_encodings_off_the_event_loop(request
     assert time.perf_counter() - started < 0.01
 
 
-def test_a_catalog_without_tokenizers_loads_no_encoding_and_a_later_count_loads_its_own(wired):
-    # given: no model names a tokenizer
+def test_only_routed_models_encodings_load_and_a_later_count_loads_its_own(wired):
+    # given: no routed model names a tokenizer; the price catalog lists one that no route targets
     tokens.reset()
+    Model.objects.create(provider=wired.model.provider, name="unrouted", tokenizer="o200k_base")
     # when: the gateway warms up
     tokens.warm()
-    # then: nothing is loaded; a model given one later loads it at its first count
+    # then: nothing is loaded; a routed model given one later loads it at its first count
     assert tokens.used() == [] and tokens._loaded == {}
     Model.objects.filter(pk=wired.model.pk).update(tokenizer="cl100k_base")
     assert tokens.used() == ["cl100k_base"]
