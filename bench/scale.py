@@ -55,7 +55,7 @@ def setup() -> None:
 from decimal import Decimal as D
 from tenants.models import Organization, Project, ApiKey, hash_key
 from catalog.models import Provider, Model, Connection, Route, RouteTarget
-from budgets.models import Budget
+from ledger.models import Budget
 prov = Provider.objects.create(slug="scale", name="Scale")
 m = Model.objects.create(provider=prov, name="scale-1", input_usd_per_mtok=D("15"), output_usd_per_mtok=D("75"),
                          max_output_tokens=4096)

@@ -13,14 +13,13 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from budgets.errors import BudgetExceeded
-from budgets.models import Reservation
+from alerts.audit import audit_counters
 from ledger import admission, slices
+from ledger.errors import BudgetExceeded
+from ledger.models import Reservation, UsageRecord
 from tests.concurrency import race
 from tests.conftest import usd, window_of
 from tests.ledger import test_slice_recall as recall
-from usage.audit import audit_counters
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
