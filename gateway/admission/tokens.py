@@ -111,16 +111,14 @@ def used() -> list[str]:
     """The encodings named by the catalog's models that some route sends traffic to. The price
     catalog lists every provider's models (`load_prices`), so a model only counts once a route
     targets it; a model without a tokenizer is bounded by bytes."""
-    names = (
-        Model.objects.filter(tokenizer__in=ENCODINGS, route_targets__isnull=False)
-        .values_list("tokenizer", flat=True)
-        .distinct()
+    names = Model.objects.filter(tokenizer__in=ENCODINGS, route_targets__isnull=False).values_list(
+        "tokenizer", flat=True
     )
-    return sorted(name for name in names if name)
+    return sorted({name for name in names if name})
 
 
 def warm() -> None:
-    """Load the encodings the catalog's models use, and only those: the gateway calls this at
+    """Load the encodings routed models use (`used`), and only those: the gateway calls this at
     startup on a worker thread, so the first exact count does not pay the load (0.3-0.5 s each)
     on the admission path. Missing data is logged here, once, instead of at the first request
     that would count. An encoding a model takes up later loads at its first count."""
