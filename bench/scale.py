@@ -11,7 +11,7 @@ a worker's resident memory by which encodings its catalog names.
    its own cap). Every request goes through admission; caps are far above the run.
 2. Memory: one worker's RSS (VmRSS, /proc) after startup and after a 3 s wrk run, with routed
    models naming no tokenizer, o200k_base, or both encodings (which is what every worker loaded
-   before encodings were loaded only for routed models, gateway/tokens.py).
+   before encodings were loaded only for routed models, gateway/admission/tokens.py).
 
 With --pgbouncer the workers reach Postgres through PgBouncer in transaction mode (scripts/
 services.sh, :16432; the slices' LISTEN direct). Own database (capgate_bench_scale), own port,

@@ -363,7 +363,7 @@ CAPGATE = {
     # standard OTEL_EXPORTER_OTLP_* endpoint. Off: nothing of OpenTelemetry is even imported.
     "OTEL_ENABLED": env.bool("CAPGATE_OTEL_ENABLED", default=False),
 }
-# The slices' LISTEN connection (gateway/runtime.py): direct to Postgres, never through a
+# The slices' LISTEN connection (gateway/upstream/runtime.py): direct to Postgres, never through a
 # transaction pooler, which carries no session to LISTEN in (config/settings/pooling.py).
 CAPGATE["LISTEN_DATABASE"] = pooling.listen_database(
     pooler=DB_POOLER,

@@ -57,7 +57,7 @@ def test_the_build_context_leaves_out_tests_bench_docs_and_local_state():
     for path in (".venv/bin/python", ".env", "var/spool/x", "gateway/__pycache__/app.cpython-311.pyc", "build/lib/x"):
         assert dockerfiles.ignored(DOCKERIGNORE, path), path
     # what the build needs stays: every app's code, pyproject, templates, the tokenizer script
-    for path in ("pyproject.toml", "gateway/app.py", "templates/registration/login.html", "deploy/demo.yaml"):
+    for path in ("pyproject.toml", "gateway/http/app.py", "templates/registration/login.html", "deploy/demo.yaml"):
         assert path in kept, path
     assert "scripts/tiktoken_data.py" in kept
     assert not [p for p in kept if p.startswith("scripts/") and p != "scripts/tiktoken_data.py"]

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from gateway import tokens
+from gateway.admission import tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ django.setup()
 from django.conf import settings
 from django.template.loader import get_template
 import catalog, gateway
-from gateway import tokens
+from gateway.admission import tokens
 print(json.dumps({
     "prefix": sys.prefix,
     "gateway": gateway.__file__,

@@ -16,7 +16,7 @@ from django.db import connection
 
 from alerts.audit import audit_counters
 from budgets.services import create_budget
-from gateway import runtime
+from gateway.upstream import runtime
 from ledger import carving, slices
 from ledger.admission import matching_budgets
 from ledger.drain import drain_all
