@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Install (when missing), start, stop or check the PostgreSQL 15 cluster and the Redis server
-# that capgate uses in development, tests and CI. Idempotent: `start` on a running service is a
+# Install (when missing), start, stop or check the PostgreSQL 15 cluster, the Redis server and
+# the PgBouncer in front of that cluster that capgate uses in development, tests and CI. Idempotent: `start` on a running service is a
 # no-op. Nothing here starts by itself on these machines (no systemd), so every entry point
 # (scripts/up.sh, scripts/test.sh, .ci/run) calls `scripts/services.sh start` first.
 #
@@ -14,6 +14,12 @@ STATE_DIR="${CAPGATE_STATE_DIR:-/var/tmp/capgate}"
 PG_DIR="$STATE_DIR/pg-$PG_PORT"
 PG_SOCK="$STATE_DIR/sock"
 REDIS_DIR="$STATE_DIR/redis-$REDIS_PORT"
+# PgBouncer in transaction mode, as production Postgres is often reached (docs/operations.md,
+# "PgBouncer"); tests/pgbouncer/ run money tests through it. Its config is generated here at
+# start, beside the cluster's (never committed): the postgres user it runs as reads it there.
+BOUNCER_PORT="${CAPGATE_PGBOUNCER_PORT:-16432}"
+BOUNCER_DIR="$STATE_DIR/pgbouncer-$BOUNCER_PORT"
+BOUNCER_BIN=/usr/sbin/pgbouncer
 DB_USER="${CAPGATE_DB_USER:-capgate}"
 DB_PASSWORD="${CAPGATE_DB_PASSWORD:-capgate}"
 DB_NAME="${CAPGATE_DB_NAME:-capgate}"
@@ -34,6 +40,7 @@ install_missing() {
   local want=()
   [ -n "$(pg_bin)" ] || want+=(postgresql postgresql-contrib)
   command -v redis-server >/dev/null 2>&1 || want+=(redis-server)
+  [ -x "$BOUNCER_BIN" ] || want+=(pgbouncer)
   if [ ${#want[@]} -gt 0 ]; then
     log "installing ${want[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -105,18 +112,77 @@ redis_stop() {
   if redis_running; then log "stopping redis"; redis-cli -h 127.0.0.1 -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true; fi
 }
 
+bouncer_running() {
+  [ -s "$BOUNCER_DIR/pgbouncer.pid" ] && kill -0 "$(cat "$BOUNCER_DIR/pgbouncer.pid")" 2>/dev/null
+}
+
+bouncer_start() {
+  if bouncer_running; then
+    log "pgbouncer already running on 127.0.0.1:$BOUNCER_PORT"; return
+  fi
+  mkdir -p "$BOUNCER_DIR"
+  # Every database of the cluster, by name (each test suite's own included), in transaction
+  # mode: a client holds a server connection for one transaction only. 50 server connections
+  # per database and user leave the cluster's 600 for the direct clients. Queries wait at most
+  # 30 s for one (then the client gets an error, as with an unreachable database).
+  cat >"$BOUNCER_DIR/pgbouncer.ini" <<INI
+[databases]
+* = host=127.0.0.1 port=$PG_PORT
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $BOUNCER_PORT
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = $BOUNCER_DIR/userlist.txt
+pool_mode = transaction
+default_pool_size = 50
+max_client_conn = 2000
+query_wait_timeout = 30
+# The admin console for the app's user (a local pooler: tests read SHOW STATS, refreshed each
+# second, to see that their transactions went through it, and KILL their database's server
+# connections at the end so that the test database can be dropped).
+admin_users = $DB_USER
+stats_period = 1
+log_connections = 0
+log_disconnections = 0
+logfile = $BOUNCER_DIR/pgbouncer.log
+pidfile = $BOUNCER_DIR/pgbouncer.pid
+INI
+  printf '"%s" "%s"\n' "$DB_USER" "$DB_PASSWORD" >"$BOUNCER_DIR/userlist.txt"
+  chmod 600 "$BOUNCER_DIR/userlist.txt"
+  chown -R postgres:postgres "$BOUNCER_DIR" 2>/dev/null || true
+  log "starting pgbouncer (transaction mode) on 127.0.0.1:$BOUNCER_PORT"
+  as_postgres "$BOUNCER_BIN" -d "$BOUNCER_DIR/pgbouncer.ini"
+  for _ in $(seq 50); do
+    bouncer_running && (exec 3<>"/dev/tcp/127.0.0.1/$BOUNCER_PORT") 2>/dev/null && return
+    sleep 0.1
+  done
+  log "pgbouncer did not start; see $BOUNCER_DIR/pgbouncer.log"; exit 1
+}
+
+bouncer_stop() {
+  if bouncer_running; then log "stopping pgbouncer"; kill "$(cat "$BOUNCER_DIR/pgbouncer.pid")"; fi
+}
+
 case "${1:-}" in
-  start) install_missing; pg_start; redis_start ;;
-  stop) redis_stop; pg_stop ;;
+  start) install_missing; pg_start; redis_start; bouncer_start ;;
+  stop) bouncer_stop; redis_stop; pg_stop ;;
   status)
     bin=$(pg_bin); as_postgres "$bin/pg_ctl" -D "$PG_DIR" status || true
-    redis_running && echo "redis: running on $REDIS_PORT" || echo "redis: stopped" ;;
+    redis_running && echo "redis: running on $REDIS_PORT" || echo "redis: stopped"
+    bouncer_running && echo "pgbouncer: running on $BOUNCER_PORT" || echo "pgbouncer: stopped" ;;
   pg-stop) pg_stop ;;
   pg-start) pg_start ;;
   redis-stop) redis_stop ;;
   redis-start) redis_start ;;
+  pgbouncer-stop) bouncer_stop ;;
+  pgbouncer-start) bouncer_start ;;
   env)
     echo "DATABASE_URL=postgres://$DB_USER:$DB_PASSWORD@127.0.0.1:$PG_PORT/$DB_NAME"
-    echo "REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0" ;;
-  *) echo "usage: $0 start|stop|status|env|pg-start|pg-stop|redis-start|redis-stop" >&2; exit 2 ;;
+    echo "REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0"
+    echo "CAPGATE_PGBOUNCER_URL=postgres://$DB_USER:$DB_PASSWORD@127.0.0.1:$BOUNCER_PORT/$DB_NAME" ;;
+  *)
+    echo "usage: $0 start|stop|status|env|pg-start|pg-stop|redis-start|redis-stop|pgbouncer-start|pgbouncer-stop" >&2
+    exit 2 ;;
 esac

@@ -1,6 +1,10 @@
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 from core.env import BASE_DIR, env
+
+from . import pooling
 
 SECRET_KEY = env("DJANGO_SECRET_KEY", default="dev-insecure-change-me")
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
@@ -73,10 +77,16 @@ ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
 ASGI_APPLICATION = "config.asgi.application"
 
+# The project's templates: beside the code in a checkout, under <prefix>/share/capgate in an
+# installed wheel (pyproject.toml's data-files; the image).
+TEMPLATES_DIR = next(
+    (d for d in (BASE_DIR / "templates", Path(sys.prefix) / "share" / "capgate" / "templates") if d.is_dir()),
+    BASE_DIR / "templates",
+)
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [TEMPLATES_DIR],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -114,6 +124,10 @@ DATABASES = {
         },
     }
 }
+# Behind PgBouncer in transaction mode (CAPGATE_DB_POOLER=transaction, DATABASE_URL naming the
+# pooler): no server-side cursors and no prepared statements (config/settings/pooling.py).
+DB_POOLER = env("CAPGATE_DB_POOLER", default="")
+DATABASES["default"] = pooling.database(pooler=DB_POOLER, default=DATABASES["default"])
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # The pool connections the gateway's threads leave for Django's own requests (see above).
 CAPGATE_DB_WEB_CONNECTIONS = env.int("CAPGATE_DB_WEB_CONNECTIONS", default=6)
@@ -134,7 +148,8 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+# Where `manage.py collectstatic` puts the static files production serves (whitenoise, prod.py).
+STATIC_ROOT = env.path("CAPGATE_STATIC_ROOT", default=str(BASE_DIR / "var" / "static"))
 # Behind HTTPS in production set DJANGO_SECURE_COOKIES=true: session and CSRF cookies are then
 # sent over HTTPS only. Off by default so the local http:// run command can log in.
 SESSION_COOKIE_SECURE = env.bool("DJANGO_SECURE_COOKIES", default=False)
@@ -277,7 +292,9 @@ CAPGATE = {
     # Exact prompt counts (gateway/admission/tokens.py): the encodings scripts/bootstrap.sh builds, and the
     # share of the tightest ceiling's room above which a byte bound is replaced by an exact
     # count (below it, tokenizing is time the answer does not need; 0: always count).
-    "TOKENIZER_DIR": env.path("CAPGATE_TOKENIZER_DIR", default=str(BASE_DIR / ".venv" / "share" / "tiktoken")),
+    # <prefix>/share/tiktoken: .venv's in a checkout, the image's environment in Docker (the
+    # wheel carries the files there when they were built before it, Dockerfile).
+    "TOKENIZER_DIR": env.path("CAPGATE_TOKENIZER_DIR", default=str(Path(sys.prefix) / "share" / "tiktoken")),
     "EXACT_COUNT_SHARE": env.float("CAPGATE_EXACT_COUNT_SHARE", default=0.05),
     # Headroom slices (ledger/slices.py, docs/operations.md "Hot ceilings"): a gateway process
     # reserves a slice of its subjects' ceilings in one admission and admits requests from it in
@@ -350,3 +367,10 @@ CAPGATE = {
     # standard OTEL_EXPORTER_OTLP_* endpoint. Off: nothing of OpenTelemetry is even imported.
     "OTEL_ENABLED": env.bool("CAPGATE_OTEL_ENABLED", default=False),
 }
+# The slices' LISTEN connection (gateway/upstream/runtime.py): direct to Postgres, never through a
+# transaction pooler, which carries no session to LISTEN in (config/settings/pooling.py).
+CAPGATE["LISTEN_DATABASE"] = pooling.listen_database(
+    pooler=DB_POOLER,
+    direct=env.db("CAPGATE_LISTEN_DATABASE_URL") if env("CAPGATE_LISTEN_DATABASE_URL", default="") else None,
+    slices=CAPGATE["SLICES"],
+)

@@ -3,7 +3,7 @@ import os
 from config import deploychecks
 
 from .base import *  # noqa: F403
-from .base import ALLOWED_HOSTS, env
+from .base import ALLOWED_HOSTS, MIDDLEWARE, env
 
 # Refuse to start with a missing or published secret (config/deploychecks.py): Django's signs
 # sessions and password-reset links, CAPGATE_SECRET_KEY encrypts connection secrets (without it
@@ -26,3 +26,15 @@ SECURE_HSTS_PRELOAD = env.bool("DJANGO_HSTS_PRELOAD", default=False)
 SECURE_SSL_REDIRECT = env.bool("DJANGO_SSL_REDIRECT", default=True)
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SESSION_COOKIE_HTTPONLY = True
+
+# Static files (the admin's, Swagger UI's on /api/docs/, the dashboard's) are served by the app
+# itself: whitenoise answers /static/ from STATIC_ROOT, which `manage.py collectstatic` fills
+# (the image does it at build time, docs/operations.md "Static files"). Names carry a hash of the
+# content, so they are cached for a year; gzip copies are made at collect time. Right after
+# SecurityMiddleware, so HTTPS redirects and HSTS apply to static files too, and before sessions.
+assert MIDDLEWARE[0] == "django.middleware.security.SecurityMiddleware"
+MIDDLEWARE = [MIDDLEWARE[0], "whitenoise.middleware.WhiteNoiseMiddleware", *MIDDLEWARE[1:]]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}

@@ -18,6 +18,10 @@ take a large share of the tightest ceiling's room (gateway/admission/service.py)
 The encoding files are built into TOKENIZER_DIR by scripts/tiktoken_data.py at install time and
 checked against tiktoken's pinned sha256 before use. Nothing is fetched: with the files missing
 or altered, `encoding()` returns None and the gateway keeps the byte bound.
+
+An encoding is loaded only when a model needs it: at startup for those named by the catalog's
+routed models (`warm`), else at its first count. A loaded encoding holds 40-110 MiB per process,
+so a deployment that routes to no such model (Anthropic, Gemini, the echo demo) loads none.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.db import DatabaseError, connection
+
+from catalog.models import Model
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +107,29 @@ def _load(name: str) -> Any:
         return False
 
 
+def used() -> list[str]:
+    """The encodings named by the catalog's models that some route sends traffic to. The price
+    catalog lists every provider's models (`load_prices`), so a model only counts once a route
+    targets it; a model without a tokenizer is bounded by bytes."""
+    names = Model.objects.filter(tokenizer__in=ENCODINGS, route_targets__isnull=False).values_list(
+        "tokenizer", flat=True
+    )
+    return sorted({name for name in names if name})
+
+
 def warm() -> None:
-    """Load every encoding now: the gateway calls this at startup on a worker thread, so the
-    first exact count does not pay the load (0.3-0.5 s each) on the admission path. Missing
-    data is logged here, once, instead of at the first request that would count."""
-    for name in ENCODINGS:
+    """Load the encodings routed models use (`used`), and only those: the gateway calls this at
+    startup on a worker thread, so the first exact count does not pay the load (0.3-0.5 s each)
+    on the admission path. Missing data is logged here, once, instead of at the first request
+    that would count. An encoding a model takes up later loads at its first count."""
+    try:
+        names = used()
+    except DatabaseError:
+        log.warning("catalog unreadable at startup: encodings load at their first count instead")
+        return
+    finally:
+        connection.close()  # this thread's own connection (an executor's), not kept open
+    for name in names:
         encoding(name)
 
 

@@ -245,10 +245,12 @@ REPLAY_INTERVAL = 1.0  # seconds between attempts to move parked and spooled rec
 
 
 def conninfo() -> str:
-    """The default database's libpq connection string (for a LISTEN connection of its own)."""
+    """The libpq connection string of the LISTEN connection: CAPGATE["LISTEN_DATABASE"] when set
+    (a direct connection; a transaction pooler carries no session to LISTEN in, and
+    config/settings/pooling.py requires it there), else the default database's."""
     from psycopg.conninfo import make_conninfo
 
-    db_settings = settings.DATABASES["default"]
+    db_settings = settings.CAPGATE.get("LISTEN_DATABASE") or settings.DATABASES["default"]
     return make_conninfo(
         dbname=db_settings["NAME"],
         user=db_settings.get("USER") or None,

@@ -209,8 +209,9 @@ def test_anthropic_models_keep_the_byte_bound(gateway, wired):
     assert r.headers["x-capgate-input-bound"] == "bytes"
 
 
-def test_gateway_startup_loads_the_encodings_off_the_event_loop(request, monkeypatch):
-    # given: a process that has not loaded any encoding yet
+def test_gateway_startup_loads_the_catalogs_encodings_off_the_event_loop(request, counted, monkeypatch):
+    # given: a process that has not loaded any encoding yet, and a catalog whose only model with
+    # a tokenizer uses o200k_base
     import asyncio
     import time
 
@@ -235,9 +236,25 @@ def test_gateway_startup_loads_the_encodings_off_the_event_loop(request, monkeyp
     deadline = time.monotonic() + 30
     while not runtime.background.tokenizers.done() and time.monotonic() < deadline:
         time.sleep(0.02)
-    # then: loaded on a worker thread, so the first exact count finds them ready
+    # then: loaded on a worker thread, so the first exact count finds it ready; the encoding no
+    # model uses is not loaded (its ranks would cost every worker tens of MiB)
     assert warmed_on_loop == [False]
-    assert all(tokens._loaded.get(name) for name in tokens.ENCODINGS)
+    assert set(tokens._loaded) == {"o200k_base"} and tokens._loaded["o200k_base"]
     started = time.perf_counter()
     assert tokens.encoding("o200k_base") is not None
     assert time.perf_counter() - started < 0.01
+
+
+def test_only_routed_models_encodings_load_and_a_later_count_loads_its_own(wired):
+    # given: no routed model names a tokenizer; the price catalog lists one that no route targets
+    tokens.reset()
+    Model.objects.create(provider=wired.model.provider, name="unrouted", tokenizer="o200k_base")
+    # when: the gateway warms up
+    tokens.warm()
+    # then: nothing is loaded; a routed model given one later loads it at its first count
+    assert tokens.used() == [] and tokens._loaded == {}
+    Model.objects.filter(pk=wired.model.pk).update(tokenizer="cl100k_base")
+    assert tokens.used() == ["cl100k_base"]
+    assert tokens.encoding("cl100k_base") is not None
+    assert set(tokens._loaded) == {"cl100k_base"}
+    tokens.reset()

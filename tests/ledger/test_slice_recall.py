@@ -16,6 +16,7 @@ from django.db import connection
 
 from alerts.audit import audit_counters
 from budgets.services import create_budget
+from gateway.upstream import runtime
 from ledger import carving, slices
 from ledger.admission import matching_budgets
 from ledger.drain import drain_all
@@ -44,12 +45,9 @@ class Listener(threading.Thread):
         self.heard: list[str] = []
 
     def run(self) -> None:
-        s = connection.settings_dict
-        info = psycopg.conninfo.make_conninfo(
-            dbname=s["NAME"], user=s["USER"], password=s["PASSWORD"], host=s["HOST"], port=str(s["PORT"])
-        )
         try:
-            with psycopg.connect(info, autocommit=True) as conn:
+            # The gateway's own choice of LISTEN connection (direct behind a transaction pooler).
+            with psycopg.connect(runtime.conninfo(), autocommit=True) as conn:
                 conn.execute(f"LISTEN {carving.NOTIFY_CHANNEL}")
                 self.ready.set()
                 while not self.stop.is_set():
