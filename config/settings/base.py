@@ -280,7 +280,7 @@ CAPGATE = {
     "TOKENIZER_DIR": env.path("CAPGATE_TOKENIZER_DIR", default=str(BASE_DIR / ".venv" / "share" / "tiktoken")),
     "EXACT_COUNT_SHARE": env.float("CAPGATE_EXACT_COUNT_SHARE", default=0.05),
     # Prompts up to this many bytes are counted exactly under a blocking cap whenever the model's
-    # tokenizer is known (~25 ms for the slowest text on a 2-core host: bench/prompt_counts.py);
+    # tokenizer is known (~15 ms for the slowest text on a 2-core host: bench/prompt_counts.py);
     # larger ones only past EXACT_COUNT_SHARE of the tightest room (gateway/admission/sizing.py).
     "EXACT_COUNT_MAX_BYTES": env.int("CAPGATE_EXACT_COUNT_MAX_BYTES", default=131_072),
     # Headroom slices (ledger/slices.py, docs/operations.md "Hot ceilings"): a gateway process

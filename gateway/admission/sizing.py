@@ -106,7 +106,9 @@ def _price_targets(
     no_feature: UnpricedFeature | None = None
     for t in targets:
         try:
-            rates = rates_for(model=t.model, connection=t.connection, tier=t.tier(shape.service_tier))
+            rates = rates_for(
+                model=t.model, connection=t.connection, tier=t.tier(shape.service_tier), speed=shape.speed
+            )
             worst_case_nano(bound=_bound(shape, t, rates, 0), rates=rates)
         except UnpricedModel as exc:
             no_model = no_model or exc
@@ -122,6 +124,7 @@ _FEATURE_CODES = {
     "web search": "web_search",
     "web search results": "web_search",
     "1-hour cache writes": "cache_control",
+    "fast mode": "speed",
 }
 
 
@@ -142,7 +145,7 @@ def _count_pays(shape: Shape, priced: list[_Priced], tightest: Ceiling | None, *
     target, such as an Anthropic fallback, keeps bytes for all: the count must bound each
     target). There it frees (byte bound - count) x the input rate for the whole call, room that
     every other request of a burst is admitted into, and it costs CPU time linear in the text
-    (bench/prompt_counts.py: ~0.04 ms per KB of English, up to ~0.2 ms per KB of code or CJK,
+    (bench/prompt_counts.py: ~0.03 ms per KB of English, ~0.1 ms per KB of code or CJK,
     tiktoken's Rust core running without the GIL). So a prompt of up to EXACT_COUNT_MAX_BYTES
     is always counted: a few milliseconds at most, against a call that holds its reservation
     for seconds. A larger one is counted only when its byte bound would take more than

@@ -105,7 +105,10 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "mcp_servers": _e(REFUSED, "remote MCP tool results add input the body cannot show"),
         "inference_geo": _e(REFUSED, "regional inference is priced above the global rate; 'global' is free"),
         "speed": _e(
-            REFUSED, "'fast' is fast mode, priced above the standard rate and not in the catalog; 'standard' is free"
+            PRICED,
+            "'fast' is fast mode: every token rate times the catalog's fast-mode multiplier (genai-prices' "
+            "fast price), recorded at the speed the usage reports; refused under a blocking cap on a model "
+            "without one; 'standard' is free",
         ),
         "context_management": _e(
             TOKENS,
@@ -267,7 +270,9 @@ ANTHROPIC_BETAS: dict[str, Entry] = {
     "pdfs": _e(TOKENS, "document parts are parts nothing bounds: refused under a blocking cap"),
     "task-budgets": _e(FREE, "a task budget can only end an agent's work sooner"),
     "user-profiles-billing": _e(FREE, IDENT),
-    "fast-mode": _e(REFUSED, "fast mode is priced above the standard rate; the catalog has no fast price"),
+    "fast-mode": _e(
+        PRICED, "enables 'speed': 'fast', priced by the catalog's fast-mode multiplier (the 'speed' field's entry)"
+    ),
     "compact": _e(REFUSED, "server-side compaction runs model calls of its own"),
     "server-side-fallback": _e(REFUSED, "the provider may serve the request with another, differently priced model"),
     "fallback-credit": _e(REFUSED, "changes how a fallback is billed, in a way the catalog cannot price"),
