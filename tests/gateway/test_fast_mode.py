@@ -29,7 +29,8 @@ def test_the_catalog_loads_fast_mode_from_every_genai_prices_speed_variant():
     for provider in genai_providers:
         for info in provider.models:
             for variant in info.price_variants or ():
-                if variant.when.get("speed") == "fast" and (variant.constraint is None or variant.constraint.active(at)):
+                active = variant.constraint is None or variant.constraint.active(at)
+                if variant.when.get("speed") == "fast" and active:
                     fast[(provider.id, info.id)] = (info, variant)
     assert fast, "genai-prices has no fast-mode price: the loader test would prove nothing"
     overlay = json.loads((Path(__file__).resolve().parents[2] / "catalog/data/prices.json").read_text())
