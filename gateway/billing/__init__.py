@@ -24,11 +24,13 @@ from gateway.billing.entries import CLASS_TITLES, FREE, IDENT, PRICED, REFUSED, 
 from gateway.billing.jobs import JOB_ENDPOINTS, JOB_FIELDS, JOB_HEADERS_NOT_FORWARDED, VIDEO_PRICED_SIZES
 from gateway.billing.live import (
     ANTHROPIC_BETAS,
+    CLIENT_HEADERS,
     FIELDS,
     HEADERS,
     NOT_FORWARDED,
     PROVIDER_HEADER_PREFIXES,
     TOOL_TYPES,
+    client_header,
     undated,
 )
 
@@ -46,6 +48,8 @@ __all__ = [
     "NOT_FORWARDED",
     "PRICED",
     "PROVIDER_HEADER_PREFIXES",
+    "CLIENT_HEADERS",
+    "client_header",
     "REFUSED",
     "TOKENS",
     "TOOL_TYPES",
