@@ -6,7 +6,7 @@
 
 1. Counting cost vs body size: one user message of ASCII prose, CJK prose or Python code
    (bench/utilization.py's texts, repeated) of 1 KB to 1 MB. For each: the byte bound (what the
-   gateway reserves without a count), the exact count (gateway/tokens.py, o200k_base), the time
+   gateway reserves without a count), the exact count (gateway/admission/tokens.py, o200k_base), the time
    the count takes in this process (the best of 5 or more: the CPU it needs), and the room the count frees at
    gpt-4o's input rate ($2.50 per 1M tokens), per millisecond of counting.
 2. A burst: N requests (default 500) released at once on a fresh organization whose blocking
@@ -71,8 +71,8 @@ def cost_table() -> list[str]:
     import django
 
     django.setup()
-    from gateway import tokens
-    from gateway.estimate import shape_chat
+    from gateway.admission import tokens
+    from gateway.admission.bounds import shape_chat
 
     enc = tokens.encoding(ENCODING)
     if enc is None:
@@ -108,8 +108,8 @@ def _setup(modes: int) -> list[tuple[str, int, int]]:
     import django
 
     django.setup()
-    from budgets.models import Budget
     from catalog.models import Connection, Model, Provider, Route, RouteTarget
+    from ledger.models import Budget
     from tenants.models import ApiKey, Organization, Project, hash_key
 
     provider = Provider.objects.create(slug="openai", name="OpenAI")
@@ -154,7 +154,7 @@ async def _burst(key: str, n: int) -> list[httpx.Response | BaseException]:
 
 
 def _settled(budget_id: int, timeout: float = 60.0) -> int:
-    from budgets.models import Reservation, Window
+    from ledger.models import Reservation, Window
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -225,8 +225,7 @@ def burst_table(n: int, delay_ms: int) -> list[str]:
 
 def _bounds(budget_id: int) -> list[str]:
     """How each served call of the budget's organization had its prompt bounded."""
-    from budgets.models import Budget
-    from usage.models import UsageRecord
+    from ledger.models import Budget, UsageRecord
 
     org_id = Budget.objects.get(id=budget_id).organization_id
     return list(

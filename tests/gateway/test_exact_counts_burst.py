@@ -14,12 +14,11 @@ import httpx
 import pytest
 from django.db import connection
 
-from budgets.models import Budget
 from catalog.models import Model, Provider
+from ledger.models import Budget, UsageRecord
 from tests.conftest import window_of
 from tests.gateway.conftest import KEY, wait_settled
 from tests.upstream import chatml
-from usage.models import UsageRecord
 
 CALLS = 100  # the cap is worth exactly this many true calls
 N = 150  # requests released together
@@ -97,7 +96,7 @@ def _spent_share(gateway, budget: Budget) -> float:
 def test_a_byte_bound_holds_several_true_calls():
     # the premise: a byte-bound reservation holds the room of two true calls or more, and until
     # half the cap is used its worst case is under the old rule's 5 % of the room
-    from gateway.estimate import shape_chat
+    from gateway.admission.bounds import shape_chat
 
     byte_worst = shape_chat(BODY).text_tokens * PRICE_IN + MAX_TOKENS * PRICE_OUT
     assert byte_worst >= 2 * TRUE_NANO

@@ -14,8 +14,8 @@ import pytest
 from genai_prices.data import providers as genai_providers
 
 from catalog.genai import _multiple, genai_catalog
+from ledger.models import UsageRecord
 from tests.gateway.conftest import KEY, assert_nothing_held, wait_settled
-from usage.models import UsageRecord
 
 AUTH = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
 BODY = {"model": "claude-test", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}

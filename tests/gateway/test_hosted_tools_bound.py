@@ -9,10 +9,10 @@ from decimal import Decimal
 
 import pytest
 
+from ledger.models import UsageRecord
 from tests.gateway.conftest import assert_nothing_held, wait_settled
 from tests.gateway.test_billing import gpt, post  # noqa: F401  (fixtures)
 from tests.gateway.test_responses import billed_response
-from usage.models import UsageRecord
 
 PATH = "/v1/responses"
 RESULT_TOKENS = 2_000  # the catalog's bound on what one search's results add to the context
