@@ -145,12 +145,12 @@ def _count_pays(shape: Shape, priced: list[_Priced], tightest: Ceiling | None, *
     target, such as an Anthropic fallback, keeps bytes for all: the count must bound each
     target). There it frees (byte bound - count) x the input rate for the whole call, room that
     every other request of a burst is admitted into, and it costs CPU time linear in the text
-    (bench/prompt_counts.py: ~0.03 ms per KB of English, ~0.1 ms per KB of code or CJK,
-    tiktoken's Rust core running without the GIL). So a prompt of up to EXACT_COUNT_MAX_BYTES
-    is always counted: a few milliseconds at most, against a call that holds its reservation
-    for seconds. A larger one is counted only when its byte bound would take more than
-    EXACT_COUNT_SHARE of the tightest ceiling's room, which includes every request the byte
-    bound would refuse."""
+    (bench/prompt_counts.py: ~0.03 ms per KB of English, ~0.1 ms per KB of code or CJK, on
+    the gateway's database thread, not its event loop). So a prompt of up to
+    EXACT_COUNT_MAX_BYTES is always counted: ~10 ms at most, against a call that holds its
+    reservation for seconds. A larger one is counted only when its byte bound would take more
+    than EXACT_COUNT_SHARE of the tightest ceiling's room, which includes every request the
+    byte bound would refuse."""
     if not governed or not _countable(shape, priced):
         return False
     if shape.text_tokens <= settings.CAPGATE["EXACT_COUNT_MAX_BYTES"]:
