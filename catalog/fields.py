@@ -163,6 +163,7 @@ class PriceSerializer(serializers.Serializer):
     web_search_usd_per_use = _price("web_search_usd_per_use")
     priority_multiplier = _price("priority_multiplier")
     flex_multiplier = _price("flex_multiplier")
+    fast_mode_multiplier = _price("fast_mode_multiplier")
     long_context_input_multiplier = _price("long_context_input_multiplier")
     long_context_output_multiplier = _price("long_context_output_multiplier")
     server_tool_result_tokens = token_count_field()

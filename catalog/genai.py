@@ -13,7 +13,8 @@ a request to it may be billed at; otherwise it is skipped with the reason. The r
 - Daily-hours prices (off-peak discounts) load the dearest rate of the day: bounds hold at any
   hour, and off-peak requests are billed at the peak rate (the safe direction).
 - Tiers become `tiers` (every token price at each threshold). Variants become multipliers of
-  every token rate: batch, priority (and OpenAI's "fast", the same tier), flex. A variant whose
+  every token rate: batch, priority (and OpenAI's "fast", the same tier), flex, and Anthropic's
+  fast mode (`speed: "fast"`, a multiplier of its own). A variant whose
   rates are not one multiple of the standard ones is given the largest multiple, so its bound
   holds and its bill is at most that much above the provider's.
 - Prices of parts or tools the billing inventory refuses under a blocking cap or bounds with a
@@ -87,6 +88,7 @@ VARIANTS = {
     ("service_tier", "priority"): "priority_multiplier",
     ("service_tier", "fast"): "priority_multiplier",  # OpenAI's name for the same tier
     ("service_tier", "flex"): "flex_multiplier",
+    ("speed", "fast"): "fast_mode_multiplier",  # Anthropic's fast mode, on top of any tier
 }
 # The overlay's fields that genai-prices has no data for (context_window only where it has none).
 OVERLAY_LIMITS = ("max_output_tokens", "max_image_tokens", "tokenizer", "server_tool_result_tokens")

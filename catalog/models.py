@@ -102,6 +102,9 @@ class Model(models.Model):
     # service_tier prices as multipliers of every token rate (OpenAI priority/fast, flex).
     priority_multiplier = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
     flex_multiplier = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
+    # Anthropic's fast mode (`speed: "fast"`): every token rate times this, on top of any service
+    # tier. Null: not priced, so a fast request is refused under a blocking cap.
+    fast_mode_multiplier = models.DecimalField(max_digits=8, decimal_places=4, null=True, blank=True)
     # Long-context band: above this many input tokens every input-side rate is multiplied by the
     # input multiplier and the output rate by the output multiplier (for the whole request).
     long_context_threshold_tokens = models.PositiveIntegerField(null=True, blank=True)

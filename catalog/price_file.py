@@ -69,6 +69,7 @@ _FEATURE_PRICES = {
     "web_search_per_use": "web_search_usd_per_use",  # USD per search
     "priority_multiplier": "priority_multiplier",  # x every token rate
     "flex_multiplier": "flex_multiplier",
+    "fast_mode_multiplier": "fast_mode_multiplier",  # x every token rate at speed "fast" (Anthropic)
     "long_context_input_multiplier": "long_context_input_multiplier",
     "long_context_output_multiplier": "long_context_output_multiplier",
     "batch_multiplier": "batch_multiplier",  # x every token rate in a batch (null: standard price)

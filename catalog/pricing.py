@@ -93,6 +93,7 @@ class Usage:
     cache_write_1h_tokens: int = 0
     web_search_requests: int = 0
     service_tier: str | None = None  # the tier the provider says served the request
+    speed: str | None = None  # Anthropic: the speed the provider says served it ("fast" | "standard")
     # Paid features the provider reported that capgate cannot price (audio tokens, an unknown
     # server tool): the record is charged no less than its worst case and says why.
     unpriced: tuple[str, ...] = ()
@@ -118,9 +119,21 @@ def tier_multiplier(model: Model, tier: str | None) -> Decimal:
     return cast(Decimal, value)
 
 
-def rates_for(*, model: Model, connection: Connection | None = None, tier: str | None = None) -> Rates:
+def speed_multiplier(model: Model, speed: str | None) -> Decimal:
+    """The price multiplier of Anthropic's fast mode; UnpricedFeature if the catalog has none."""
+    if speed in (None, "standard"):
+        return Decimal(1)
+    if speed != "fast" or model.fast_mode_multiplier is None:
+        raise UnpricedFeature(model, "fast mode")
+    return cast(Decimal, model.fast_mode_multiplier)
+
+
+def rates_for(
+    *, model: Model, connection: Connection | None = None, tier: str | None = None, speed: str | None = None
+) -> Rates:
     """Negotiated connection rates override the list price field by field; a service tier
-    multiplies every token rate."""
+    multiplies every token rate, and fast mode multiplies them again (Anthropic documents that
+    fast-mode pricing stacks with the other modifiers)."""
 
     def pick(field: str) -> Decimal | None:
         override = getattr(connection, f"{field}_usd_per_mtok", None) if connection else None
@@ -129,7 +142,7 @@ def rates_for(*, model: Model, connection: Connection | None = None, tier: str |
     input_rate, output_rate = pick("input"), pick("output")
     if input_rate is None or output_rate is None:
         raise UnpricedModel(model)
-    m = tier_multiplier(model, tier)
+    m = tier_multiplier(model, tier) * speed_multiplier(model, speed)
     cache_read, cache_write, cache_1h = pick("cache_read"), pick("cache_write"), pick("cache_write_1h")
     base = Tier(
         above=0,

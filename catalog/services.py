@@ -33,6 +33,7 @@ FEATURE_DECIMAL_FIELDS = (
     "web_search_usd_per_use",
     "priority_multiplier",
     "flex_multiplier",
+    "fast_mode_multiplier",
     "long_context_input_multiplier",
     "long_context_output_multiplier",
 )

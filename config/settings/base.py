@@ -289,13 +289,17 @@ CAPGATE = {
     # Under a blocking budget with no max_tokens, refuse rather than send an output ceiling
     # below this many tokens (a response that short is rarely what the caller wanted).
     "MIN_OUTPUT_TOKENS": env.int("CAPGATE_MIN_OUTPUT_TOKENS", default=256),
-    # Exact prompt counts (gateway/admission/tokens.py): the encodings scripts/bootstrap.sh builds, and the
-    # share of the tightest ceiling's room above which a byte bound is replaced by an exact
-    # count (below it, tokenizing is time the answer does not need; 0: always count).
+    # Exact prompt counts (gateway/admission/tokens.py): the encodings scripts/bootstrap.sh builds, and for
+    # prompts above EXACT_COUNT_MAX_BYTES the share of the tightest ceiling's room above which
+    # their byte bound is replaced by an exact count (0: always count).
     # <prefix>/share/tiktoken: .venv's in a checkout, the image's environment in Docker (the
     # wheel carries the files there when they were built before it, Dockerfile).
     "TOKENIZER_DIR": env.path("CAPGATE_TOKENIZER_DIR", default=str(Path(sys.prefix) / "share" / "tiktoken")),
     "EXACT_COUNT_SHARE": env.float("CAPGATE_EXACT_COUNT_SHARE", default=0.05),
+    # Prompts up to this many bytes are counted exactly under a blocking cap whenever the model's
+    # tokenizer is known (~15 ms for the slowest text on a 2-core host: bench/prompt_counts.py);
+    # larger ones only past EXACT_COUNT_SHARE of the tightest room (gateway/admission/sizing.py).
+    "EXACT_COUNT_MAX_BYTES": env.int("CAPGATE_EXACT_COUNT_MAX_BYTES", default=131_072),
     # Headroom slices (ledger/slices.py, docs/operations.md "Hot ceilings"): a gateway process
     # reserves a slice of its subjects' ceilings in one admission and admits requests from it in
     # memory. A slice is at most SHARE of the tightest ceiling's room divided among the live

@@ -49,6 +49,7 @@ class Shape:
     extra_output: int = 0  # output beyond the ceiling: rejected prediction, interleaved thinking
     cache_1h: bool = False  # 1-hour cache writes requested
     service_tier: str | None = None  # as requested ("auto" when absent)
+    speed: str | None = None  # Messages: "fast" is Anthropic's fast mode, priced by its multiplier
     patch: dict = field(default_factory=dict)  # fields rewritten upstream (tools with max_uses)
     forward_headers: dict = field(default_factory=dict)  # classified headers sent upstream
     unclassified: tuple = ()  # what the inventory does not list (request_fields.Unclassified)
@@ -142,7 +143,7 @@ def shape_messages(body: dict, headers: dict[str, str] | None = None) -> Shape:
     geo = body.get("inference_geo")
     if geo is not None and geo != "global":
         refused.append("inference_geo")
-    refused += fields.messages_speed_and_edits(body)
+    refused += fields.messages_context_edits(body)
     tools = fields.classify_tools(body, "messages")
     extra_output = 0
     thinking = body.get("thinking")
@@ -173,6 +174,7 @@ def shape_messages(body: dict, headers: dict[str, str] | None = None) -> Shape:
         extra_output=extra_output,
         cache_1h=fields.has_1h_cache(body),
         service_tier=fields.service_tier(body, {"auto", "standard_only"}),
+        speed=fields.messages_speed(body),
         patch={"tools": tools.patched} if tools.patched is not None else {},
         forward_headers=forward,
     )

@@ -80,16 +80,20 @@ def check_params(body: dict, kind: str) -> None:
 CONTEXT_EDITS_THAT_ONLY_CLEAR = ("clear_thinking", "clear_tool_uses")
 
 
-def messages_speed_and_edits(body: dict) -> list[str]:
-    """Messages fields refused under a blocking cap by value: fast mode (priced above the standard
-    rate, with no catalog price), and a context_management edit other than clearing (compaction
-    runs a model call of its own; clearing only drops context the body already bounds)."""
-    refused = []
+def messages_speed(body: dict) -> str | None:
+    """The Messages speed: "fast" is fast mode, priced by the catalog's fast-mode multiplier
+    (refused under a blocking cap on a model without one, catalog/pricing.py)."""
     speed = body.get("speed")
     if speed not in (None, "standard", "fast"):
         raise bad_request("'speed' must be 'standard' or 'fast'.", param="speed")
-    if speed == "fast":
-        refused.append("speed")
+    return speed
+
+
+def messages_context_edits(body: dict) -> list[str]:
+    """Messages fields refused under a blocking cap by value: a context_management edit other
+    than clearing (compaction runs a model call of its own; clearing only drops context the body
+    already bounds)."""
+    refused = []
     cm = body.get("context_management")
     if cm is not None:
         edits = cm.get("edits") if isinstance(cm, dict) else None

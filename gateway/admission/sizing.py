@@ -106,7 +106,9 @@ def _price_targets(
     no_feature: UnpricedFeature | None = None
     for t in targets:
         try:
-            rates = rates_for(model=t.model, connection=t.connection, tier=t.tier(shape.service_tier))
+            rates = rates_for(
+                model=t.model, connection=t.connection, tier=t.tier(shape.service_tier), speed=shape.speed
+            )
             worst_case_nano(bound=_bound(shape, t, rates, 0), rates=rates)
         except UnpricedModel as exc:
             no_model = no_model or exc
@@ -122,6 +124,7 @@ _FEATURE_CODES = {
     "web search": "web_search",
     "web search results": "web_search",
     "1-hour cache writes": "cache_control",
+    "fast mode": "speed",
 }
 
 
@@ -134,24 +137,47 @@ def _countable(shape: Shape, priced: list[_Priced]) -> bool:
     return shape.prompt is not None and bool(priced) and all(p.target.model.tokenizer for p in priced)
 
 
-def _exact_prompt(shape: Shape, priced: list[_Priced], tightest: Ceiling | None) -> tuple[Shape, str]:
-    """The shape with its prompt counted exactly, when that changes the answer.
+def _count_pays(shape: Shape, priced: list[_Priced], tightest: Ceiling | None, *, governed: bool) -> bool:
+    """Whether counting this prompt exactly costs less than the room it frees.
 
-    Only under a blocking ceiling, when every priced target's model has a local tokenizer
-    (a byte-bound target, such as an Anthropic fallback, keeps bytes for all: the count must
-    bound each target), and when the byte bound's worst case would take more than
-    EXACT_COUNT_SHARE of the tightest ceiling's room — so it also covers every request the
-    byte bound would refuse. The count is the largest over the targets' encodings."""
-    if tightest is None or not _countable(shape, priced):
-        return shape, "bytes"
-    assert shape.prompt is not None
-    encodings = {cast(str, p.target.model.tokenizer) for p in priced}
+    A count frees room only under a blocking ceiling (no other budget reads a reservation's
+    size), and only when every priced target's model has a local tokenizer (a byte-bound
+    target, such as an Anthropic fallback, keeps bytes for all: the count must bound each
+    target). There it frees (byte bound - count) x the input rate for the whole call, room that
+    every other request of a burst is admitted into, and it costs CPU time linear in the text
+    (bench/prompt_counts.py: ~0.03 ms per KB of English, ~0.1 ms per KB of code or CJK, on
+    the gateway's database thread, not its event loop). So a prompt of up to
+    EXACT_COUNT_MAX_BYTES is always counted: ~10 ms at most, against a call that holds its
+    reservation for seconds. A larger one is counted only when its byte bound would take more
+    than EXACT_COUNT_SHARE of the tightest ceiling's room, which includes every request the
+    byte bound would refuse."""
+    if not governed or not _countable(shape, priced):
+        return False
+    if shape.text_tokens <= settings.CAPGATE["EXACT_COUNT_MAX_BYTES"]:
+        return True
+    if tightest is None:
+        return False
     output = shape.max_output or 0
     worst = max(worst_case_nano(bound=_bound(shape, p.target, p.rates, output), rates=p.rates) for p in priced)
-    if worst <= settings.CAPGATE["EXACT_COUNT_SHARE"] * max(tightest.remaining_nano, 0):
+    return worst > settings.CAPGATE["EXACT_COUNT_SHARE"] * max(tightest.remaining_nano, 0)
+
+
+def _needs_room_read(shape: Shape, priced: list[_Priced]) -> bool:
+    """Whether the count decision reads the tightest ceiling: only for a prompt too large to
+    count always."""
+    return _countable(shape, priced) and shape.text_tokens > settings.CAPGATE["EXACT_COUNT_MAX_BYTES"]
+
+
+def _exact_prompt(
+    shape: Shape, priced: list[_Priced], tightest: Ceiling | None, *, governed: bool
+) -> tuple[Shape, str]:
+    """The shape with its prompt counted exactly where the count pays (`_count_pays`). The
+    count is the largest over the targets' encodings, and replaces the byte bound only below it."""
+    if not _count_pays(shape, priced, tightest, governed=governed):
         return shape, "bytes"
+    assert shape.prompt is not None
     counts = []
-    for name in sorted(encodings):
+    for name in sorted({cast(str, p.target.model.tokenizer) for p in priced}):
         enc = tokens.encoding(name)
         if enc is None:  # data missing or altered: fail safe
             return shape, "bytes"
@@ -264,8 +290,8 @@ def size(*, key: ApiKey, shape: Shape, targets: list[Target], budgets: list[Budg
 
     # One unlocked read of the tightest ceiling, shared by the exact count and the output ceiling.
     affords = proxied and shape.max_output is None
-    tightest = headroom(budgets=budgets) if governed and (affords or _countable(shape, priced)) else None
-    shape, input_bound = _exact_prompt(shape, priced, tightest)
+    tightest = headroom(budgets=budgets) if governed and (affords or _needs_room_read(shape, priced)) else None
+    shape, input_bound = _exact_prompt(shape, priced, tightest, governed=governed)
     cap = _catalog_max_output(targets)
     inject = None
     if shape.max_output is not None:

@@ -25,11 +25,13 @@ from gateway.billing.jobs import JOB_ENDPOINTS, JOB_FIELDS, JOB_HEADERS_NOT_FORW
 from gateway.billing.kinds import KINDS
 from gateway.billing.live import (
     ANTHROPIC_BETAS,
+    CLIENT_HEADERS,
     FIELDS,
     HEADERS,
     NOT_FORWARDED,
     PROVIDER_HEADER_PREFIXES,
     TOOL_TYPES,
+    client_header,
     undated,
 )
 
@@ -48,6 +50,8 @@ __all__ = [
     "NOT_FORWARDED",
     "PRICED",
     "PROVIDER_HEADER_PREFIXES",
+    "CLIENT_HEADERS",
+    "client_header",
     "REFUSED",
     "TOKENS",
     "TOOL_TYPES",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gateway.billing.entries import CLASS_TITLES, Entry
 from gateway.billing.jobs import JOB_ENDPOINTS, JOB_FIELDS, JOB_HEADERS_NOT_FORWARDED
 from gateway.billing.kinds import KINDS
-from gateway.billing.live import ANTHROPIC_BETAS, FIELDS, HEADERS, NOT_FORWARDED, TOOL_TYPES
+from gateway.billing.live import ANTHROPIC_BETAS, CLIENT_HEADERS, FIELDS, HEADERS, NOT_FORWARDED, TOOL_TYPES
 
 ENDPOINTS = {
     "chat": "/v1/chat/completions",
@@ -89,6 +89,15 @@ def markdown() -> str:
         "|---|---|",
     ]
     lines += [f"| `{name}` | {why} |" for name, why in NOT_FORWARDED.items()]
+    lines += [
+        "",
+        "Other headers the SDKs, Claude Code and Codex send stay at the gateway too (a name ending in",
+        "`-` is a prefix; `tests/clients/test_client_headers.py` captures them from the real clients):",
+        "",
+        "| header | why it cannot change the bill |",
+        "|---|---|",
+    ]
+    lines += [f"| `{name}{'*' if name.endswith('-') else ''}` | {why} |" for name, why in CLIENT_HEADERS.items()]
     lines += ["", "## `anthropic-beta` values", "", *_rows("beta", ANTHROPIC_BETAS)]
     lines += [
         "",

@@ -105,7 +105,10 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "mcp_servers": _e(REFUSED, "remote MCP tool results add input the body cannot show"),
         "inference_geo": _e(REFUSED, "regional inference is priced above the global rate; 'global' is free"),
         "speed": _e(
-            REFUSED, "'fast' is fast mode, priced above the standard rate and not in the catalog; 'standard' is free"
+            PRICED,
+            "'fast' is fast mode: every token rate times the catalog's fast-mode multiplier (genai-prices' "
+            "fast price), recorded at the speed the usage reports; refused under a blocking cap on a model "
+            "without one; 'standard' is free",
         ),
         "context_management": _e(
             TOKENS,
@@ -221,6 +224,45 @@ NOT_FORWARDED = {
 }
 PROVIDER_HEADER_PREFIXES = ("anthropic-", "openai-")
 
+# Other headers the SDKs and agents send (tests/clients/test_client_headers.py captures them from
+# the real clients), never forwarded: the provider bills the body and the provider headers above,
+# and sees the connection's own key and client. A name ending in "-" is a prefix.
+_SESSION = "a session id; a session is capped by X-Capgate-Run (README), and the provider bills none of it"
+CLIENT_HEADERS = {
+    "accept": "HTTP content negotiation between the client and capgate",
+    "accept-encoding": "HTTP content negotiation between the client and capgate",
+    "connection": "HTTP transport between the client and capgate",
+    "content-length": "HTTP transport between the client and capgate",
+    "content-type": "HTTP transport between the client and capgate",
+    "host": "HTTP transport between the client and capgate",
+    "user-agent": "the client's name and version; capgate's own HTTP client calls the provider",
+    "authorization": "the capgate key; the connection's own credentials are sent upstream",
+    "x-api-key": "the capgate key; the connection's own credentials are sent upstream",
+    "x-capgate-": "capgate's own: end customer, run and run budget",
+    "x-stainless-": "the SDKs' platform, retry and timeout telemetry",
+    "x-app": "Claude Code's client label",
+    "x-claude-code-session-id": "Claude Code's " + _SESSION,
+    "session-id": "Codex's " + _SESSION,
+    "thread-id": "Codex's thread id; the provider bills none of it",
+    "x-client-request-id": "the client's request id; capgate names each call by x-capgate-request-id",
+    "originator": "which Codex front end sent the request",
+    "x-codex-": "Codex's window id, turn metadata and feature flags for its own backend; the Responses API "
+    "bills none of them (remote compaction is a call of its own, to an endpoint capgate does not serve)",
+}
+
+
+def client_header(name: str) -> str | None:
+    """Why a non-provider header a client sends stays at the gateway; None if the inventory does
+    not list it (it stays at the gateway all the same: only the headers above are forwarded)."""
+    name = name.lower()
+    if name in CLIENT_HEADERS:
+        return CLIENT_HEADERS[name]
+    for prefix, why in CLIENT_HEADERS.items():
+        if prefix.endswith("-") and name.startswith(prefix):
+            return why
+    return None
+
+
 # anthropic-beta values, by name without the date suffix.
 ANTHROPIC_BETAS: dict[str, Entry] = {
     "prompt-caching": _e(TOKENS, "cache writes are bounded at the cache-write rate"),
@@ -267,7 +309,9 @@ ANTHROPIC_BETAS: dict[str, Entry] = {
     "pdfs": _e(TOKENS, "document parts are parts nothing bounds: refused under a blocking cap"),
     "task-budgets": _e(FREE, "a task budget can only end an agent's work sooner"),
     "user-profiles-billing": _e(FREE, IDENT),
-    "fast-mode": _e(REFUSED, "fast mode is priced above the standard rate; the catalog has no fast price"),
+    "fast-mode": _e(
+        PRICED, "enables 'speed': 'fast', priced by the catalog's fast-mode multiplier (the 'speed' field's entry)"
+    ),
     "compact": _e(REFUSED, "server-side compaction runs model calls of its own"),
     "server-side-fallback": _e(REFUSED, "the provider may serve the request with another, differently priced model"),
     "fallback-credit": _e(REFUSED, "changes how a fallback is billed, in a way the catalog cannot price"),

@@ -58,6 +58,7 @@ def usage_anthropic(u: dict | None) -> Usage | None:
     one_hour = _count(split, "ephemeral_1h_input_tokens")
     tools = u.get("server_tool_use")
     tier = u.get("service_tier")
+    speed = u.get("speed")
     return Usage(
         input_tokens=_count(u, "input_tokens"),
         output_tokens=_count(u, "output_tokens"),
@@ -66,6 +67,7 @@ def usage_anthropic(u: dict | None) -> Usage | None:
         cache_write_1h_tokens=one_hour,
         web_search_requests=_count(tools, "web_search_requests"),
         service_tier=tier if isinstance(tier, str) else None,
+        speed=speed if speed in ("fast", "standard") else None,
         unpriced=tuple(_unpriced_counts(tools, _PRICED_SERVER_TOOLS | _FREE_SERVER_TOOLS, "server_tool_use")),
     )
 

@@ -333,11 +333,17 @@ class ProxyCall:
                 error=error,
             )
         requested = target.tier(self.shape.service_tier if self.shape else None)
+        # The speed the provider says it served at; without one, the speed asked for (a fast
+        # request falling back to standard is billed at standard, and the usage says so).
+        speed = usage.speed or (self.shape.speed if self.shape else None)
         notes = list(usage.unpriced)
         try:
             try:
                 rates = rates_for(
-                    model=target.model, connection=target.connection, tier=usage.service_tier or requested
+                    model=target.model,
+                    connection=target.connection,
+                    tier=usage.service_tier or requested,
+                    speed=speed,
                 )
             except UnpricedFeature as exc:
                 notes.append(f"unpriced {exc.feature}")

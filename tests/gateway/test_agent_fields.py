@@ -71,7 +71,8 @@ def test_what_agents_send_is_admitted_under_a_blocking_cap_and_recorded(gateway,
     ("body", "headers", "code"),
     [
         ({"speed": "fast"}, {}, "speed_under_budget"),
-        ({}, {"anthropic-beta": "fast-mode-2026-02-01"}, "anthropic_beta_under_budget"),
+        # fast mode on a model the catalog has no fast-mode multiplier for (tests/gateway/test_fast_mode.py)
+        ({"speed": "fast"}, {"anthropic-beta": "fast-mode-2026-02-01"}, "speed_under_budget"),
         ({"context_management": {"edits": [{"type": "compact_20260112"}]}}, {}, "context_management_under_budget"),
         ({}, {"anthropic-beta": "server-side-fallback-2026-07-01"}, "anthropic_beta_under_budget"),
         ({"tools": [{"type": "advisor_20260301", "name": "advisor"}]}, {}, "advisor_under_budget"),

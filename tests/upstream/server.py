@@ -49,6 +49,9 @@ DEFAULTS: dict[str, Any] = {
     # Paid features, billed the way the providers document them:
     "search_result_tokens": 0,  # input tokens each web search adds to the context
     "tier": "",  # the tier a request without one (or "auto") is served at ("" = standard)
+    # Anthropic: the speed a `speed: "fast"` request is served and reported at ("" = fast;
+    # "standard" = fast mode unavailable, served at the standard speed and price).
+    "speed": "",
     "cache_write_1h_tokens": 0,  # of the input, written to the 1-hour cache when ttl "1h" is asked
     "audio_tokens": 0,  # completion audio tokens reported (a paid field capgate cannot price)
     "thoughts_tokens": 0,  # thinking tokens counted in total_tokens only, as Gemini reports them
@@ -94,7 +97,7 @@ def _coerce(knob: str, value: Any) -> Any:
         return "max"
     if knob == "overbill":
         return float(value)
-    if knob in ("tier", "count_prompt"):
+    if knob in ("tier", "count_prompt", "speed"):
         return str(value)
     if knob in ("ignore_max_tokens", "job_auto_complete"):
         truthy = {"1", "true", "yes", "on"}
@@ -327,6 +330,8 @@ async def _messages(ex: _Exchange) -> None:
     usage["cache_creation"] = {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": one_hour}
     usage["server_tool_use"] = {"web_search_requests": searches}
     usage["service_tier"] = _served_tier(knobs, body, "anthropic")
+    if body.get("speed") is not None:
+        usage["speed"] = knobs["speed"] or body["speed"]
     message: dict[str, Any] = {
         "id": f"msg_{uuid.uuid4().hex[:24]}",
         "type": "message",
