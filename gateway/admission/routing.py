@@ -24,6 +24,17 @@ COMPATIBLE = {
     "responses": {"openai", "echo"},
     "videos": {"openai", "echo"},
 }
+# An endpoint whose requests gateway/translate/ can carry to targets of another format.
+TRANSLATED = {"chat": "messages", "messages": "chat"}
+
+
+def target_format(kind: str, connection_kind: str) -> str | None:
+    """The format a target of `connection_kind` is sent a request for endpoint `kind` in: the
+    endpoint's own, else the one it is translated to, else None (it cannot serve it)."""
+    if connection_kind in COMPATIBLE[kind]:
+        return kind
+    other = TRANSLATED.get(kind)
+    return other if other is not None and connection_kind in COMPATIBLE[other] else None
 
 
 @dataclass(frozen=True)
@@ -92,7 +103,9 @@ def authenticate(raw_key: str | None) -> ApiKey:
     return key
 
 
-def resolve_route(*, key: ApiKey, name: str, kind: str) -> list[Target]:
+def resolve_route(*, key: ApiKey, name: str, kind: str, translated: bool = False) -> list[Target]:
+    """The route's enabled targets that can serve endpoint `kind`, in failover order: of its own
+    format, and with `translated` (the proxy, which translates) of the other format too."""
     if not key.allows_model(name):
         raise GatewayError(
             f"This key may not call model '{name}'.",
@@ -120,7 +133,14 @@ def resolve_route(*, key: ApiKey, name: str, kind: str) -> list[Target]:
             for t in route.targets.select_related("connection", "model", "model__provider").order_by("position", "id")
         ]
         lookups.put(cache_key, routed)
-    targets = [t for t in routed if t.connection.enabled and t.connection.kind in COMPATIBLE[kind]]
+    targets = [
+        t
+        for t in routed
+        if t.connection.enabled
+        and (
+            target_format(kind, t.connection.kind) is not None if translated else t.connection.kind in COMPATIBLE[kind]
+        )
+    ]
     if not targets:
         # A configuration error, not an outage: a 503 would read as "overloaded" and be retried.
         raise GatewayError(

@@ -15,6 +15,7 @@ from gateway.http.request import ClientGone
 from gateway.providers import StreamUsage, sse_events, upstream_headers, upstream_url
 from gateway.upstream import runtime
 from gateway.upstream.transport import client
+from gateway.translate import stream_translator
 from ledger.recording import Outcome
 
 if TYPE_CHECKING:
@@ -38,9 +39,9 @@ async def stream_attempt(call: ProxyCall, target: Target, up_body: dict) -> Atte
     upstream_client = client()
     request = upstream_client.build_request(
         "POST",
-        upstream_url(target, call.kind),
+        upstream_url(target, call.format_of(target)),
         content=json.dumps(up_body).encode(),
-        headers=upstream_headers(target, call.req.headers),
+        headers=upstream_headers(target, call.headers_for(target)),
         extensions=call.upstream_tag(target),
     )
     try:
@@ -64,11 +65,14 @@ async def stream_attempt(call: ProxyCall, target: Target, up_body: dict) -> Atte
 
 async def relay(call: ProxyCall, target: Target, events, response: httpx.Response) -> None:
     """Relay SSE events to the client until the stream ends, the client leaves, the
-    upstream drops, or the request's hard lifetime runs out; then record once."""
+    upstream drops, or the request's hard lifetime runs out; then record once. A target of the
+    other format is billed from its own events and relayed in the endpoint's (gateway/translate/)."""
     p = call.prepared
     assert p is not None
-    tracker = StreamUsage(call.kind)
+    kind = call.format_of(target)
+    tracker = StreamUsage(kind)
     wants_usage = call.client_stream_options.get("include_usage") is True
+    translator = stream_translator(client=call.kind, wants_usage=wants_usage) if kind != call.kind else None
     ending = "completed"
     deadline = call._seconds_left()
 
@@ -78,9 +82,15 @@ async def relay(call: ProxyCall, target: Target, events, response: httpx.Respons
                 usage_only = tracker.feed(event.data)
             except ValueError:
                 usage_only = False
+            if translator is not None:
+                for raw in translator.feed(event.data):
+                    await call.req.send({"type": "http.response.body", "body": raw + b"\n\n", "more_body": True})
+                continue
             if usage_only and not wants_usage:
                 continue
             await call.req.send({"type": "http.response.body", "body": event.raw + b"\n\n", "more_body": True})
+        for raw in translator.end() if translator is not None else []:
+            await call.req.send({"type": "http.response.body", "body": raw + b"\n\n", "more_body": True})
 
     await call.req.start(
         200, [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *call._headers()]
