@@ -144,7 +144,8 @@ def _prepare(
         budgets=sized.budgets,
         remaining_nano=remaining - sized.worst_nano if remaining is not None else None,
         input_bound=sized.input_bound,
-        input_tokens=sized.shape.text_tokens if sized.shape else 0,
+        # Per sampling pass, before images; the larger of the two bodies when translated.
+        input_tokens=max((s.text_tokens for s in (sized.shape, sized.translated) if s is not None), default=0),
         unclassified=unclassified.labels(sized.shape) if sized.shape else [],
         translated=sized.translated is not None,
     )
