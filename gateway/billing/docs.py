@@ -5,6 +5,7 @@ from __future__ import annotations
 from gateway.billing.entries import CLASS_TITLES, Entry
 from gateway.billing.jobs import JOB_ENDPOINTS, JOB_FIELDS, JOB_HEADERS_NOT_FORWARDED
 from gateway.billing.live import ANTHROPIC_BETAS, FIELDS, HEADERS, NOT_FORWARDED, TOOL_TYPES
+from gateway.billing.translation import markdown as translation_markdown
 
 ENDPOINTS = {
     "chat": "/v1/chat/completions",
@@ -89,6 +90,7 @@ def markdown() -> str:
     ]
     lines += [f"| `{name}` | {why} |" for name, why in NOT_FORWARDED.items()]
     lines += ["", "## `anthropic-beta` values", "", *_rows("beta", ANTHROPIC_BETAS)]
+    lines += translation_markdown()
     lines += [
         "",
         "## Job endpoints",

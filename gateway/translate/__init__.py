@@ -1,6 +1,6 @@
 """Format translation: a request to /v1/chat/completions served by an Anthropic-format target,
 and one to /v1/messages served by an OpenAI-format target (docs/billing.md, "Translation between
-formats"; the per-field rules are table.py).
+formats"; the per-field rules are gateway/billing/translation.py).
 
 - `translate_request` turns the client's body into the target format's body and shapes it
   with that format's shaper, so the worst case is the translated body on each target

@@ -1,5 +1,5 @@
 """An Anthropic messages request as an OpenAI chat completions request (docs/billing.md,
-"Translation between formats"; the rules are gateway/translate/table.py)."""
+"Translation between formats"; the rules are gateway/billing/translation.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from gateway.billing import undated
 from gateway.translate.errors import Untranslatable
-from gateway.translate.table import DROPPED_BETAS, FIELDS, MESSAGES_TO_CHAT, REFUSED
+from gateway.billing.translation import DROPPED_BETAS, FIELDS, MESSAGES_TO_CHAT, REFUSED
 
 _RULES = FIELDS[MESSAGES_TO_CHAT]
 _TARGET = "chat"

@@ -1,5 +1,5 @@
 """An OpenAI chat completions request as an Anthropic messages request (docs/billing.md,
-"Translation between formats"; the rules are gateway/translate/table.py)."""
+"Translation between formats"; the rules are gateway/billing/translation.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from gateway.translate.errors import Untranslatable
-from gateway.translate.table import CHAT_TO_MESSAGES, FIELDS, REFUSED
+from gateway.billing.translation import CHAT_TO_MESSAGES, FIELDS, REFUSED
 
 _RULES = FIELDS[CHAT_TO_MESSAGES]
 _TARGET = "messages"

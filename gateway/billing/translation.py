@@ -164,7 +164,7 @@ def markdown() -> list[str]:
         "target's own format (cache reads and writes, reasoning tokens) and the answer, its stream and its",
         "errors are translated back into the endpoint's own shape. A target that cannot take a request",
         "faithfully is left out of its failover order; with no target left the request is refused with 400",
-        "`untranslatable_field` naming the field. Generated from `gateway/translate/table.py`.",
+        "`untranslatable_field` naming the field. Generated from `gateway/billing/translation.py`.",
     ]
     titles = {
         CHAT_TO_MESSAGES: "/v1/chat/completions to Anthropic messages",
