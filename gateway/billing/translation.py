@@ -94,7 +94,8 @@ FIELDS: dict[tuple[str, str], dict[str, Rule]] = {
             "parts (base64 sources as data URLs); `tool_use` blocks become assistant `tool_calls`; "
             "`tool_result` blocks become `tool` messages placed right after the assistant turn. `cache_control` "
             "is dropped (the target caches prefixes itself, with no write premium). Refused: documents, "
-            "thinking and redacted thinking blocks, server tool blocks, images inside tool results",
+            "thinking and redacted thinking blocks, server tool blocks, images inside tool results. A "
+            "system message between turns stays a system message at its place",
         ),
         "system": _r(MAPPED, "a leading system message (text blocks joined with blank lines)"),
         "max_tokens": _r(MAPPED, "`max_completion_tokens` (or the connection's `max_tokens_param`)"),
@@ -110,7 +111,8 @@ FIELDS: dict[tuple[str, str], dict[str, Rule]] = {
         "tools": _r(
             MAPPED,
             "custom tools become function tools (`input_schema` as `parameters`; `cache_control` dropped); "
-            "server and client-defined Anthropic tools (web search, bash, text editor, computer, ...) are refused",
+            "server and client-defined Anthropic tools (web search, bash, text editor, computer, ...) and "
+            "any other tool setting (`defer_loading`, `input_examples`, `strict`, ...) are refused",
         ),
         "tool_choice": _r(
             MAPPED,
@@ -119,11 +121,25 @@ FIELDS: dict[tuple[str, str], dict[str, Rule]] = {
         ),
         "metadata": _r(MAPPED, "`user_id` becomes `user`"),
         "service_tier": _r(MAPPED, "auto is left to the connection; standard_only becomes default"),
-        "thinking": _r(MAPPED, "type disabled is the default; enabled or adaptive thinking is refused"),
+        "thinking": _r(
+            MAPPED,
+            "disabled is the default; adaptive thinking (the model reasons as it sees fit) becomes "
+            "`reasoning_effort` at output_config's effort (high when absent, Anthropic's default), whose "
+            "reasoning tokens are output inside max_completion_tokens; enabled thinking with a token budget "
+            "has no equivalent and is refused",
+        ),
         "diagnostics": _r(DROPPED, "asks the target for a cache-miss reason it does not report; not billed"),
-        "output_config": _r(REFUSED, "effort and output formats have no faithful equivalent"),
+        "output_config": _r(
+            MAPPED,
+            "`effort` low, medium or high becomes `reasoning_effort`; max and an output format have no "
+            "equivalent and are refused",
+        ),
         "cache_control": _r(DROPPED, "the target caches prefixes itself, with no write premium"),
-        "context_management": _r(REFUSED, "server-side context editing is an Anthropic feature"),
+        "context_management": _r(
+            MAPPED,
+            "clear_thinking edits are dropped (thinking blocks are refused, so there is nothing to clear); "
+            "other edits (clear_tool_uses, compact) change the context the model sees and are refused",
+        ),
         "container": _r(REFUSED, "code-execution containers are an Anthropic feature"),
         "mcp_servers": _r(REFUSED, "remote MCP servers are an Anthropic feature"),
         "inference_geo": _r(REFUSED, "regional inference is an Anthropic setting"),
@@ -132,8 +148,9 @@ FIELDS: dict[tuple[str, str], dict[str, Rule]] = {
 }
 
 # anthropic-beta values a request to an OpenAI-format target may carry: each only turns on an
-# Anthropic feature whose fields are refused above (or changes nothing the target does). Any
-# other beta is refused, since it could change the answer.
+# Anthropic feature that shows in the body (where every field, block and tool setting is checked
+# against the rules above) or changes nothing the target does. Any other beta is refused, since
+# it could change the answer or the bill in a way the body does not show.
 DROPPED_BETAS: dict[str, str] = {
     "claude-code": "identifies the client",
     "prompt-caching": "cache_control is dropped",
@@ -142,12 +159,26 @@ DROPPED_BETAS: dict[str, str] = {
     "fine-grained-tool-streaming": "tool arguments are streamed as the target sends them",
     "interleaved-thinking": "thinking is refused",
     "context-management": "context_management is refused",
-    "effort": "output_config is refused",
+    "effort": "output_config's effort is in the body",
     "output-128k": "the output ceiling is max_tokens either way",
     "thinking-token-count": "thinking is refused",
     "user-profiles": "an identifier",
     "cache-diagnosis": "diagnostics is dropped",
     "token-counting": "not used by a message",
+    "per-turn-control": "per-turn settings are in the body, checked field by field",
+    "mid-conversation-tool-changes": "the tools are in the body",
+    "mid-conversation-output-config": "output_config is checked in the body",
+    "mid-conversation-system-clear-at": "the system prompt is in the body",
+    "advanced-tool-use": "deferred tools and tool examples are tool settings, refused",
+    "inline-tools": "tools inside messages are blocks, refused",
+    "structured-outputs": "an output format is refused",
+    "thinking-display-updates": "thinking is refused",
+    "thinking-binding-controls": "thinking is refused",
+    "dev-full-thinking": "thinking is refused",
+    "model-context-window-exceeded": "a stop reason: the target reports its own",
+    "web-search": "server tools are refused",
+    "web-fetch": "server tools are refused",
+    "pdfs": "documents are refused",
 }
 
 

@@ -106,9 +106,15 @@ def _messages(system: Any, messages: list) -> list[dict]:
             out += _user(m.get("content"), where)
         elif m.get("role") == "assistant":
             out.append(_assistant(m.get("content"), where))
+        elif m.get("role") == "system":  # a system message between turns, kept at its place
+            out.append({"role": "system", "content": _text_of(m.get("content"), f"{where}.content")})
         else:
             raise _refuse(f"{where}.role", f"messages of role '{m.get('role')}' have no equivalent")
     return out
+
+
+# A custom tool's settings that have an equivalent (cache_control is dropped: see the table).
+_TOOL_KEYS = {"type", "name", "description", "input_schema", "cache_control"}
 
 
 def _tools(tools: list) -> list[dict]:
@@ -117,6 +123,9 @@ def _tools(tools: list) -> list[dict]:
         kind = undated(str(tool.get("type") or "custom"))
         if kind != "custom":
             raise _refuse(f"tools[{i}].type", f"Anthropic's '{kind}' tool has no equivalent")
+        for key in sorted(set(tool) - _TOOL_KEYS):
+            if tool[key] not in (None, False):
+                raise _refuse(f"tools[{i}].{key}", "this tool setting has no equivalent")
         function: dict = {"name": tool.get("name"), "parameters": tool.get("input_schema") or {"type": "object"}}
         if tool.get("description") is not None:
             function["description"] = tool["description"]
@@ -132,6 +141,26 @@ def _tool_choice(choice: dict) -> tuple[Any, bool]:
     if mapped is None:
         raise _refuse("tool_choice", f"tool choice '{kind}' has no equivalent")
     return mapped, bool(choice.get("disable_parallel_tool_use"))
+
+
+_EFFORTS = {"low", "medium", "high"}
+
+
+def _effort(thinking: Any, config: Any) -> str | None:
+    """The reasoning effort of adaptive thinking (output_config's effort, Anthropic's default
+    high when absent); None without thinking or effort."""
+    config = config if isinstance(config, dict) else {}
+    if config.get("format") is not None:
+        raise _refuse("output_config.format", "structured output formats have no equivalent here")
+    effort = config.get("effort")
+    if effort is not None and effort not in _EFFORTS:
+        raise _refuse("output_config.effort", f"effort '{effort}' has no equivalent")
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind not in (None, "disabled", "adaptive"):
+        raise _refuse("thinking", "a thinking token budget has no equivalent; adaptive thinking maps")
+    if kind == "adaptive":
+        return effort or "high"
+    return effort
 
 
 def check_betas(headers: dict[str, str]) -> None:
@@ -178,7 +207,10 @@ def to_chat(body: dict, headers: dict[str, str] | None = None) -> dict:
     tier = body.get("service_tier")
     if tier == "standard_only":
         out["service_tier"] = "default"
-    thinking = body.get("thinking")
-    if isinstance(thinking, dict) and thinking.get("type") != "disabled":
-        raise _refuse("thinking")
+    effort = _effort(body.get("thinking"), body.get("output_config"))
+    if effort is not None:
+        out["reasoning_effort"] = effort
+    edits = (body.get("context_management") or {}).get("edits") or []
+    if any(not str(e.get("type", "") if isinstance(e, dict) else "").startswith("clear_thinking") for e in edits):
+        raise _refuse("context_management")
     return out

@@ -34,8 +34,6 @@ REFUSED_VALUES = {
     },
     "messages": {
         "top_k": 5,
-        "output_config": {"effort": "low"},
-        "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]},
         "container": "cntr_1",
         "mcp_servers": [{"type": "url", "url": "https://example.com", "name": "x"}],
         "inference_geo": "us",
@@ -98,3 +96,38 @@ def test_docs_print_the_translation_table():
     for rules in FIELDS.values():
         for name in rules:
             assert f"| `{name}` |" in text
+
+
+def test_context_edits_that_change_the_context_are_refused(settings):
+    body = BASE["messages"]
+    clear = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
+    assert (
+        "context_management"
+        not in translate_request(kind="messages", body={**body, "context_management": clear}, headers={}).body
+    )
+    with pytest.raises(Untranslatable) as err:
+        edits = {"edits": [{"type": "clear_tool_uses_20250919"}]}
+        translate_request(kind="messages", body={**body, "context_management": edits}, headers={})
+    assert err.value.param == "context_management"
+
+
+def test_a_tool_setting_without_an_equivalent_is_refused(settings):
+    tool = {"name": "f", "input_schema": {"type": "object"}, "defer_loading": True}
+    with pytest.raises(Untranslatable) as err:
+        translate_request(kind="messages", body={**BASE["messages"], "tools": [tool]}, headers={})
+    assert err.value.param == "tools[0].defer_loading"
+
+
+def test_adaptive_thinking_and_effort_become_reasoning_effort(settings):
+    body = {**BASE["messages"], "thinking": {"type": "adaptive"}, "output_config": {"effort": "low"}}
+    assert translate_request(kind="messages", body=body, headers={}).body["reasoning_effort"] == "low"
+    body = {**BASE["messages"], "thinking": {"type": "adaptive", "display": "omitted"}}
+    assert translate_request(kind="messages", body=body, headers={}).body["reasoning_effort"] == "high"
+    for field, extra in [
+        ("thinking", {"thinking": {"type": "enabled", "budget_tokens": 2048}}),
+        ("output_config.effort", {"output_config": {"effort": "max"}}),
+        ("output_config.format", {"output_config": {"format": {"type": "json_schema", "schema": {}}}}),
+    ]:
+        with pytest.raises(Untranslatable) as err:
+            translate_request(kind="messages", body={**BASE["messages"], **extra}, headers={})
+        assert err.value.param == field
