@@ -7,8 +7,8 @@ import json
 from typing import Any
 
 from gateway.billing import undated
-from gateway.translate.errors import Untranslatable
 from gateway.billing.translation import DROPPED_BETAS, FIELDS, MESSAGES_TO_CHAT, REFUSED
+from gateway.translate.errors import Untranslatable
 
 _RULES = FIELDS[MESSAGES_TO_CHAT]
 _TARGET = "chat"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.translate.errors import Untranslatable
 from gateway.billing.translation import CHAT_TO_MESSAGES, FIELDS, REFUSED
+from gateway.translate.errors import Untranslatable
 
 _RULES = FIELDS[CHAT_TO_MESSAGES]
 _TARGET = "messages"
