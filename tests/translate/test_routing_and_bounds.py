@@ -105,9 +105,20 @@ def test_failover_crosses_formats_and_bills_the_model_called(
     assert not Reservation.objects.exists()
 
 
-def test_the_worst_case_is_the_translated_body_at_the_priciest_target(gateway, wired, upstream, slices_mode):
+@pytest.mark.parametrize("guarded", [True, False], ids=["bound-on-translation", "removed"])
+def test_the_worst_case_is_the_translated_body_at_the_priciest_target(
+    gateway, wired, upstream, slices_mode, monkeypatch, guarded
+):
     # given: a messages request whose chat translation is bigger (each tool result becomes a
     # message of its own, with its own framing), on a route whose only target speaks chat
+    if not guarded:  # the removal: targets of the other format bounded on the client's own body
+        from gateway import sizing
+
+        def client_shape_only(shape, targets, translation):
+            translation()  # still made (the proxy sends it), but not what the bound is taken from
+            return None, targets
+
+        monkeypatch.setattr(sizing, "_translate", client_shape_only)
     wired.budget(amount="5")
     wired.route("gpt-via-anthropic", wired.openai)
     results = [{"type": "tool_result", "tool_use_id": f"t{i}", "content": "ok"} for i in range(40)]
@@ -129,6 +140,9 @@ def test_the_worst_case_is_the_translated_body_at_the_priciest_target(gateway, w
     r = _post(gateway, "messages", body)
     # then: the reservation covers the translated body, not the client's
     assert r.status_code == 200, r.text
+    if not guarded:  # without the guard, the reservation falls short of the body that was sent
+        assert int(r.headers["x-capgate-reserved-input-tokens"]) == own < translated
+        return
     assert int(r.headers["x-capgate-reserved-input-tokens"]) == translated
     reserved = Decimal(r.headers["x-capgate-reserved-usd"])
     # at the most expensive input rate (the cache write, $18.75/M) plus 100 output tokens at $75/M
