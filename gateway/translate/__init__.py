@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gateway.errors import bad_request
 from gateway.estimate import SHAPERS, Shape
 from gateway.translate.errors import Untranslatable
 from gateway.translate.replies import error, reply
@@ -45,10 +46,15 @@ class Translated:
 
 def translate_request(*, kind: str, body: dict, headers: dict[str, str]) -> Translated:
     """The body of a `kind` request in the other format, shaped. Raises Untranslatable."""
-    if kind == "chat":
-        out, target = to_messages(body), "messages"
-    else:
-        out, target = to_chat(body, headers), "chat"
+    try:
+        if kind == "chat":
+            out, target = to_messages(body), "messages"
+        else:
+            out, target = to_chat(body, headers), "chat"
+    except (AttributeError, TypeError, KeyError) as exc:
+        # The shaper checked the body's fields by type, not every nested part the translation
+        # reads: a part of the wrong type is the client's malformed input, a 400 like any other.
+        raise bad_request(f"The request has a malformed part the translation cannot read ({exc}).") from None
     # The target format's shaper checks the body as that endpoint would, and bounds it. Client
     # headers are the other format's: none of them is forwarded to this target.
     return Translated(kind=target, body=out, shape=SHAPERS[target](out, {}))

@@ -131,3 +131,21 @@ def test_adaptive_thinking_and_effort_become_reasoning_effort(settings):
         with pytest.raises(Untranslatable) as err:
             translate_request(kind="messages", body={**BASE["messages"], **extra}, headers={})
         assert err.value.param == field
+
+
+@pytest.mark.parametrize(
+    ("kind", "extra"),
+    [
+        ("chat", {"tool_choice": {"type": "function", "function": "f"}}),
+        ("chat", {"messages": [{"role": "assistant", "tool_calls": [{"function": {"arguments": 5}}]}]}),
+        ("messages", {"messages": [{"role": "user", "content": [{"type": "tool_result", "content": 5}]}]}),
+        ("messages", {"system": [{"type": "text", "text": "x"}, "y"]}),
+        ("messages", {"context_management": {"edits": "all"}}),
+    ],
+)
+def test_a_malformed_part_is_a_400_not_a_crash(kind, extra, settings):
+    from core.errors import CapgateError
+
+    with pytest.raises(CapgateError) as err:
+        translate_request(kind=kind, body={**BASE[kind], **extra}, headers={})
+    assert err.value.status == 400
