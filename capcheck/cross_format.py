@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from catalog.models import Connection, Model, RouteTarget
 from capcheck.billing import problems
 from capcheck.scenario import Build, Scenario
+from catalog.models import Connection, Model, RouteTarget
 
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: closed on any host capcheck runs on
 

@@ -4,7 +4,7 @@ formats"; the per-field rules are gateway/billing/translation.py).
 
 - `translate_request` turns the client's body into the target format's body and shapes it
   with that format's shaper, so the worst case is the translated body on each target
-  (gateway/sizing.py); a field without a faithful equivalent raises `Untranslatable` (400).
+  (gateway/admission/sizing.py); a field without a faithful equivalent raises `Untranslatable` (400).
 - `reply` / `error` reshape a target's answer and errors, `ChatFromMessages` /
   `MessagesFromChat` its stream. Usage is always read from the target's own format first.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.errors import bad_request
-from gateway.estimate import SHAPERS, Shape
+from gateway.admission.bounds import SHAPERS, Shape
+from gateway.http.errors import bad_request
 from gateway.translate.errors import Untranslatable
 from gateway.translate.replies import error, reply
 from gateway.translate.streaming import ChatFromMessages, MessagesFromChat

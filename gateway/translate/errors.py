@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.errors import GatewayError
+from gateway.http.errors import GatewayError
 
 FORMAT_NAMES = {"chat": "OpenAI chat completions", "messages": "Anthropic messages"}
 

@@ -1,5 +1,5 @@
 """A target's non-streamed answer and its errors, in the format of the endpoint that was
-called. Usage is billed from the target's own body before this runs (gateway/proxy.py); these
+called. Usage is billed from the target's own body before this runs (gateway/upstream/proxy.py); these
 only reshape what the client reads."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 chat clients get `chat.completion.chunk` events ending in `data: [DONE]` (with the usage chunk
 when they asked for it); messages clients get message_start, content_block_start/delta/stop,
 message_delta (with the usage) and message_stop. Usage is billed from the target's own events
-(gateway/streams.py feeds them to StreamUsage first); a translator only reshapes what the client
+(gateway/upstream/streams.py feeds them to StreamUsage first); a translator only reshapes what the client
 reads. A stream the target ends early ends early here too, without the closing events, so the
 client sees it broken, as it would without translation.
 """

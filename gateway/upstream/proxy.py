@@ -37,14 +37,14 @@ from gateway.providers import (
     upstream_url,
     usage_from_body,
 )
+from gateway.translate import Translated, client_headers_for, translate_request
+from gateway.translate import error as translated_error
+from gateway.translate import reply as translated_reply
 from gateway.upstream import continuations, runtime, streams, transport
 from gateway.upstream.recorder import recorder
 from gateway.upstream.streams import NOT_BILLED, Attempt
 from gateway.upstream.transport import client
 from ledger.errors import BudgetExceeded, BudgetUnavailable
-from gateway.translate import Translated, client_headers_for, translate_request
-from gateway.translate import error as translated_error
-from gateway.translate import reply as translated_reply
 from ledger.recording import Outcome
 from requestlog import buffer as request_log
 

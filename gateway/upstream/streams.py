@@ -13,9 +13,9 @@ import httpx
 from gateway.admission.service import Target
 from gateway.http.request import ClientGone
 from gateway.providers import StreamUsage, sse_events, upstream_headers, upstream_url
+from gateway.translate import stream_translator
 from gateway.upstream import runtime
 from gateway.upstream.transport import client
-from gateway.translate import stream_translator
 from ledger.recording import Outcome
 
 if TYPE_CHECKING:

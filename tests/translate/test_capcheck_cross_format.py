@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from budgets.models import Reservation
-from gateway.capcheck.plan import Plan
+from capcheck.plan import Plan
+from ledger.models import Reservation, UsageRecord
 from tests.capcheck.conftest import slices_setting  # noqa: F401
 from tests.capcheck.test_capcheck import capcheck
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from budgets.models import Reservation
+from ledger.models import Reservation, UsageRecord
 from tests.clients import agents
 from tests.clients.conftest import COMPLETION_TOKENS, PROMPT_TOKENS, agent_tenant  # noqa: F401
 from tests.gateway.conftest import KEY, wait_settled
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

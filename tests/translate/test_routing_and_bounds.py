@@ -11,14 +11,13 @@ from decimal import Decimal
 import httpx
 import pytest
 
-from budgets.models import Reservation
 from catalog.models import Connection, Model
-from gateway.estimate import shape_chat, shape_messages
+from gateway.admission.bounds import shape_chat, shape_messages
 from gateway.translate import translate_request
+from ledger.models import Reservation, UsageRecord
 from tests.conftest import usd, window_of
 from tests.gateway.conftest import KEY, assert_nothing_held, wait_settled
 from tests.upstream.server import run_in_thread
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -112,7 +111,7 @@ def test_the_worst_case_is_the_translated_body_at_the_priciest_target(
     # given: a messages request whose chat translation is bigger (each tool result becomes a
     # message of its own, with its own framing), on a route whose only target speaks chat
     if not guarded:  # the removal: targets of the other format bounded on the client's own body
-        from gateway import sizing
+        from gateway.admission import sizing
 
         def client_shape_only(shape, targets, translation):
             translation()  # still made (the proxy sends it), but not what the bound is taken from

@@ -10,9 +10,9 @@ import anthropic
 import openai
 import pytest
 
+from ledger.models import UsageRecord
 from tests.gateway.conftest import KEY, wait_settled
 from tests.upstream.server import TOOL_ARGUMENTS
-from usage.models import UsageRecord
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
