@@ -13,6 +13,8 @@ default and the run all read this list.
 - cap-appears: the organization's alert budget switched to block mid-burst; narrower-budget: a
   key budget created mid-burst while processes hold slices of a loose cap, and no request may be
   refused by it (cap_changes.py).
+- cross-format: chat on a route whose first target speaks Anthropic's format and cannot be
+  reached, failing over to echo; each request bounded on its translated body (cross_format.py).
 - server-tools, service-tier, route-alias: paid features and route aliases, with the books
   checked against echo's bill (billing.py).
 - jobs: every request a one-line OpenAI batch on echo, admitted at submission, held by its job
@@ -29,6 +31,7 @@ from typing import Any
 
 from capcheck import billing, cap_changes, jobs
 from capcheck.admin_actions import ADMIN_ACTIONS
+from capcheck.cross_format import CROSS_FORMAT
 from capcheck.restart import DB_RESTART
 from capcheck.scenario import Build, Scenario
 from ledger.models import Budget
@@ -64,6 +67,7 @@ ALL: dict[str, Scenario] = {
         billing.SERVER_TOOLS,
         billing.SERVICE_TIER,
         billing.ROUTE_ALIAS,
+        CROSS_FORMAT,
         jobs.JOBS,
         jobs.MIXED_BATCH,
         DB_RESTART,

@@ -17,6 +17,19 @@ from gateway.http.errors import GatewayError
 from ledger.models import Reservation
 from tenants.models import ApiKey, hash_key
 
+# An endpoint whose requests gateway/translate/ can carry to targets of another format.
+TRANSLATED = {"chat": "messages", "messages": "chat"}
+
+
+def target_format(kind: str, connection_kind: str) -> str | None:
+    """The format a target of `connection_kind` is sent a request for endpoint `kind` in: the
+    endpoint's own when its adapter serves it, else the one it is translated to, else None (it
+    cannot serve it)."""
+    if providers.serves(connection_kind, kind):
+        return kind
+    other = TRANSLATED.get(kind)
+    return other if other is not None and providers.serves(connection_kind, other) else None
+
 
 @dataclass(frozen=True)
 class Target:
@@ -84,7 +97,9 @@ def authenticate(raw_key: str | None) -> ApiKey:
     return key
 
 
-def resolve_route(*, key: ApiKey, name: str, kind: str) -> list[Target]:
+def resolve_route(*, key: ApiKey, name: str, kind: str, translated: bool = False) -> list[Target]:
+    """The route's enabled targets that can serve endpoint `kind`, in failover order: of its own
+    format, and with `translated` (the proxy, which translates) of the other format too."""
     if not key.allows_model(name):
         raise GatewayError(
             f"This key may not call model '{name}'.",
@@ -112,8 +127,18 @@ def resolve_route(*, key: ApiKey, name: str, kind: str) -> list[Target]:
             for t in route.targets.select_related("connection", "model", "model__provider").order_by("position", "id")
         ]
         lookups.put(cache_key, routed)
-    # Only kinds whose adapter serves this endpoint in its own wire format.
-    targets = [t for t in routed if t.connection.enabled and providers.serves(t.connection.kind, kind)]
+    # Only kinds whose adapter serves this endpoint in its own wire format, or (when translation
+    # is allowed) in the format it is translated to.
+    targets = [
+        t
+        for t in routed
+        if t.connection.enabled
+        and (
+            target_format(kind, t.connection.kind) is not None
+            if translated
+            else providers.serves(t.connection.kind, kind)
+        )
+    ]
     if not targets:
         # A configuration error, not an outage: a 503 would read as "overloaded" and be retried.
         raise GatewayError(

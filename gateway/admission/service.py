@@ -19,7 +19,7 @@ from gateway.admission import unclassified
 from gateway.admission.bounds import Shape
 from gateway.admission.limits import enforce_limits
 from gateway.admission.routing import Target, authenticate, resolve_route
-from gateway.admission.sizing import Sized, bound_tokens, size
+from gateway.admission.sizing import Sized, Translation, bound_tokens, size
 from gateway.admission.subjects import Payer, creating_run_budget, payer
 from gateway.http.errors import GatewayError
 from ledger import slices
@@ -41,6 +41,7 @@ class Prepared:
     input_bound: str = "bytes"  # how the prompt was bounded: "exact" (its tokenizer) or "bytes"
     input_tokens: int = 0  # the prompt tokens reserved (per sampling pass, before images)
     unclassified: list[str] = field(default_factory=list)  # passed unlisted names (gateway/admission/unclassified.py)
+    translated: bool = False  # a target of the other format may be tried (gateway/translate/)
 
 
 def reserve(
@@ -56,6 +57,7 @@ def reserve(
     lease: timedelta | None = None,
     origin: str = Reservation.Origin.GATEWAY,
     sliced: bool = False,
+    translation: Translation | None = None,
 ) -> Prepared:
     """Size a request's worst case and admit it: the one way a request gets a reservation.
 
@@ -80,6 +82,7 @@ def reserve(
             lease=lease,
             origin=origin,
             sliced=sliced,
+            translation=translation,
         )
 
 
@@ -96,6 +99,7 @@ def _prepare(
     lease: timedelta | None,
     origin: str,
     sliced: bool,
+    translation: Translation | None = None,
 ) -> Prepared:
     budgets = matching_budgets(payer.subject)
     if shape is None:  # the caller states its worst case
@@ -107,14 +111,17 @@ def _prepare(
             governed=any(b.mode == Budget.Mode.BLOCK for b in budgets),
         )
     else:
-        sized = size(key=payer.key, shape=shape, targets=targets, budgets=budgets, proxied=proxied)
+        sized = size(
+            key=payer.key, shape=shape, targets=targets, budgets=budgets, proxied=proxied, translation=translation
+        )
         if proxied:  # the caller of the reservation API makes the call: its traffic is its own
             assert sized.shape is not None
+            shapes = [s for s in (sized.shape, sized.translated) if s is not None]
             enforce_limits(
                 key=payer.key,
                 customer=payer.customer,
                 targets=sized.targets,
-                tokens=bound_tokens(sized.shape, sized.output_tokens),
+                tokens=max(bound_tokens(s, sized.output_tokens) for s in shapes),
             )
     request = AdmissionRequest(
         subject=payer.subject,
@@ -137,8 +144,10 @@ def _prepare(
         budgets=sized.budgets,
         remaining_nano=remaining - sized.worst_nano if remaining is not None else None,
         input_bound=sized.input_bound,
-        input_tokens=sized.shape.text_tokens if sized.shape else 0,
+        # Per sampling pass, before images; the larger of the two bodies when translated.
+        input_tokens=max((s.text_tokens for s in (sized.shape, sized.translated) if s is not None), default=0),
         unclassified=unclassified.labels(sized.shape) if sized.shape else [],
+        translated=sized.translated is not None,
     )
 
 
@@ -155,6 +164,7 @@ def admit_call(
     owner_id: int | None,
     healthy: object,
     sliced: bool = True,
+    translation: Translation | None = None,
 ) -> tuple[ApiKey, Prepared]:
     """Everything before the provider call, in one trip to a database thread:
     authenticate, validate, route, resolve customer and run, admit.
@@ -162,13 +172,15 @@ def admit_call(
     A subject deleted while the request was being admitted (an end customer, say) makes it
     resolve who pays again and admit again: an end customer named by header is created anew, as
     for any first sight, and a deleted key is refused by its authentication.
+    With `translation` (the request in the other format, gateway/translate/), the route's
+    targets of the other format may serve it too.
     """
     for attempt in range(SUBJECT_ATTEMPTS):
         key = authenticate(raw_key)
         if shape_error is not None:
             raise shape_error
         assert shape is not None
-        targets = resolve_route(key=key, name=shape.model, kind=kind)
+        targets = resolve_route(key=key, name=shape.model, kind=kind, translated=translation is not None)
         alive = [t for t in targets if healthy(t.connection.id)]  # type: ignore[operator]
         if not alive:
             raise GatewayError(
@@ -186,6 +198,7 @@ def admit_call(
                 targets=alive,
                 owner_id=owner_id,
                 sliced=sliced,
+                translation=translation,
             )
         except SubjectGone:
             if attempt + 1 == SUBJECT_ATTEMPTS:

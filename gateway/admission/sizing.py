@@ -11,6 +11,7 @@ that names no output ceiling is sized at the catalog's maximum.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import cast
@@ -28,7 +29,7 @@ from catalog.pricing import (
 )
 from gateway.admission import tokens, unclassified
 from gateway.admission.bounds import Shape
-from gateway.admission.routing import Target
+from gateway.admission.routing import Target, target_format
 from gateway.http.errors import GatewayError
 from gateway.upstream import continuations
 from ledger.admission import Ceiling, headroom
@@ -51,6 +52,13 @@ class Sized:
     output_tokens: int = 0  # the output ceiling per choice the worst case assumes
     inject_max_output: int | None = None  # send this output ceiling upstream (None: caller's own)
     input_bound: str = "bytes"  # how the prompt was bounded: "exact" (its tokenizer) or "bytes"
+    # The request translated for targets of the other format (gateway/translate/), when any is tried.
+    translated: Shape | None = None
+
+
+# Sizing asks for the translated shape only when a target of the other format may be tried.
+Translation = Callable[[], Shape]
+ShapeOf = Callable[[Target], Shape]
 
 
 def _bound(shape: Shape, target: Target, rates: Rates, output_tokens: int) -> TokenBound:
@@ -97,7 +105,7 @@ class _Priced:
 
 
 def _price_targets(
-    shape: Shape, targets: list[Target]
+    shape_of: ShapeOf, targets: list[Target]
 ) -> tuple[list[_Priced], UnpricedModel | None, UnpricedFeature | None]:
     """Each target's rates at the tier it would bill this request at, and a bound check; the
     targets that cannot be priced are set aside with the first reason."""
@@ -105,6 +113,7 @@ def _price_targets(
     no_model: UnpricedModel | None = None
     no_feature: UnpricedFeature | None = None
     for t in targets:
+        shape = shape_of(t)
         try:
             rates = rates_for(
                 model=t.model, connection=t.connection, tier=t.tier(shape.service_tier), speed=shape.speed
@@ -188,11 +197,13 @@ def _exact_prompt(
     return dataclasses.replace(shape, text_tokens=exact), "exact"
 
 
-def _affordable_output(shape: Shape, priced: list[_Priced], tightest: Ceiling | None, cap: int) -> int:
+def _affordable_output(
+    shape: Shape, shape_of: ShapeOf, priced: list[_Priced], tightest: Ceiling | None, cap: int
+) -> int:
     floor = settings.CAPGATE["MIN_OUTPUT_TOKENS"]
     if tightest is None:
         return cap
-    bounds = [(p, _bound(shape, p.target, p.rates, 0)) for p in priced]
+    bounds = [(p, _bound(shape_of(p.target), p.target, p.rates, 0)) for p in priced]
     input_worst = max(worst_case_nano(bound=b, rates=p.rates) for p, b in bounds)
     per_token = (
         max(nano_per_output_token(rates=p.rates, input_tokens=b.input_tokens) for p, b in bounds) * shape.choices
@@ -235,7 +246,32 @@ def _unpriced(exc: UnpricedModel | UnpricedFeature, *, proxied: bool) -> Gateway
     )
 
 
-def size(*, key: ApiKey, shape: Shape, targets: list[Target], budgets: list[Budget], proxied: bool = True) -> Sized:
+def _translate(
+    shape: Shape, targets: list[Target], translation: Translation | None
+) -> tuple[Shape | None, list[Target]]:
+    """The request's shape in the other format when a target of that format may be tried.
+    Targets it cannot be translated to faithfully are left out of the failover order; with no
+    target left, the request is refused (400 naming the field)."""
+    native = [t for t in targets if target_format(shape.kind, t.connection.kind) == shape.kind]
+    if translation is None or len(native) == len(targets):
+        return None, targets
+    try:
+        return translation(), targets
+    except GatewayError:
+        if not native:
+            raise
+        return None, native
+
+
+def size(
+    *,
+    key: ApiKey,
+    shape: Shape,
+    targets: list[Target],
+    budgets: list[Budget],
+    proxied: bool = True,
+    translation: Translation | None = None,
+) -> Sized:
     """Size the worst case of `shape` over `targets` under `budgets` (those matching its payer).
 
     1. Under a blocking budget, refuse fields the billing inventory refuses there
@@ -251,7 +287,9 @@ def size(*, key: ApiKey, shape: Shape, targets: list[Target], budgets: list[Budg
        catalog maximum, and under a blocking budget no more than the tightest ceiling can
        afford (sent upstream so the response cannot outrun it), refused below the floor.
        Not proxied: the caller's, else the catalog maximum (nothing can be sent upstream).
-    4. The worst case is the largest over every target the request could fail over to.
+    4. The worst case is the largest over every target the request could fail over to, each
+       bounded on the body it is sent: a target of the other format on the translated body
+       (`translation`, asked for only then; bytes bound it, never an exact count).
     """
     blocking = any(b.mode == Budget.Mode.BLOCK for b in budgets)
     if shape.context_ref is not None:
@@ -260,8 +298,15 @@ def size(*, key: ApiKey, shape: Shape, targets: list[Target], budgets: list[Budg
             raise continuations.unknown_context(shape.context_ref)
         shape = dataclasses.replace(shape, text_tokens=shape.text_tokens + (earlier or 0))
     shape = unclassified.decide(shape=shape, organization_id=key.organization_id, blocking=blocking)
-    if blocking and shape.refused:
-        field = shape.refused[0]
+    translated, targets = _translate(shape, targets, translation)
+
+    def shape_of(target: Target) -> Shape:
+        foreign = translated is not None and target_format(shape.kind, target.connection.kind) != shape.kind
+        return cast(Shape, translated) if foreign else shape
+
+    refused = shape.refused + (translated.refused if translated is not None else ())
+    if blocking and refused:
+        field = refused[0]
         raise GatewayError(
             f"'{field}' buys something whose cost the catalog cannot bound (docs/billing.md), so a blocking "
             "budget cannot admit it.",
@@ -269,7 +314,7 @@ def size(*, key: ApiKey, shape: Shape, targets: list[Target], budgets: list[Budg
             status=402,
             param=field,
         )
-    priced, no_model, no_feature = _price_targets(shape, targets)
+    priced, no_model, no_feature = _price_targets(shape_of, targets)
     if not proxied and (no_feature or no_model):
         raise _unpriced(cast(UnpricedModel | UnpricedFeature, no_feature or no_model), proxied=False)
     if blocking and priced:
@@ -290,8 +335,11 @@ def size(*, key: ApiKey, shape: Shape, targets: list[Target], budgets: list[Budg
 
     # One unlocked read of the tightest ceiling, shared by the exact count and the output ceiling.
     affords = proxied and shape.max_output is None
-    tightest = headroom(budgets=budgets) if governed and (affords or _needs_room_read(shape, priced)) else None
-    shape, input_bound = _exact_prompt(shape, priced, tightest, governed=governed)
+    countable = translated is None and _needs_room_read(shape, priced)
+    tightest = headroom(budgets=budgets) if governed and (affords or countable) else None
+    shape, input_bound = (
+        _exact_prompt(shape, priced, tightest, governed=governed) if translated is None else (shape, "bytes")
+    )
     cap = _catalog_max_output(targets)
     inject = None
     if shape.max_output is not None:
@@ -302,15 +350,15 @@ def size(*, key: ApiKey, shape: Shape, targets: list[Target], budgets: list[Budg
         default = _default_output(key, targets)
         if default is not None:
             cap = min(cap, default)
-        output = _affordable_output(shape, priced, tightest, cap) if governed else cap
+        output = _affordable_output(shape, shape_of, priced, tightest, cap) if governed else cap
         # Sent upstream under a cap or a configured default; Anthropic requires max_tokens.
-        if governed or default is not None or shape.kind == "messages":
+        if governed or default is not None or "messages" in (shape.kind, translated and translated.kind):
             inject = output
     if shape.kind == "embeddings":
         output, inject = 0, None
 
     worst = max(
-        (worst_case_nano(bound=_bound(shape, p.target, p.rates, output), rates=p.rates) for p in priced),
+        (worst_case_nano(bound=_bound(shape_of(p.target), p.target, p.rates, output), rates=p.rates) for p in priced),
         default=0,
     )
     if not governed and blocking:
@@ -327,4 +375,5 @@ def size(*, key: ApiKey, shape: Shape, targets: list[Target], budgets: list[Budg
         governed=governed,
         budgets=budgets,
         input_bound=input_bound,
+        translated=translated,
     )

@@ -6,6 +6,7 @@ from gateway.billing.entries import CLASS_TITLES, Entry
 from gateway.billing.jobs import JOB_ENDPOINTS, JOB_FIELDS, JOB_HEADERS_NOT_FORWARDED
 from gateway.billing.kinds import KINDS
 from gateway.billing.live import ANTHROPIC_BETAS, CLIENT_HEADERS, FIELDS, HEADERS, NOT_FORWARDED, TOOL_TYPES
+from gateway.billing.translation import markdown as translation_markdown
 
 ENDPOINTS = {
     "chat": "/v1/chat/completions",
@@ -99,6 +100,7 @@ def markdown() -> str:
     ]
     lines += [f"| `{name}{'*' if name.endswith('-') else ''}` | {why} |" for name, why in CLIENT_HEADERS.items()]
     lines += ["", "## `anthropic-beta` values", "", *_rows("beta", ANTHROPIC_BETAS)]
+    lines += translation_markdown()
     lines += [
         "",
         "## Connection kinds",

@@ -26,11 +26,15 @@ from core.errors import CapgateError
 from core.money import usd_str
 from gateway.admission.bounds import SHAPERS, Shape, parse_json
 from gateway.admission.request_fields import collecting_unclassified
+from gateway.admission.routing import TRANSLATED, target_format
 from gateway.admission.service import Prepared, Target, admit_call
 from gateway.http import metrics
 from gateway.http.errors import GatewayError, render
 from gateway.http.request import ClientGone, Request
 from gateway.providers import adapter, response_state
+from gateway.translate import Translated, client_headers_for, translate_request
+from gateway.translate import error as translated_error
+from gateway.translate import reply as translated_reply
 from gateway.upstream import continuations, runtime, streams, transport
 from gateway.upstream.recorder import recorder
 from gateway.upstream.streams import NOT_BILLED, Attempt
@@ -68,6 +72,10 @@ class ProxyCall:
         self.client_stream_options: dict = {}
         self.shape: Shape | None = None
         self.model_name = ""  # as the caller asked for it, for the request log
+        self.body: dict = {}
+        # The request in the other format, made on the admission thread when a target of that
+        # format may be tried (gateway/translate/); an untranslatable request keeps its error.
+        self.translated: Translated | CapgateError | None = None
 
     def _headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"x-capgate-request-id", self.request_id.encode())]
@@ -97,7 +105,7 @@ class ProxyCall:
         shape = shape_error = None
         background = False
         try:
-            body = parse_json(raw)
+            body = self.body = parse_json(raw)
             self.model_name = str(body.get("model") or "") if isinstance(body, dict) else ""
             background = self.kind == "responses" and body.get("background") is True and BACKGROUND is not None
             # A background response is bounded like the same response in the foreground. What the
@@ -126,6 +134,7 @@ class ProxyCall:
                 owner_id=bg.instance_id if bg else None,
                 healthy=runtime.health.ok,
                 sliced=not background,  # a provider job's reservation moves to the job
+                translation=self._translation if self.kind in TRANSLATED else None,
             )
         except BudgetExceeded as exc:
             h = self.req.headers
@@ -175,21 +184,45 @@ class ProxyCall:
             )
             raise
 
+    def _translation(self):
+        """The shape of the request in the other format (sizing asks on the admission thread,
+        only when a target of that format may be tried); raises the field's 400 if it has none."""
+        if self.translated is None:
+            try:
+                self.translated = translate_request(kind=self.kind, body=self.body, headers=self.req.headers)
+            except CapgateError as exc:
+                self.translated = exc
+        if isinstance(self.translated, CapgateError):
+            raise self.translated
+        return self.translated.shape
+
+    def format_of(self, target: Target) -> str:
+        """The format `target` is sent this request in (the endpoint's own unless translated)."""
+        return target_format(self.kind, target.connection.kind) or self.kind
+
     # --- after admission: exactly one record per request from here on -------------------
 
     def upstream_body(self, body: dict, target: Target) -> dict:
         # The provider gets the target's own model id (a route name is capgate's alias) and any
-        # field the billing bound rewrote (server tools' injected max_uses).
-        kind = adapter(target)
-        out = {**body, **(self.shape.patch if self.shape else {}), "model": kind.model_id(target)}
+        # field the billing bound rewrote (server tools' injected max_uses); a target of the
+        # other format gets the translated body the bound was taken from.
+        kind = self.format_of(target)
+        ad = adapter(target)
+        patch = self.shape.patch if self.shape else {}
+        if kind != self.kind:
+            assert isinstance(self.translated, Translated)
+            body, patch = self.translated.body, self.translated.shape.patch
+        out = {**body, **patch, "model": ad.model_id(target)}
         p = self.prepared
         assert p is not None
         if p.inject_max_output is not None:
-            if self.kind == "chat":
+            if kind == "chat":
                 out.pop("max_tokens", None)
                 out.pop("max_completion_tokens", None)
-            out[kind.output_param(target, self.kind)] = p.inject_max_output
-        if self.kind == "chat" and body.get("stream"):
+            out[ad.output_param(target, kind)] = p.inject_max_output
+        elif kind == "chat" and "max_completion_tokens" in out and kind != self.kind:
+            out[ad.output_param(target, kind)] = out.pop("max_completion_tokens")
+        if kind == "chat" and body.get("stream"):
             out["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         return out
 
@@ -220,6 +253,8 @@ class ProxyCall:
                     target,
                 )
                 return
+            if attempt.body and self.format_of(target) != self.kind:  # the error in the endpoint's shape
+                attempt.body = translated_error(attempt.body, status=attempt.status, client=self.kind)
             if attempt.kind == "failover":
                 runtime.health.failed(target.connection.id)
                 last = attempt
@@ -261,7 +296,7 @@ class ProxyCall:
         try:
             # The adapter may fetch a credential first (a refused one is not billed either).
             up = await self._race_client(
-                adapter(target).request(target, self.kind, up_body, self.req.headers, stream=False)
+                adapter(target).request(target, self.format_of(target), up_body, self.headers_for(target), stream=False)
             )
             resp = await self._race_client(
                 client().post(up.url, content=up.content, headers=up.headers, extensions=self.upstream_tag(target))
@@ -276,12 +311,27 @@ class ProxyCall:
         if status >= 400:
             return Attempt(kind="not_billed", status=status, body=data, error=f"upstream rejected: {status}")
         runtime.health.succeeded(target.connection.id)
-        usage, provider_model = adapter(target).usage_from_body(self.kind, data)
+        kind = self.format_of(target)
+        usage, provider_model = adapter(target).usage_from_body(kind, data)  # billed from the target's own format
         await self.record(self._served(target, usage, provider_model), target)
         if self.kind == "responses":
             await self._remember(target, _loads(data))
+        if kind != self.kind:
+            try:
+                data = translated_reply(
+                    data, upstream=kind, client=self.kind, model=provider_model or target.model.name
+                )
+            except (ValueError, TypeError, AttributeError):
+                await self.fail(
+                    GatewayError("The provider's answer could not be read.", code="upstream_error", status=502)
+                )
+                return Attempt(kind="done")
         await self.req.respond(200, data, self._headers())
         return Attempt(kind="done")
+
+    def headers_for(self, target: Target) -> dict[str, str]:
+        """The client's headers an adapter may forward: none of the other format's."""
+        return self.req.headers if self.format_of(target) == self.kind else client_headers_for(self.req.headers)
 
     async def _remember(self, target: Target, response: object) -> None:
         """Keep a relayed response's context size, so a continuation from it can be bounded

@@ -12,6 +12,7 @@ import httpx
 from gateway.admission.service import Target
 from gateway.http.request import ClientGone
 from gateway.providers import adapter
+from gateway.translate import stream_translator
 from gateway.upstream import runtime
 from gateway.upstream.transport import client
 from ledger.recording import Outcome
@@ -37,7 +38,9 @@ async def stream_attempt(call: ProxyCall, target: Target, up_body: dict) -> Atte
     upstream_client = client()
     try:
         # The adapter may fetch a credential first (a refused one is not billed either).
-        up = await call._race_client(adapter(target).request(target, call.kind, up_body, call.req.headers, stream=True))
+        up = await call._race_client(
+            adapter(target).request(target, call.format_of(target), up_body, call.headers_for(target), stream=True)
+        )
         request = upstream_client.build_request(
             "POST", up.url, content=up.content, headers=up.headers, extensions=call.upstream_tag(target)
         )
@@ -53,7 +56,7 @@ async def stream_attempt(call: ProxyCall, target: Target, up_body: dict) -> Atte
         if status >= 500 or status == 429:
             return Attempt(kind="failover", status=status, body=data, error=f"upstream status {status}")
         return Attempt(kind="not_billed", status=status, body=data, error=f"upstream rejected: {status}")
-    events = adapter(target).events(response, call.kind)
+    events = adapter(target).events(response, call.format_of(target))
     runtime.health.succeeded(target.connection.id)
     await relay(call, target, events, response)
     return Attempt(kind="done")
@@ -61,11 +64,14 @@ async def stream_attempt(call: ProxyCall, target: Target, up_body: dict) -> Atte
 
 async def relay(call: ProxyCall, target: Target, events, response: httpx.Response) -> None:
     """Relay SSE events to the client until the stream ends, the client leaves, the
-    upstream drops, or the request's hard lifetime runs out; then record once."""
+    upstream drops, or the request's hard lifetime runs out; then record once. A target of the
+    other format is billed from its own events and relayed in the endpoint's (gateway/translate/)."""
     p = call.prepared
     assert p is not None
-    tracker = adapter(target).stream_usage(call.kind)
+    kind = call.format_of(target)
+    tracker = adapter(target).stream_usage(kind)
     wants_usage = call.client_stream_options.get("include_usage") is True
+    translator = stream_translator(client=call.kind, wants_usage=wants_usage) if kind != call.kind else None
     ending = "completed"
     deadline = call._seconds_left()
 
@@ -75,9 +81,15 @@ async def relay(call: ProxyCall, target: Target, events, response: httpx.Respons
                 usage_only = tracker.feed(event.data)
             except ValueError:
                 usage_only = False
+            if translator is not None:
+                for raw in translator.feed(event.data):
+                    await call.req.send({"type": "http.response.body", "body": raw + b"\n\n", "more_body": True})
+                continue
             if usage_only and not wants_usage:
                 continue
             await call.req.send({"type": "http.response.body", "body": event.raw + b"\n\n", "more_body": True})
+        for raw in translator.end() if translator is not None else []:
+            await call.req.send({"type": "http.response.body", "body": raw + b"\n\n", "more_body": True})
 
     await call.req.start(
         200, [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *call._headers()]

@@ -78,7 +78,7 @@ def test_bad_batch_input_is_refused_and_nothing_is_kept(gateway, jobs_org, upstr
 
 
 def test_a_batch_runs_only_on_a_connection_of_its_batch_apis_provider(jobs_org):
-    # Called directly: routing (gateway/admission/routing.py COMPATIBLE) already routes a batch's lines to
+    # Called directly: routing (gateway/admission/routing.py, the adapters' `serves`) already routes a batch's lines to
     # connections of a compatible kind, so no upload through the endpoints reaches the refusal.
     def lines(conn) -> sizing.SizedLines:
         return sizing.SizedLines(kind="chat", route="m", target=Target(connection=conn, model=jobs_org.model))

@@ -62,7 +62,11 @@ DEFAULTS: dict[str, Any] = {
     # Jobs (batches, background responses, videos; tests/upstream/jobs.py): a job created while
     # this is on completes on its first status read, as the echo provider's jobs do.
     "job_auto_complete": False,
+    # A request with tools is answered with a call of its first tool (TOOL_ARGUMENTS), as a model
+    # that decides to use it does: finish_reason tool_calls / stop_reason tool_use.
+    "tool_call": False,
 }
+TOOL_ARGUMENTS = {"city": "Paris", "units": "celsius"}
 FAIL_MODES = {"", "500", "503", "429", "400", "close", "stall", "drop_mid_stream", "no_usage"}
 STALL_CAP_S = 300.0
 HEADER_PREFIX = "x-upstream-"
@@ -99,7 +103,7 @@ def _coerce(knob: str, value: Any) -> Any:
         return float(value)
     if knob in ("tier", "count_prompt", "speed"):
         return str(value)
-    if knob in ("ignore_max_tokens", "job_auto_complete"):
+    if knob in ("ignore_max_tokens", "job_auto_complete", "tool_call"):
         truthy = {"1", "true", "yes", "on"}
         return value if isinstance(value, bool) else str(value).strip().lower() in truthy
     if isinstance(value, bool):
@@ -267,6 +271,14 @@ def _wants_1h_cache(body: dict[str, Any]) -> bool:
     return '"ttl": "1h"' in json.dumps(body) or '"ttl":"1h"' in json.dumps(body)
 
 
+def _tool_name(ex: _Exchange, dialect: str) -> str | None:
+    """The tool a tool_call answer calls: the request's first, when the knob is on."""
+    tools = ex.body.get("tools") or []
+    if not ex.knobs["tool_call"] or not tools or not isinstance(tools[0], dict):
+        return None
+    return str(tools[0].get("name") if dialect == "anthropic" else (tools[0].get("function") or {}).get("name"))
+
+
 async def _chat(ex: _Exchange) -> None:
     body, knobs = ex.body, ex.knobs
     model = body.get("model", "fake-model")
@@ -289,9 +301,15 @@ async def _chat(ex: _Exchange) -> None:
     def head(kind: str) -> dict[str, Any]:
         return {"id": cid, "object": kind, "created": created, "model": model, "service_tier": tier}
 
+    tool = _tool_name(ex, "openai")
+    call = {"id": f"call_{cid[-12:]}", "type": "function"}
+    arguments = json.dumps(TOOL_ARGUMENTS)
+    finish = "tool_calls" if tool else "stop"
     if not body.get("stream"):
-        message = {"role": "assistant", "content": "".join(pieces), "refusal": None}
-        choices = [{"index": i, "message": message, "logprobs": None, "finish_reason": "stop"} for i in range(n)]
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(pieces), "refusal": None}
+        if tool:
+            message |= {"content": None, "tool_calls": [{**call, "function": {"name": tool, "arguments": arguments}}]}
+        choices = [{"index": i, "message": message, "logprobs": None, "finish_reason": finish} for i in range(n)]
         await ex.respond({**head("chat.completion"), "choices": choices, "usage": usage})
         return
 
@@ -309,7 +327,16 @@ async def _chat(ex: _Exchange) -> None:
 
     frames = [frame(choice(i, {"role": "assistant", "content": ""})) for i in range(n)]
     frames += [frame(choice(i, {"content": p})) for p in pieces for i in range(n)]
-    frames += [frame(choice(i, {}, "stop")) for i in range(n)]
+    if tool:  # the call's name first, then its arguments in two pieces, as OpenAI streams them
+        start = {**call, "index": 0, "function": {"name": tool, "arguments": ""}}
+        halves = [arguments[: len(arguments) // 2], arguments[len(arguments) // 2 :]]
+        frames += [frame(choice(i, {"tool_calls": [start]})) for i in range(n)]
+        frames += [
+            frame(choice(i, {"tool_calls": [{"index": 0, "function": {"arguments": h}}]}))
+            for h in halves
+            for i in range(n)
+        ]
+    frames += [frame(choice(i, {}, finish)) for i in range(n)]
     if include_usage:
         frames.append(frame([], usage))
     frames.append("data: [DONE]\n\n")
@@ -332,13 +359,15 @@ async def _messages(ex: _Exchange) -> None:
     usage["service_tier"] = _served_tier(knobs, body, "anthropic")
     if body.get("speed") is not None:
         usage["speed"] = knobs["speed"] or body["speed"]
+    tool = _tool_name(ex, "anthropic")
+    use = {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:20]}", "name": tool, "input": TOOL_ARGUMENTS}
     message: dict[str, Any] = {
         "id": f"msg_{uuid.uuid4().hex[:24]}",
         "type": "message",
         "role": "assistant",
         "model": body.get("model", "claude-fake"),
-        "content": [{"type": "text", "text": "".join(pieces)}],
-        "stop_reason": "end_turn",
+        "content": [{"type": "text", "text": "".join(pieces)}, *([use] if tool else [])],
+        "stop_reason": "tool_use" if tool else "end_turn",
         "stop_sequence": None,
         "usage": usage,
     }
@@ -347,7 +376,7 @@ async def _messages(ex: _Exchange) -> None:
         return
 
     start = {**message, "content": [], "stop_reason": None, "usage": usage | {"output_tokens": 1}}
-    delta = {"stop_reason": "end_turn", "stop_sequence": None}
+    delta = {"stop_reason": message["stop_reason"], "stop_sequence": None}
     stop: dict[str, Any] = {"type": "message_delta", "delta": delta}
     stop["usage"] = {"output_tokens": output, "server_tool_use": usage["server_tool_use"]}
     if ex.fail == "no_usage":
@@ -359,11 +388,26 @@ async def _messages(ex: _Exchange) -> None:
         {"type": "ping"},  # the real API sends one here; clients must tolerate it
         *({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}} for p in pieces),
         {"type": "content_block_stop", "index": 0},
+        *(_tool_use_events(use) if tool else []),
         stop,
         {"type": "message_stop"},
     ]
     frames = [f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events]
     await ex.stream(frames, drop_at=5)  # after message_start, block start, ping and two deltas
+
+
+def _tool_use_events(use: dict[str, Any]) -> list[dict[str, Any]]:
+    """A tool_use block streamed as Anthropic does: empty input, then its JSON in pieces."""
+    arguments = json.dumps(use["input"])
+    halves = [arguments[: len(arguments) // 2], arguments[len(arguments) // 2 :]]
+    return [
+        {"type": "content_block_start", "index": 1, "content_block": {**use, "input": {}}},
+        *(
+            {"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta", "partial_json": h}}
+            for h in halves
+        ),
+        {"type": "content_block_stop", "index": 1},
+    ]
 
 
 # Responses the fake provider stored: id -> the context a continuation adds (input + output).

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('catalog', '0009_gemini_connection_kind'),
+        ('catalog', '0010_bedrock_vertex_and_openai_compatible_kinds'),
     ]
 
     operations = [

@@ -1,0 +1,215 @@
+"""What each request field becomes when a request in one format is sent to a target of the
+other: one table per direction, read by the translators (a field not in its table is refused)
+and printed into docs/billing.md, as the billing inventory is.
+
+- mapped: carried over with the same meaning (the rule says how);
+- dropped: left out, because it cannot change the answer or the bill on the target;
+- refused: 400 `untranslatable_field` naming it, because the target has no faithful equivalent
+  and dropping it could change the answer or the bill. A target that cannot take a request is
+  left out of its failover order; with no target left the request is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAPPED, DROPPED, REFUSED = "mapped", "dropped", "refused"
+HOW_TITLES = {MAPPED: "mapped", DROPPED: "dropped", REFUSED: "refused (400)"}
+
+# The two directions: (client endpoint, target format).
+CHAT_TO_MESSAGES = ("chat", "messages")
+MESSAGES_TO_CHAT = ("messages", "chat")
+
+
+@dataclass(frozen=True)
+class Rule:
+    how: str
+    why: str
+
+
+_r = Rule
+_IGNORED_NONE = "; null is the same as absent"
+
+FIELDS: dict[tuple[str, str], dict[str, Rule]] = {
+    CHAT_TO_MESSAGES: {
+        "model": _r(MAPPED, "the target's own model id"),
+        "messages": _r(
+            MAPPED,
+            "leading system and developer messages become `system`; user text and image parts become text and "
+            "image blocks (data URLs as base64 sources, other URLs as url sources; `detail` has no equivalent "
+            "and the image is bounded at the model's maximum either way); assistant `tool_calls` become "
+            "`tool_use` blocks; `tool` messages become `tool_result` blocks in the next user turn. Refused: a "
+            "system message after the conversation started, audio and file parts, `name`, legacy `function` "
+            "messages, tool-call arguments that are not a JSON object",
+        ),
+        "max_tokens": _r(MAPPED, "`max_tokens` (the output ceiling is always sent: Anthropic requires it)"),
+        "max_completion_tokens": _r(MAPPED, "`max_tokens`"),
+        "stop": _r(MAPPED, "`stop_sequences` (a string becomes a list of one)"),
+        "temperature": _r(MAPPED, "`temperature` from 0 to 1; above 1 (OpenAI's range goes to 2) it is refused"),
+        "top_p": _r(MAPPED, "`top_p`"),
+        "n": _r(MAPPED, "1 is the default; more choices than one are refused (a message has one)"),
+        "stream": _r(MAPPED, "`stream`; the answer is streamed as chat.completion.chunk events ending in [DONE]"),
+        "stream_options": _r(
+            MAPPED, "`include_usage` adds the final usage chunk, built from message_start and message_delta"
+        ),
+        "tools": _r(
+            MAPPED,
+            "function tools become custom tools (`parameters` as `input_schema`); `strict: true` and custom "
+            "(free-form) tools are refused",
+        ),
+        "tool_choice": _r(MAPPED, "auto -> auto, none -> none, required -> any, a named function -> the named tool"),
+        "parallel_tool_calls": _r(MAPPED, "false sets `disable_parallel_tool_use` on the tool choice"),
+        "user": _r(MAPPED, "`metadata.user_id`"),
+        "safety_identifier": _r(MAPPED, "`metadata.user_id`"),
+        "service_tier": _r(
+            MAPPED, "auto is left to the connection; default becomes standard_only; other tiers are refused"
+        ),
+        "modalities": _r(MAPPED, "['text'] is the only output a message has; audio is refused"),
+        "response_format": _r(MAPPED, "type text is the default; a JSON object or schema format is refused"),
+        "metadata": _r(DROPPED, "labels for stored completions, which the target does not keep"),
+        "store": _r(DROPPED, "stored completions are an OpenAI feature; the target stores nothing"),
+        "prompt_cache_key": _r(DROPPED, "a cache routing hint; without cache_control the target bills plain input"),
+        "prompt_cache_retention": _r(DROPPED, "OpenAI cache retention; the target caches only with cache_control"),
+        "prompt_cache_options": _r(DROPPED, "OpenAI cache options; the target caches only with cache_control"),
+        "seed": _r(REFUSED, "no equivalent: the target samples without a seed"),
+        "frequency_penalty": _r(REFUSED, "no equivalent sampling penalty" + _IGNORED_NONE),
+        "presence_penalty": _r(REFUSED, "no equivalent sampling penalty" + _IGNORED_NONE),
+        "logit_bias": _r(REFUSED, "no equivalent"),
+        "logprobs": _r(REFUSED, "the target returns no log probabilities"),
+        "top_logprobs": _r(REFUSED, "the target returns no log probabilities"),
+        "reasoning_effort": _r(REFUSED, "effort levels do not map onto a thinking budget faithfully"),
+        "verbosity": _r(REFUSED, "no equivalent"),
+        "prediction": _r(REFUSED, "predicted outputs are an OpenAI feature"),
+        "audio": _r(REFUSED, "the target has no audio output"),
+        "web_search_options": _r(REFUSED, "a search-preview model feature"),
+        "moderation": _r(REFUSED, "no equivalent"),
+        "functions": _r(REFUSED, "legacy function calling: send `tools`"),
+        "function_call": _r(REFUSED, "legacy function calling: send `tool_choice`"),
+    },
+    MESSAGES_TO_CHAT: {
+        "model": _r(MAPPED, "the target's own model id"),
+        "messages": _r(
+            MAPPED,
+            "text blocks become text parts (a lone text block a plain string); image blocks become image_url "
+            "parts (base64 sources as data URLs); `tool_use` blocks become assistant `tool_calls`; "
+            "`tool_result` blocks become `tool` messages placed right after the assistant turn. `cache_control` "
+            "is dropped (the target caches prefixes itself, with no write premium). Refused: documents, "
+            "thinking and redacted thinking blocks, server tool blocks, images inside tool results. A "
+            "system message between turns stays a system message at its place",
+        ),
+        "system": _r(MAPPED, "a leading system message (text blocks joined with blank lines)"),
+        "max_tokens": _r(MAPPED, "`max_completion_tokens` (or the connection's `max_tokens_param`)"),
+        "stop_sequences": _r(MAPPED, "`stop`; more than 4 sequences (OpenAI's limit) are refused"),
+        "temperature": _r(MAPPED, "`temperature` (0 to 1 is inside OpenAI's range)"),
+        "top_p": _r(MAPPED, "`top_p`"),
+        "top_k": _r(REFUSED, "OpenAI has no top-k sampling"),
+        "stream": _r(
+            MAPPED,
+            "`stream` with usage requested; the answer is streamed as message_start, content_block_*, "
+            "message_delta (with the usage) and message_stop",
+        ),
+        "tools": _r(
+            MAPPED,
+            "custom tools become function tools (`input_schema` as `parameters`; `cache_control` dropped); "
+            "server and client-defined Anthropic tools (web search, bash, text editor, computer, ...) and "
+            "any other tool setting (`defer_loading`, `input_examples`, `strict`, ...) are refused",
+        ),
+        "tool_choice": _r(
+            MAPPED,
+            "auto -> auto, any -> required, tool -> the named function, none -> none; "
+            "`disable_parallel_tool_use` -> `parallel_tool_calls: false`",
+        ),
+        "metadata": _r(MAPPED, "`user_id` becomes `user`"),
+        "service_tier": _r(MAPPED, "auto is left to the connection; standard_only becomes default"),
+        "thinking": _r(
+            MAPPED,
+            "disabled is the default; adaptive thinking (the model reasons as it sees fit) becomes "
+            "`reasoning_effort` at output_config's effort (high when absent, Anthropic's default), whose "
+            "reasoning tokens are output inside max_completion_tokens; enabled thinking with a token budget "
+            "has no equivalent and is refused",
+        ),
+        "diagnostics": _r(DROPPED, "asks the target for a cache-miss reason it does not report; not billed"),
+        "output_config": _r(
+            MAPPED,
+            "`effort` low, medium or high becomes `reasoning_effort`; max and an output format have no "
+            "equivalent and are refused",
+        ),
+        "cache_control": _r(DROPPED, "the target caches prefixes itself, with no write premium"),
+        "context_management": _r(
+            MAPPED,
+            "clear_thinking edits are dropped (thinking blocks are refused, so there is nothing to clear); "
+            "other edits (clear_tool_uses, compact) change the context the model sees and are refused",
+        ),
+        "container": _r(REFUSED, "code-execution containers are an Anthropic feature"),
+        "mcp_servers": _r(REFUSED, "remote MCP servers are an Anthropic feature"),
+        "inference_geo": _r(REFUSED, "regional inference is an Anthropic setting"),
+        "speed": _r(REFUSED, "fast mode is an Anthropic setting"),
+    },
+}
+
+# anthropic-beta values a request to an OpenAI-format target may carry: each only turns on an
+# Anthropic feature that shows in the body (where every field, block and tool setting is checked
+# against the rules above) or changes nothing the target does. Any other beta is refused, since
+# it could change the answer or the bill in a way the body does not show.
+DROPPED_BETAS: dict[str, str] = {
+    "claude-code": "identifies the client",
+    "prompt-caching": "cache_control is dropped",
+    "extended-cache-ttl": "cache_control is dropped",
+    "token-efficient-tools": "an Anthropic tool-call encoding",
+    "fine-grained-tool-streaming": "tool arguments are streamed as the target sends them",
+    "interleaved-thinking": "thinking is refused",
+    "context-management": "context_management is refused",
+    "effort": "output_config's effort is in the body",
+    "output-128k": "the output ceiling is max_tokens either way",
+    "thinking-token-count": "thinking is refused",
+    "user-profiles": "an identifier",
+    "cache-diagnosis": "diagnostics is dropped",
+    "token-counting": "not used by a message",
+    "per-turn-control": "per-turn settings are in the body, checked field by field",
+    "mid-conversation-tool-changes": "the tools are in the body",
+    "mid-conversation-output-config": "output_config is checked in the body",
+    "mid-conversation-system-clear-at": "the system prompt is in the body",
+    "advanced-tool-use": "deferred tools and tool examples are tool settings, refused",
+    "inline-tools": "tools inside messages are blocks, refused",
+    "structured-outputs": "an output format is refused",
+    "thinking-display-updates": "thinking is refused",
+    "thinking-binding-controls": "thinking is refused",
+    "dev-full-thinking": "thinking is refused",
+    "model-context-window-exceeded": "a stop reason: the target reports its own",
+    "web-search": "server tools are refused",
+    "web-fetch": "server tools are refused",
+    "pdfs": "documents are refused",
+}
+
+
+def markdown() -> list[str]:
+    """The translation section of docs/billing.md."""
+    lines = [
+        "",
+        "## Translation between formats",
+        "",
+        "A route may list targets of either format: `/v1/chat/completions` reaches Anthropic-format targets",
+        "and `/v1/messages` reaches OpenAI-format targets (OpenAI, Azure OpenAI, Gemini). The request is",
+        "translated before it is bounded, and the worst case is the translated body on the priciest target",
+        "that may be tried; each attempt is priced and recorded at the model called. Usage is read from the",
+        "target's own format (cache reads and writes, reasoning tokens) and the answer, its stream and its",
+        "errors are translated back into the endpoint's own shape. A target that cannot take a request",
+        "faithfully is left out of its failover order; with no target left the request is refused with 400",
+        "`untranslatable_field` naming the field. Generated from `gateway/billing/translation.py`.",
+    ]
+    titles = {
+        CHAT_TO_MESSAGES: "/v1/chat/completions to Anthropic messages",
+        MESSAGES_TO_CHAT: "/v1/messages to OpenAI chat completions",
+    }
+    for direction, rules in FIELDS.items():
+        lines += ["", f"### {titles[direction]}", "", "| field | how | rule |", "|---|---|---|"]
+        lines += [f"| `{name}` | {HOW_TITLES[r.how]} | {r.why} |" for name, r in rules.items()]
+    lines += [
+        "",
+        "`anthropic-beta` values a request to an OpenAI-format target may carry (any other is refused):",
+        "",
+        "| beta | why it can be dropped |",
+        "|---|---|",
+    ]
+    lines += [f"| `{name}` | {why} |" for name, why in DROPPED_BETAS.items()]
+    return lines

@@ -1,0 +1,39 @@
+"""Claude Code (the pinned npm package, tests/clients/) pointed at a route whose target speaks
+OpenAI's format: `claude -p` is answered and billed at the OpenAI target's usage."""
+
+from __future__ import annotations
+
+import pytest
+
+from ledger.models import Reservation, UsageRecord
+from tests.clients import agents
+from tests.clients.conftest import COMPLETION_TOKENS, PROMPT_TOKENS, agent_tenant  # noqa: F401
+from tests.gateway.conftest import KEY, wait_settled
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_claude_code_is_served_by_an_openai_target(gateway, agent_tenant, upstream, tmp_path):  # noqa: F811
+    # given: a blocking key cap and a route whose only target is an OpenAI connection
+    agent_tenant.budget(amount="50", scope="key", api_key=agent_tenant.key)
+    agent_tenant.route("gpt-for-claude", agent_tenant.openai)
+    # when
+    run = agents.claude(tmp_path, "Say hello", base_url=gateway.url, key=KEY, model="gpt-for-claude")
+    # then: the agent printed the OpenAI target's answer
+    assert run.returncode == 0, run.output
+    result = run.json()
+    assert result["is_error"] is False, result
+    assert result["result"].startswith("The quick brown fox")
+    # and the provider got a chat completion with Claude Code's system prompt and tools
+    sent = upstream.last("/v1/chat/completions")
+    assert sent["headers"]["authorization"] == "Bearer sk-up"
+    body = sent["body"]
+    assert body["messages"][0]["role"] == "system" and body["stream"] is True
+    assert body["tools"] and all(t["type"] == "function" for t in body["tools"])
+    # its adaptive thinking at effort high, as the target's reasoning effort
+    assert body["reasoning_effort"] == "high"
+    wait_settled()
+    rec = UsageRecord.objects.filter(connection_id=agent_tenant.openai.id).latest("id")
+    assert (rec.status, rec.input_tokens, rec.output_tokens) == ("served", PROMPT_TOKENS, COMPLETION_TOKENS)
+    assert rec.cost_nano == PROMPT_TOKENS * 15_000 + COMPLETION_TOKENS * 75_000
+    assert not Reservation.objects.exists()
