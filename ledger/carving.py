@@ -274,6 +274,25 @@ def slices_hold(*, window_id: int) -> int:
         return int(cursor.fetchone()[0])
 
 
+_RECALLABLE_ROOM_SQL = f"""
+SELECT b.amount_nano - w.spent_nano - w.reserved_nano + ({_SLICES_HOLD_SQL.replace("%s", "w.id")})
+  FROM budgets_window w
+  JOIN budgets_budget b ON b.id = w.budget_id
+ WHERE w.id = %s
+"""
+
+
+def recallable_room(*, window_id: int) -> int:
+    """The window's room now plus what live slices hold on it, read in one snapshot: the most a
+    refused request could be admitted into once every slice there gave its part back. Read
+    together, a give-back landing between a refusal and this read moves room from one term to
+    the other and changes nothing (the refusal's own `remaining` is older than the holds)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_RECALLABLE_ROOM_SQL, [window_id])
+        row = cursor.fetchone()
+        return int(row[0]) if row is not None else 0
+
+
 def notify_refused(window_ids: Sequence[int]) -> None:
     """Tell every gateway process that these windows refused a request: they give back their
     slices' unused parts on them (gateway/upstream/runtime.py listens)."""

@@ -65,6 +65,7 @@ from ledger.carving import (
     give_back,
     notify_refused,
     parse_notification,
+    recallable_room,
     slices_hold,
 )
 from ledger.errors import BudgetExceeded
@@ -88,6 +89,10 @@ WRITE_UNBLOCKED = True
 # recalled, at most RECALL_WAIT_SECONDS, polling every RECALL_POLL_SECONDS (a give-back takes one
 # statement per slice; each process's listener does it within milliseconds of the NOTIFY).
 WAIT_FOR_RECALL = True
+# Whether a refusal is worth waiting for is read as the window's room and its slices' holds in
+# one snapshot, not the refusal's (older) room plus holds read later: a give-back in between would
+# move room out of the holds into a room the sum no longer counts, and refuse room that is free.
+READ_ROOM_WITH_HOLDS = True
 RECALL_WAIT_SECONDS = 1.0
 RECALL_POLL_SECONDS = 0.02
 # A request finding its key's slice being taken waits for it, at most this long a round.
@@ -250,7 +255,9 @@ class Book:
             return False
         try:
             self.give_back_pending()  # this process's own recalled parts, now
-            return exc.remaining_nano + slices_hold(window_id=exc.window_id) >= worst
+            if not READ_ROOM_WITH_HOLDS:
+                return exc.remaining_nano + slices_hold(window_id=exc.window_id) >= worst
+            return recallable_room(window_id=exc.window_id) >= worst
         except DatabaseError:
             log.warning("could not read what slices hold on window %s; refusing", exc.window_id)
             return False

@@ -161,6 +161,41 @@ def test_without_the_budget_change_notice_the_carried_slice_is_never_recalled(ac
     assert not Reservation.objects.exists()
 
 
+@pytest.mark.parametrize("one_snapshot", [True, False], ids=["room-with-holds", "removed"])
+def test_a_give_back_between_the_refusal_and_the_wait_check_still_admits(acme, monkeypatch, one_snapshot):
+    """A's listener gives its part back in the instant between B's refusal and B's check of
+    whether waiting is worth it. The room moved from the slices' holds into the window: read
+    together it is still there; the refusal's older room plus the holds read afterwards miss it."""
+    monkeypatch.setattr(slices, "READ_ROOM_WITH_HOLDS", one_snapshot)
+    monkeypatch.setattr(slices, "RECALL_WAIT_SECONDS", 5.0)
+    book_a, _owner_a, in_flight = _other_process_holds_a_slice(acme)
+    _narrower_budget(acme)
+    book_b, owner_b = Book(), register().id
+    note = json.dumps({"org": acme.org.id, "column": "api_key_id", "value": acme.key.id})
+    own_give_back = book_b.give_back_pending
+
+    def give_back_pending():  # B's wait check starts here; A's listener lands just before it
+        if book_a.on_notification(note):
+            book_a.give_back_pending()
+        return own_give_back()
+
+    monkeypatch.setattr(book_b, "give_back_pending", give_back_pending)
+    try:
+        outcome: object = book_b.admit(_request(acme, owner_b))
+    except BudgetExceeded as exc:
+        outcome = exc
+    if one_snapshot:
+        assert not isinstance(outcome, BudgetExceeded), outcome
+        _finish(book_a, in_flight, extra=[outcome])
+        assert audit_counters(record=False).ok
+    else:
+        # refused, though A's part is back and the key's requests hold $0.02 of its $0.10
+        assert isinstance(outcome, BudgetExceeded)
+        assert outcome.code == "key_budget"
+        _finish(book_a, in_flight)
+    assert not Reservation.objects.exists()
+
+
 def test_a_refusal_for_room_requests_really_hold_does_not_wait(acme):
     # given: a $0.03 cap with three requests in flight, admitted alone (no slice holds anything)
     acme.budget(amount="0.03")
