@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.gateway import PY, Proc, env, fresh_database, wait_http  # noqa: E402
 from bench.utilization import PROMPTS  # noqa: E402 — ASCII, CJK and code texts
+from core.money import nano_to_usd  # noqa: E402
 from tests.upstream import chatml  # noqa: E402 — what the fake upstream bills
 
 DB = "capgate_bench_counts"
@@ -92,7 +93,7 @@ def cost_table() -> list[str]:
                 exact = tokens.count(shape.prompt, enc)
                 times.append((time.perf_counter() - started) * 1000)
             ms = min(times)  # the CPU it takes: other work on a shared host only adds to it
-            freed = Decimal((shape.text_tokens - exact) * PRICE_IN) / Decimal(10**9)
+            freed = nano_to_usd((shape.text_tokens - exact) * PRICE_IN)
             rows.append(
                 f"| {label} | {kb} | {shape.text_tokens} | {exact} | {ms:.3f} | {freed:.4f} "
                 f"| {freed / Decimal(ms):.3f} |"
@@ -215,7 +216,7 @@ def burst_table(n: int, delay_ms: int) -> list[str]:
             rows.append(
                 f"| {label} | {'on' if slices else 'off'} | {n} | {codes[200]} | {codes[402]} | {other} | "
                 f"{', '.join(f'{v} {k}' for k, v in sorted(bounds.items()))} | {spent / cap:.1%} | "
-                f"{Decimal(max(spent - cap, 0)) / Decimal(10**9):.6f} | {took:.1f} |"
+                f"{nano_to_usd(max(spent - cap, 0)):.6f} | {took:.1f} |"
             )
             print(rows[-1], file=sys.stderr, flush=True)  # progress
     finally:
