@@ -79,6 +79,10 @@ def check_bedrock(options: dict[str, Any], secret: str | None) -> None:
     region = options.get("region")
     if not (isinstance(region, str) and _CLOUD_NAME.fullmatch(region)):
         raise _refuse('options.region: the AWS region of the Bedrock endpoint, such as "us-east-1".')
+    if options.get("api") not in (None, "invoke", "converse"):
+        raise _refuse(
+            'options.api: "invoke" (Claude\'s Messages body on InvokeModel) or "converse" (the Converse API).'
+        )
     profile = options.get("profile")
     if profile is not None and not (isinstance(profile, str) and profile.isprintable() and 0 < len(profile) <= 64):
         raise _refuse("options.profile: the name of an AWS profile.")

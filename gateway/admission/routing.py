@@ -17,18 +17,19 @@ from gateway.http.errors import GatewayError
 from ledger.models import Reservation
 from tenants.models import ApiKey, hash_key
 
-# An endpoint whose requests gateway/translate/ can carry to targets of another format.
-TRANSLATED = {"chat": "messages", "messages": "chat"}
+# An endpoint whose requests gateway/translate/ can carry to targets of other formats: the
+# formats, in the order a target serving several is sent the first of.
+TRANSLATED: dict[str, tuple[str, ...]] = {"chat": ("messages", "converse"), "messages": ("chat", "converse")}
 
 
-def target_format(kind: str, connection_kind: str) -> str | None:
-    """The format a target of `connection_kind` is sent a request for endpoint `kind` in: the
-    endpoint's own when its adapter serves it, else the one it is translated to, else None (it
-    cannot serve it)."""
-    if providers.serves(connection_kind, kind):
+def target_format(kind: str, connection: Connection) -> str | None:
+    """The format a target on `connection` is sent a request for endpoint `kind` in: the
+    endpoint's own when its adapter serves it, else the first one it is translated to that the
+    adapter serves, else None (it cannot serve it)."""
+    served = providers.formats(connection)
+    if kind in served:
         return kind
-    other = TRANSLATED.get(kind)
-    return other if other is not None and providers.serves(connection_kind, other) else None
+    return next((other for other in TRANSLATED.get(kind, ()) if other in served), None)
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def authenticate(raw_key: str | None) -> ApiKey:
 
 def resolve_route(*, key: ApiKey, name: str, kind: str, translated: bool = False) -> list[Target]:
     """The route's enabled targets that can serve endpoint `kind`, in failover order: of its own
-    format, and with `translated` (the proxy, which translates) of the other format too."""
+    format, and with `translated` (the proxy, which translates) of the other formats too."""
     if not key.allows_model(name):
         raise GatewayError(
             f"This key may not call model '{name}'.",
@@ -133,11 +134,7 @@ def resolve_route(*, key: ApiKey, name: str, kind: str, translated: bool = False
         t
         for t in routed
         if t.connection.enabled
-        and (
-            target_format(kind, t.connection.kind) is not None
-            if translated
-            else providers.serves(t.connection.kind, kind)
-        )
+        and (target_format(kind, t.connection) is not None if translated else kind in providers.formats(t.connection))
     ]
     if not targets:
         # A configuration error, not an outage: a 503 would read as "overloaded" and be retried.

@@ -52,12 +52,17 @@ class Sized:
     output_tokens: int = 0  # the output ceiling per choice the worst case assumes
     inject_max_output: int | None = None  # send this output ceiling upstream (None: caller's own)
     input_bound: str = "bytes"  # how the prompt was bounded: "exact" (its tokenizer) or "bytes"
-    # The request translated for targets of the other format (gateway/translate/), when any is tried.
-    translated: Shape | None = None
+    # The request translated for targets of other formats (gateway/translate/), by format, when
+    # any is tried.
+    translated: dict[str, Shape] = dataclasses.field(default_factory=dict)
 
 
-# Sizing asks for the translated shape only when a target of the other format may be tried.
-Translation = Callable[[], Shape]
+# The formats an output ceiling is always sent in (the catalog's maximum when nothing else sets one).
+CEILING_REQUIRED = frozenset({"messages", "converse"})
+
+# Sizing asks for the shape of the request translated to a format only when a target of that
+# format may be tried.
+Translation = Callable[[str], Shape]
 ShapeOf = Callable[[Target], Shape]
 
 
@@ -248,19 +253,26 @@ def _unpriced(exc: UnpricedModel | UnpricedFeature, *, proxied: bool) -> Gateway
 
 def _translate(
     shape: Shape, targets: list[Target], translation: Translation | None
-) -> tuple[Shape | None, list[Target]]:
-    """The request's shape in the other format when a target of that format may be tried.
-    Targets it cannot be translated to faithfully are left out of the failover order; with no
-    target left, the request is refused (400 naming the field)."""
-    native = [t for t in targets if target_format(shape.kind, t.connection.kind) == shape.kind]
-    if translation is None or len(native) == len(targets):
-        return None, targets
-    try:
-        return translation(), targets
-    except GatewayError:
-        if not native:
-            raise
-        return None, native
+) -> tuple[dict[str, Shape], list[Target]]:
+    """The request's shape in each other format a target of which may be tried. Targets it
+    cannot be translated to faithfully are left out of the failover order; with no target left,
+    the request is refused (the first format's 400 naming the field)."""
+    formats = [target_format(shape.kind, t.connection) or shape.kind for t in targets]
+    foreign = list(dict.fromkeys(f for f in formats if f != shape.kind))
+    if translation is None or not foreign:
+        return {}, targets
+    shapes: dict[str, Shape] = {}
+    refusal: GatewayError | None = None
+    for kind in foreign:
+        try:
+            shapes[kind] = translation(kind)
+        except GatewayError as exc:
+            refusal = refusal or exc
+    kept = [t for t, f in zip(targets, formats, strict=True) if f == shape.kind or f in shapes]
+    if not kept:
+        assert refusal is not None
+        raise refusal
+    return shapes, kept
 
 
 def size(
@@ -301,10 +313,10 @@ def size(
     translated, targets = _translate(shape, targets, translation)
 
     def shape_of(target: Target) -> Shape:
-        foreign = translated is not None and target_format(shape.kind, target.connection.kind) != shape.kind
-        return cast(Shape, translated) if foreign else shape
+        kind = target_format(shape.kind, target.connection) or shape.kind
+        return translated.get(kind, shape)
 
-    refused = shape.refused + (translated.refused if translated is not None else ())
+    refused = shape.refused + tuple(f for t in translated.values() for f in t.refused)
     if blocking and refused:
         field = refused[0]
         raise GatewayError(
@@ -335,10 +347,10 @@ def size(
 
     # One unlocked read of the tightest ceiling, shared by the exact count and the output ceiling.
     affords = proxied and shape.max_output is None
-    countable = translated is None and _needs_room_read(shape, priced)
+    countable = not translated and _needs_room_read(shape, priced)
     tightest = headroom(budgets=budgets) if governed and (affords or countable) else None
     shape, input_bound = (
-        _exact_prompt(shape, priced, tightest, governed=governed) if translated is None else (shape, "bytes")
+        _exact_prompt(shape, priced, tightest, governed=governed) if not translated else (shape, "bytes")
     )
     cap = _catalog_max_output(targets)
     inject = None
@@ -351,8 +363,9 @@ def size(
         if default is not None:
             cap = min(cap, default)
         output = _affordable_output(shape, shape_of, priced, tightest, cap) if governed else cap
-        # Sent upstream under a cap or a configured default; Anthropic requires max_tokens.
-        if governed or default is not None or "messages" in (shape.kind, translated and translated.kind):
+        # Sent upstream under a cap or a configured default; Anthropic requires max_tokens, and
+        # a Converse model's own default ceiling is not the catalog's, so it is always sent there.
+        if governed or default is not None or CEILING_REQUIRED & {shape.kind, *translated}:
             inject = output
     if shape.kind == "embeddings":
         output, inject = 0, None

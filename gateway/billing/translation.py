@@ -16,9 +16,11 @@ from dataclasses import dataclass
 MAPPED, DROPPED, REFUSED = "mapped", "dropped", "refused"
 HOW_TITLES = {MAPPED: "mapped", DROPPED: "dropped", REFUSED: "refused (400)"}
 
-# The two directions: (client endpoint, target format).
+# The directions: (client endpoint, target format).
 CHAT_TO_MESSAGES = ("chat", "messages")
 MESSAGES_TO_CHAT = ("messages", "chat")
+CHAT_TO_CONVERSE = ("chat", "converse")
+MESSAGES_TO_CONVERSE = ("messages", "converse")
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,156 @@ FIELDS: dict[tuple[str, str], dict[str, Rule]] = {
     },
 }
 
+_NO_PARALLEL = "Converse has no switch for parallel tool calls; the model may make several either way"
+_CONVERSE_IMAGES = (
+    "image blocks carry their bytes (png, jpeg, gif, webp); an image given by URL is refused, since Converse "
+    "takes bytes or an S3 location and fetching it is not the model's behaviour"
+)
+
+FIELDS[CHAT_TO_CONVERSE] = {
+    "model": _r(MAPPED, "the target's own model id, in the path (`/model/{modelId}/converse`)"),
+    "messages": _r(
+        MAPPED,
+        "leading system and developer messages become `system` text blocks; user text parts become text blocks "
+        f"and image parts with a base64 data URL become image blocks ({_CONVERSE_IMAGES}); assistant "
+        "`tool_calls` become `toolUse` blocks; `tool` messages become `toolResult` blocks in the next user turn; "
+        "consecutive turns of one role merge. Refused: a system message after the conversation started, audio "
+        "and file parts, `name`, legacy `function` messages, tool-call arguments that are not a JSON object",
+    ),
+    "max_tokens": _r(MAPPED, "`inferenceConfig.maxTokens` (the output ceiling is always sent)"),
+    "max_completion_tokens": _r(MAPPED, "`inferenceConfig.maxTokens`"),
+    "stop": _r(MAPPED, "`inferenceConfig.stopSequences` (a string becomes a list of one)"),
+    "temperature": _r(MAPPED, "`inferenceConfig.temperature` from 0 to 1; above 1 it is refused"),
+    "top_p": _r(MAPPED, "`inferenceConfig.topP`"),
+    "n": _r(MAPPED, "1 is the default; more choices than one are refused (Converse answers one message)"),
+    "stream": _r(
+        MAPPED,
+        "`/model/{modelId}/converse-stream`; its AWS event stream (messageStart, contentBlockStart/Delta/Stop, "
+        "messageStop, metadata) is streamed as chat.completion.chunk events ending in [DONE]",
+    ),
+    "stream_options": _r(MAPPED, "`include_usage` adds the final usage chunk, built from the metadata event"),
+    "tools": _r(
+        MAPPED,
+        "function tools become `toolConfig.tools[].toolSpec` (`parameters` as `inputSchema.json`, `strict` as "
+        "`strict`); custom (free-form) tools are refused",
+    ),
+    "tool_choice": _r(
+        MAPPED,
+        "auto -> `auto`, required -> `any`, a named function -> `tool`; none has no equivalent and is refused",
+    ),
+    "parallel_tool_calls": _r(MAPPED, "true is the default; false is refused: " + _NO_PARALLEL),
+    "user": _r(DROPPED, "an end-user identifier: Converse has none, and it changes neither answer nor bill"),
+    "safety_identifier": _r(DROPPED, "an end-user identifier: Converse has none"),
+    "service_tier": _r(
+        MAPPED,
+        "auto is left to the connection; default, flex and priority become `serviceTier.type` and are priced at "
+        "that tier's multiplier; other tiers are refused",
+    ),
+    "modalities": _r(MAPPED, "['text'] is the only output Converse has; audio is refused"),
+    "response_format": _r(
+        MAPPED,
+        "type text is the default; a JSON schema becomes `outputConfig.textFormat` (type json_schema, the schema "
+        "as a string); a plain JSON object format is refused",
+    ),
+    "metadata": _r(DROPPED, "labels for stored completions, which the target does not keep"),
+    "store": _r(DROPPED, "stored completions are an OpenAI feature; the target stores nothing"),
+    "prompt_cache_key": _r(DROPPED, "a cache routing hint; without cache points the target bills plain input"),
+    "prompt_cache_retention": _r(DROPPED, "OpenAI cache retention; the target caches only at cache points"),
+    "prompt_cache_options": _r(DROPPED, "OpenAI cache options; the target caches only at cache points"),
+    "seed": _r(REFUSED, "no equivalent: Converse samples without a seed"),
+    "frequency_penalty": _r(REFUSED, "no equivalent sampling penalty" + _IGNORED_NONE),
+    "presence_penalty": _r(REFUSED, "no equivalent sampling penalty" + _IGNORED_NONE),
+    "logit_bias": _r(REFUSED, "no equivalent"),
+    "logprobs": _r(REFUSED, "Converse returns no log probabilities"),
+    "top_logprobs": _r(REFUSED, "Converse returns no log probabilities"),
+    "reasoning_effort": _r(REFUSED, "reasoning settings are model-specific fields Converse does not standardise"),
+    "verbosity": _r(REFUSED, "no equivalent"),
+    "prediction": _r(REFUSED, "predicted outputs are an OpenAI feature"),
+    "audio": _r(REFUSED, "Converse has no audio output"),
+    "web_search_options": _r(REFUSED, "a search-preview model feature"),
+    "moderation": _r(REFUSED, "no equivalent"),
+    "functions": _r(REFUSED, "legacy function calling: send `tools`"),
+    "function_call": _r(REFUSED, "legacy function calling: send `tool_choice`"),
+}
+
+FIELDS[MESSAGES_TO_CONVERSE] = {
+    "model": _r(MAPPED, "the target's own model id, in the path (`/model/{modelId}/converse`)"),
+    "messages": _r(
+        MAPPED,
+        f"text blocks become text blocks; base64 image blocks become image blocks ({_CONVERSE_IMAGES}); "
+        "`tool_use` blocks become `toolUse` blocks; `tool_result` blocks become `toolResult` blocks (text and "
+        "image content; `is_error` as status error); `cache_control` on a block becomes a `cachePoint` block "
+        "after it (ttl 5m or 1h kept, cache writes priced as Anthropic's). Refused: documents, thinking and "
+        "redacted thinking blocks, server tool blocks, search results, a message of another role",
+    ),
+    "system": _r(MAPPED, "`system` text blocks (`cache_control` as a cachePoint after the block)"),
+    "max_tokens": _r(MAPPED, "`inferenceConfig.maxTokens`"),
+    "stop_sequences": _r(MAPPED, "`inferenceConfig.stopSequences`"),
+    "temperature": _r(MAPPED, "`inferenceConfig.temperature` (0 to 1 on both)"),
+    "top_p": _r(MAPPED, "`inferenceConfig.topP`"),
+    "top_k": _r(REFUSED, "Converse has no top-k sampling; only a model-specific field could carry it"),
+    "stream": _r(
+        MAPPED,
+        "`/model/{modelId}/converse-stream`; its AWS event stream is streamed as message_start, "
+        "content_block_* (text, tool_use), message_delta (with the usage of the metadata event) and message_stop",
+    ),
+    "tools": _r(
+        MAPPED,
+        "custom tools become `toolConfig.tools[].toolSpec` (`input_schema` as `inputSchema.json`, `strict` kept, "
+        "`cache_control` as a cachePoint after the tool); server and Anthropic-defined tools (web search, bash, "
+        "text editor, computer, ...) and other tool settings (`defer_loading`, `input_examples`, ...) are refused",
+    ),
+    "tool_choice": _r(
+        MAPPED,
+        "auto -> `auto`, any -> `any`, tool -> `tool`; none and `disable_parallel_tool_use` are refused: "
+        + _NO_PARALLEL,
+    ),
+    "metadata": _r(DROPPED, "`user_id` identifies the end user for abuse detection; Converse has no such field"),
+    "service_tier": _r(MAPPED, "auto is left to the connection; standard_only becomes `serviceTier.type` default"),
+    "thinking": _r(
+        MAPPED,
+        "disabled is the default; enabled or adaptive thinking is a model-specific field Converse does not "
+        "standardise, refused",
+    ),
+    "diagnostics": _r(DROPPED, "asks the target for a cache-miss reason it does not report; not billed"),
+    "output_config": _r(REFUSED, "effort and output formats are not carried over faithfully"),
+    "cache_control": _r(MAPPED, "automatic caching: a `cachePoint` block at the end of the last message (ttl kept)"),
+    "context_management": _r(
+        MAPPED,
+        "clear_thinking edits are dropped (thinking blocks are refused, so there is nothing to clear); other "
+        "edits change the context the model sees and are refused",
+    ),
+    "container": _r(REFUSED, "code-execution containers are an Anthropic feature"),
+    "mcp_servers": _r(REFUSED, "remote MCP servers are an Anthropic feature"),
+    "inference_geo": _r(REFUSED, "regional inference is an Anthropic setting; Converse's region is the connection's"),
+    "speed": _r(REFUSED, "fast mode is an Anthropic setting"),
+}
+
+# The Converse request fields, and whether a translated request ever carries them: the gateway
+# sends only what a client field maps to (above), so a paid Converse feature no client field
+# asks for is never turned on.
+CONVERSE_REQUEST: dict[str, Rule] = {
+    "messages": _r(MAPPED, "from the client's messages"),
+    "system": _r(MAPPED, "from the client's system prompt"),
+    "inferenceConfig": _r(MAPPED, "maxTokens (always: the bound's output ceiling), temperature, topP, stopSequences"),
+    "toolConfig": _r(MAPPED, "from the client's tools and tool choice"),
+    "serviceTier": _r(MAPPED, "from the client's service tier, priced at the tier's multiplier"),
+    "outputConfig": _r(MAPPED, "textFormat from a chat JSON-schema response format; effort is never sent"),
+    "guardrailConfig": _r(
+        REFUSED, "never sent: guardrail assessments are billed per text unit, which the catalog does not price"
+    ),
+    "performanceConfig": _r(
+        REFUSED, "never sent: latency-optimized inference is priced differently, and the catalog has no such price"
+    ),
+    "promptVariables": _r(REFUSED, "never sent: it fills a prompt-management template the bound cannot see"),
+    "additionalModelRequestFields": _r(
+        REFUSED, "never sent: model-specific fields (thinking budgets, top-k) the bound cannot price generically"
+    ),
+    "additionalModelResponseFieldPaths": _r(REFUSED, "never sent"),
+    "requestMetadata": _r(DROPPED, "never sent: log-filtering labels, no effect on answer or bill"),
+    "projectIdentifier": _r(DROPPED, "never sent"),
+}
+
 # anthropic-beta values a request to an OpenAI-format target may carry: each only turns on an
 # Anthropic feature that shows in the body (where every field, block and tool setting is checked
 # against the rules above) or changes nothing the target does. Any other beta is refused, since
@@ -200,6 +352,8 @@ def markdown() -> list[str]:
     titles = {
         CHAT_TO_MESSAGES: "/v1/chat/completions to Anthropic messages",
         MESSAGES_TO_CHAT: "/v1/messages to OpenAI chat completions",
+        CHAT_TO_CONVERSE: "/v1/chat/completions to Bedrock Converse",
+        MESSAGES_TO_CONVERSE: "/v1/messages to Bedrock Converse",
     }
     for direction, rules in FIELDS.items():
         lines += ["", f"### {titles[direction]}", "", "| field | how | rule |", "|---|---|---|"]
@@ -212,4 +366,19 @@ def markdown() -> list[str]:
         "|---|---|",
     ]
     lines += [f"| `{name}` | {why} |" for name, why in DROPPED_BETAS.items()]
+    lines += [
+        "",
+        "A request to a Bedrock Converse target carries the same betas, and refuses any other.",
+        "",
+        "### Bedrock Converse request fields",
+        "",
+        "What a translated Converse request carries; a paid Converse feature no client field maps to is never",
+        "sent. Usage is read from `usage` (the metadata event when streamed): inputTokens, outputTokens,",
+        "cacheReadInputTokens and cacheWriteInputTokens (1-hour writes from cacheDetails), priced at the",
+        "`serviceTier` the answer reports.",
+        "",
+        "| field | how | rule |",
+        "|---|---|---|",
+    ]
+    lines += [f"| `{name}` | {HOW_TITLES[r.how]} | {r.why} |" for name, r in CONVERSE_REQUEST.items()]
     return lines

@@ -1,4 +1,6 @@
-"""Amazon Bedrock, Claude's Messages body on InvokeModel / InvokeModelWithResponseStream.
+"""Amazon Bedrock, Claude's Messages body on InvokeModel / InvokeModelWithResponseStream (a
+connection with `options.api: "converse"` speaks the Converse API instead:
+gateway/providers/bedrock_converse.py).
 
 - URL: `https://bedrock-runtime.{region}.amazonaws.com/model/{model id}/invoke` (or
   `/invoke-with-response-stream`), the region from the connection's options; a base URL on the
@@ -44,6 +46,7 @@ from gateway.providers.sse import SSEEvent
 from gateway.providers.usage import StreamUsage
 
 if TYPE_CHECKING:
+    from catalog.models import Connection
     from gateway.admission.routing import Target
 
 BEDROCK_VERSION = "bedrock-2023-05-31"
@@ -101,8 +104,13 @@ class Bedrock(Adapter):
         betas = beta_headers(client_headers).get("anthropic-beta")
         if betas:
             shaped["anthropic_beta"] = [b.strip() for b in betas.split(",") if b.strip()]
-        content = json.dumps(shaped).encode()
-        url = self.url(target, endpoint, stream=stream)
+        return await self.signed(target, self.url(target, endpoint, stream=stream), shaped, client_headers, stream)
+
+    async def signed(
+        self, target: Target, url: str, body: dict, client_headers: dict[str, str], stream: bool
+    ) -> UpstreamRequest:
+        """The POST of `body` to `url`, SigV4-signed over the whole request."""
+        content = json.dumps(body).encode()
         headers = {
             "content-type": "application/json",
             "accept": EVENT_STREAM if stream else "application/json",
@@ -114,6 +122,15 @@ class Bedrock(Adapter):
         credentials = await self.credentials(target)
         SigV4Auth(credentials, "bedrock", target.connection.options.get("region")).add_auth(signed)
         return UpstreamRequest(url=url, content=content, headers=dict(signed.headers.items()))
+
+    def variant(self, connection: Connection) -> Adapter:
+        """A connection with `options.api: "converse"` speaks the Converse API (any Bedrock
+        model); otherwise Claude's Messages body on InvokeModel."""
+        if connection.options.get("api") == "converse":
+            from gateway.providers.bedrock_converse import CONVERSE
+
+            return CONVERSE
+        return self
 
     def events(self, response: httpx.Response, endpoint: str) -> AsyncIterator[SSEEvent]:
         return decode_event_stream(response.aiter_raw())

@@ -1,6 +1,7 @@
 """Format translation: a request to /v1/chat/completions served by an Anthropic-format target,
-and one to /v1/messages served by an OpenAI-format target (docs/billing.md, "Translation between
-formats"; the per-field rules are gateway/billing/translation.py).
+one to /v1/messages served by an OpenAI-format target, and either served by a Bedrock Converse
+target (docs/billing.md, "Translation between formats"; the per-field rules are
+gateway/billing/translation.py).
 
 - `translate_request` turns the client's body into the target format's body and shapes it
   with that format's shaper, so the worst case is the translated body on each target
@@ -15,15 +16,21 @@ from dataclasses import dataclass
 
 from gateway.admission.bounds import SHAPERS, Shape
 from gateway.http.errors import bad_request
+from gateway.translate import from_converse
+from gateway.translate.converse import from_chat, from_messages, shape_converse
 from gateway.translate.errors import Untranslatable
-from gateway.translate.replies import error, reply
+from gateway.translate.from_converse import ChatFromConverse, MessagesFromConverse
+from gateway.translate.replies import error as _error
+from gateway.translate.replies import reply as _reply
 from gateway.translate.streaming import ChatFromMessages, MessagesFromChat
 from gateway.translate.to_chat import to_chat
 from gateway.translate.to_messages import to_messages
 
 __all__ = [
+    "ChatFromConverse",
     "ChatFromMessages",
     "MessagesFromChat",
+    "MessagesFromConverse",
     "Translated",
     "Untranslatable",
     "client_headers_for",
@@ -39,14 +46,23 @@ class Translated:
     """A request in a target format: its body (the client's model and output ceiling; the
     proxy sets the target's) and that body's shape, which the bound is taken from."""
 
-    kind: str  # the target format: chat | messages
+    kind: str  # the target format: chat | messages | converse
     body: dict
     shape: Shape
 
 
-def translate_request(*, kind: str, body: dict, headers: dict[str, str]) -> Translated:
-    """The body of a `kind` request in the other format, shaped. Raises Untranslatable."""
+# The format a request of each endpoint is translated to when no target format is named.
+_OTHER = {"chat": "messages", "messages": "chat"}
+
+
+def translate_request(*, kind: str, body: dict, headers: dict[str, str], target: str | None = None) -> Translated:
+    """The body of a `kind` request in the `target` format (the other of chat and messages
+    unless named), shaped. Raises Untranslatable."""
+    target = target or _OTHER[kind]
     try:
+        if target == "converse":
+            out = from_chat(body) if kind == "chat" else from_messages(body, headers)
+            return Translated(kind=target, body=out, shape=shape_converse(out))
         if kind == "chat":
             out, target = to_messages(body), "messages"
         else:
@@ -60,9 +76,27 @@ def translate_request(*, kind: str, body: dict, headers: dict[str, str]) -> Tran
     return Translated(kind=target, body=out, shape=SHAPERS[target](out, {}))
 
 
-def stream_translator(*, client: str, wants_usage: bool) -> ChatFromMessages | MessagesFromChat:
-    """The translator of a target's stream for a `client` endpoint."""
+def stream_translator(
+    *, client: str, wants_usage: bool, upstream: str | None = None
+) -> ChatFromMessages | MessagesFromChat | ChatFromConverse | MessagesFromConverse:
+    """The translator of a target's stream in the `upstream` format for a `client` endpoint."""
+    if upstream == "converse":
+        return ChatFromConverse(wants_usage=wants_usage) if client == "chat" else MessagesFromConverse()
     return ChatFromMessages(wants_usage=wants_usage) if client == "chat" else MessagesFromChat()
+
+
+def reply(data: bytes, *, upstream: str, client: str, model: str) -> bytes:
+    """A 200 body from a target speaking `upstream`, as the `client` endpoint answers."""
+    if upstream == "converse":
+        return from_converse.reply(data, client=client, model=model)
+    return _reply(data, upstream=upstream, client=client, model=model)
+
+
+def error(data: bytes, *, status: int, client: str, upstream: str | None = None) -> bytes:
+    """A target's error body in the endpoint's own shape, its message kept."""
+    if upstream == "converse":
+        return from_converse.error(data, status=status, client=client)
+    return _error(data, status=status, client=client)
 
 
 def client_headers_for(headers: dict[str, str]) -> dict[str, str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gateway.http.errors import GatewayError
 
-FORMAT_NAMES = {"chat": "OpenAI chat completions", "messages": "Anthropic messages"}
+FORMAT_NAMES = {"chat": "OpenAI chat completions", "messages": "Anthropic messages", "converse": "Bedrock Converse"}
 
 
 class Untranslatable(GatewayError):
