@@ -145,6 +145,7 @@ class MessagesFromConverse:
         self.started = False
         self.finished = False
         self.open: dict[int, int] = {}  # Converse block index -> Anthropic block index
+        self.blocks = 0  # Anthropic blocks opened so far (their indices are 0, 1, ...)
         self.stop: str | None = None
 
     def _start(self) -> list[dict]:
@@ -162,7 +163,8 @@ class MessagesFromConverse:
         return [{"type": "message_start", "message": message}]
 
     def _open(self, index: int, block: dict) -> list[dict]:
-        self.open[index] = len(self.open)
+        self.open[index] = self.blocks
+        self.blocks += 1
         return [{"type": "content_block_start", "index": self.open[index], "content_block": block}]
 
     def _finish(self, usage: Any) -> list[dict]:

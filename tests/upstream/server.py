@@ -29,7 +29,7 @@ from urllib.parse import parse_qs
 import httpx
 import uvicorn
 
-from tests.upstream import azure, bedrock, files, gemini, job_routes, jobs, media, vertex
+from tests.upstream import azure, bedrock, converse, files, gemini, job_routes, jobs, media, vertex
 
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -56,6 +56,7 @@ DEFAULTS: dict[str, Any] = {
     "audio_tokens": 0,  # completion audio tokens reported (a paid field capgate cannot price)
     "thoughts_tokens": 0,  # thinking tokens counted in total_tokens only, as Gemini reports them
     "cached_tokens": 0,  # chat: of the prompt, read from the cache (prompt_tokens_details.cached_tokens)
+    "cache_write_tokens": 0,  # Converse: cacheWriteInputTokens reported
     # "o200k_base" | "cl100k_base": chat prompt_tokens counted like the provider (tests/upstream/
     # chatml.py) instead of the fixed prompt_tokens knob.
     "count_prompt": "",
@@ -581,6 +582,7 @@ ROUTES: dict[tuple[str, str], Callable[[_Exchange], Awaitable[None]]] = {
     ("POST", "/v1/embeddings"): _embeddings,
     ("POST", "/v1/responses"): _responses,
     ("GET", "/v1/models"): _models,
+    ("POST", converse.ROUTE): converse.handle,
 }
 
 
@@ -651,16 +653,17 @@ class UpstreamApp:
         elif path.startswith(bedrock.PREFIX):
             host = headers.get("host", "")
             raw_path = scope.get("raw_path", path.encode()).decode("latin-1")
-            body, refusal = bedrock.to_v1(method, host, raw_path, qs, headers, raw)
+            speaks = converse if converse.PATH.fullmatch(raw_path) else bedrock  # Converse or InvokeModel
+            body, refusal = speaks.to_v1(method, host, raw_path, qs, headers, raw)
             if refusal is not None:
                 self.last[path] = {"method": method, "headers": headers, "query": ex.query}
-                status, extra, error = refusal
-                await ex.start(status, "application/json", *((k.encode(), v.encode()) for k, v in extra.items()))
-                await ex.body_chunk(json.dumps(error).encode())
+                await _aws_error(ex, *refusal)
                 return
+            handler_path = converse.ROUTE if speaks is converse else "/v1/messages"
             if body["stream"]:
-                ex.stream_type, ex.encode_frame = bedrock.EVENT_STREAM, bedrock.Encoder()
-            await self._v1(ex, method, "/v1/messages", headers, json.dumps(body).encode(), seen_as=path, raw_seen=raw)
+                encoder = converse.encode_frame if speaks is converse else bedrock.Encoder()
+                ex.stream_type, ex.encode_frame = bedrock.EVENT_STREAM, encoder
+            await self._v1(ex, method, handler_path, headers, json.dumps(body).encode(), seen_as=path, raw_seen=raw)
         elif path == vertex.TOKEN_PATH and method == "POST":
             status, answer = self.tokens.grant(raw)
             self.last[path] = {"method": method, "headers": headers, "body": raw.decode("latin-1")}
@@ -765,7 +768,9 @@ class UpstreamApp:
             every = ex.knobs["fail_every"]
             ex.fail = ex.knobs["fail"] if every <= 0 or number % every == 0 else ""
 
-            if ex.fail in {"400", "429", "500", "503"}:
+            if ex.fail in {"400", "429", "500", "503"} and path == converse.ROUTE:
+                await _aws_error(ex, *converse.error(int(ex.fail), f"fake upstream {ex.fail}"))
+            elif ex.fail in {"400", "429", "500", "503"}:
                 status = int(ex.fail)
                 await ex.json(status, _error_body(dialect, status, f"fake upstream {status}"))
             elif ex.fail == "close":
@@ -783,6 +788,12 @@ class UpstreamApp:
             self.completed += ex.completed
             self.disconnected += ex.client_gone
             ex.close()
+
+
+async def _aws_error(ex: _Exchange, status: int, headers: dict[str, str], body: dict[str, Any]) -> None:
+    """An AWS error: its JSON body, the exception named in a header."""
+    await ex.start(status, "application/json", *((k.encode(), v.encode()) for k, v in headers.items()))
+    await ex.body_chunk(json.dumps(body).encode())
 
 
 app = UpstreamApp()  # for ``uvicorn tests.upstream.server:app``
