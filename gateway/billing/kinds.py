@@ -57,6 +57,25 @@ KINDS: dict[str, dict[str, Entry]] = {
         "a stream's exception event": Entry(
             PRICED, "relayed as Anthropic's error event; a stream without final usage is charged at its worst case"
         ),
+        "Converse (`options.api: converse`): usage": Entry(
+            PRICED,
+            "`usage` of the answer or of the stream's metadata event: inputTokens, outputTokens, "
+            "cacheReadInputTokens and cacheWriteInputTokens (1-hour writes from cacheDetails) at the "
+            "catalog model's rates and the `serviceTier` the answer reports; a stream without its metadata "
+            "event is charged at its worst case",
+        ),
+        "Converse: output ceiling": Entry(
+            TOKENS, "always sent as inferenceConfig.maxTokens, the ceiling the worst case assumed"
+        ),
+        "Converse: serviceTier": Entry(
+            PRICED, "sent from the client's service tier; flex and priority at the catalog model's multipliers"
+        ),
+        "Converse: guardrailConfig, performanceConfig (latency optimized), promptVariables, "
+        "additionalModelRequestFields": Entry(
+            FREE,
+            "never sent: no client field maps to them (docs/billing.md, 'Bedrock Converse request fields'), "
+            "so the standard on-demand price without guardrails is what is billed",
+        ),
     },
     "vertex": {
         "usage (Claude)": Entry(

@@ -192,7 +192,12 @@ class MessagesFromConverse:
         if name == "contentBlockStart":
             use = (body.get("start") or {}).get("toolUse")
             if isinstance(use, dict) and index not in self.open:
-                block: dict[str, Any] = {"type": "tool_use", "id": use.get("toolUseId"), "name": use.get("name"), "input": {}}
+                block: dict[str, Any] = {
+                    "type": "tool_use",
+                    "id": use.get("toolUseId"),
+                    "name": use.get("name"),
+                    "input": {},
+                }
                 out += self._open(index, block)
         elif name == "contentBlockDelta":
             out += self._delta(index, body.get("delta") or {})

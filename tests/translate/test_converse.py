@@ -17,6 +17,9 @@ import pytest
 from catalog.models import Connection
 from catalog.services import create_connection
 from core.errors import InvalidChange
+from core.money import usd_to_nano
+from gateway.admission.bounds import shape_messages
+from gateway.translate import translate_request
 from ledger.models import Reservation, UsageRecord
 from tenants.audit import APPLY
 from tests.conftest import window_of
@@ -375,3 +378,81 @@ def test_an_image_by_url_is_refused_for_converse(gateway, wired, upstream, conve
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content[0]"
     assert upstream.stats()["requests"] == 0
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["metadata-usage", "removed"])
+def test_a_converse_stream_is_billed_from_its_metadata_event(gateway, wired, upstream, converse, monkeypatch, guarded):
+    if not guarded:  # the removal: the stream followed by the base tracker, which knows no Converse event
+        from gateway.providers import bedrock_converse
+        from gateway.providers.usage import StreamUsage
+
+        monkeypatch.setattr(
+            bedrock_converse.BedrockConverse, "stream_usage", lambda self, endpoint: StreamUsage(endpoint)
+        )
+    wired.budget(amount="5")
+    upstream.control(**USAGE)
+    chunks = list(
+        _openai(gateway).chat.completions.create(
+            model="llama", max_tokens=300, stream=True, messages=[{"role": "user", "content": "hi"}]
+        )
+    )
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    wait_settled()
+    rec = UsageRecord.objects.get()
+    if not guarded:  # without it the usage is never read: charged at the worst case, not the cost
+        assert rec.status == "estimated" and rec.cost_nano != COST
+        return
+    assert (rec.status, rec.cost_nano) == ("served", COST)
+
+
+def test_a_converse_stream_without_its_metadata_is_charged_at_the_worst_case(gateway, wired, upstream, converse):
+    wired.budget(amount="5")
+    upstream.control(fail="no_usage")
+    r = httpx.post(
+        gateway.url + "/v1/messages",
+        headers={"x-api-key": KEY},
+        json={"model": "llama", "max_tokens": 300, "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+        timeout=30,
+    )
+    # the stream stopped (messageStop) but never said what it used: closed for the client,
+    # charged at what was reserved
+    assert r.status_code == 200 and "event: message_stop" in r.text
+    wait_settled()
+    rec = UsageRecord.objects.get()
+    assert rec.status == "estimated" and rec.cost_nano == usd_to_nano(r.headers["x-capgate-reserved-usd"])
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["bound-on-converse", "removed"])
+def test_the_worst_case_is_the_converse_body(gateway, wired, upstream, converse, slices_mode, monkeypatch, guarded):
+    # given: a messages request whose Converse translation is bigger than the client's body
+    # (each tool result's content becomes a list of text blocks, each tool a toolSpec)
+    if not guarded:  # the removal: Converse targets bounded on the client's own body
+        from gateway.admission import sizing
+
+        def client_shape_only(shape, targets, translation):
+            translation("converse")
+            return {}, targets
+
+        monkeypatch.setattr(sizing, "_translate", client_shape_only)
+    wired.budget(amount="5")
+    results = [{"type": "tool_result", "tool_use_id": f"t{i}", "content": "ok"} for i in range(40)]
+    uses = [{"type": "tool_use", "id": f"t{i}", "name": "f", "input": {}} for i in range(40)]
+    body = {
+        "model": "llama",
+        "max_tokens": 100,
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+        "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": uses},
+            {"role": "user", "content": results},
+        ],
+    }
+    own = shape_messages(body).text_tokens
+    translated = translate_request(kind="messages", body=body, headers={}, target="converse").shape.text_tokens
+    assert translated > own  # the case the bound must follow
+    r = httpx.post(gateway.url + "/v1/messages", headers={"x-api-key": KEY}, json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    if not guarded:  # without the guard, the reservation falls short of the body that was sent
+        assert int(r.headers["x-capgate-reserved-input-tokens"]) == own < translated
+        return
+    assert int(r.headers["x-capgate-reserved-input-tokens"]) == translated
