@@ -162,8 +162,9 @@ FIELDS[CHAT_TO_CONVERSE] = {
         "leading system and developer messages become `system` text blocks; user text parts become text blocks "
         f"and image parts with a base64 data URL become image blocks ({_CONVERSE_IMAGES}); assistant "
         "`tool_calls` become `toolUse` blocks; `tool` messages become `toolResult` blocks in the next user turn; "
-        "consecutive turns of one role merge. Refused: a system message after the conversation started, audio "
-        "and file parts, `name`, legacy `function` messages, tool-call arguments that are not a JSON object",
+        "consecutive turns of one role merge; a system message after the conversation started becomes a message "
+        "of Converse's system role at its place. Refused: audio and file parts, `name`, legacy `function` "
+        "messages, tool-call arguments that are not a JSON object",
     ),
     "max_tokens": _r(MAPPED, "`inferenceConfig.maxTokens` (the output ceiling is always sent)"),
     "max_completion_tokens": _r(MAPPED, "`inferenceConfig.maxTokens`"),
@@ -211,7 +212,11 @@ FIELDS[CHAT_TO_CONVERSE] = {
     "logit_bias": _r(REFUSED, "no equivalent"),
     "logprobs": _r(REFUSED, "Converse returns no log probabilities"),
     "top_logprobs": _r(REFUSED, "Converse returns no log probabilities"),
-    "reasoning_effort": _r(REFUSED, "reasoning settings are model-specific fields Converse does not standardise"),
+    "reasoning_effort": _r(
+        MAPPED,
+        "low, medium, high and xhigh become `outputConfig.effort` (reasoning tokens are billed as output); "
+        "minimal and none are refused",
+    ),
     "verbosity": _r(REFUSED, "no equivalent"),
     "prediction": _r(REFUSED, "predicted outputs are an OpenAI feature"),
     "audio": _r(REFUSED, "Converse has no audio output"),
@@ -229,7 +234,8 @@ FIELDS[MESSAGES_TO_CONVERSE] = {
         "`tool_use` blocks become `toolUse` blocks; `tool_result` blocks become `toolResult` blocks (text and "
         "image content; `is_error` as status error); `cache_control` on a block becomes a `cachePoint` block "
         "after it (ttl 5m or 1h kept, cache writes priced as Anthropic's). Refused: documents, thinking and "
-        "redacted thinking blocks, server tool blocks, search results, a message of another role",
+        "redacted thinking blocks, server tool blocks, search results. A system message between turns "
+        "becomes a message of Converse's system role at its place",
     ),
     "system": _r(MAPPED, "`system` text blocks (`cache_control` as a cachePoint after the block)"),
     "max_tokens": _r(MAPPED, "`inferenceConfig.maxTokens`"),
@@ -257,11 +263,16 @@ FIELDS[MESSAGES_TO_CONVERSE] = {
     "service_tier": _r(MAPPED, "auto is left to the connection; standard_only becomes `serviceTier.type` default"),
     "thinking": _r(
         MAPPED,
-        "disabled is the default; enabled or adaptive thinking is a model-specific field Converse does not "
-        "standardise, refused",
+        "disabled is the default; adaptive thinking becomes `outputConfig.effort` at output_config's effort "
+        "(high when absent, Anthropic's default; reasoning tokens are billed as output); enabled thinking with "
+        "a token budget is a model-specific field Converse does not standardise, refused",
     ),
     "diagnostics": _r(DROPPED, "asks the target for a cache-miss reason it does not report; not billed"),
-    "output_config": _r(REFUSED, "effort and output formats are not carried over faithfully"),
+    "output_config": _r(
+        MAPPED,
+        "`effort` (low, medium, high, max) becomes `outputConfig.effort`; a JSON-schema `format` becomes "
+        "`outputConfig.textFormat` (the schema as a string); any other setting is refused",
+    ),
     "cache_control": _r(MAPPED, "automatic caching: a `cachePoint` block at the end of the last message (ttl kept)"),
     "context_management": _r(
         MAPPED,
@@ -283,7 +294,9 @@ CONVERSE_REQUEST: dict[str, Rule] = {
     "inferenceConfig": _r(MAPPED, "maxTokens (always: the bound's output ceiling), temperature, topP, stopSequences"),
     "toolConfig": _r(MAPPED, "from the client's tools and tool choice"),
     "serviceTier": _r(MAPPED, "from the client's service tier, priced at the tier's multiplier"),
-    "outputConfig": _r(MAPPED, "textFormat from a chat JSON-schema response format; effort is never sent"),
+    "outputConfig": _r(
+        MAPPED, "textFormat from the client's JSON-schema output format, effort from its reasoning effort"
+    ),
     "guardrailConfig": _r(
         REFUSED, "never sent: guardrail assessments are billed per text unit, which the catalog does not price"
     ),

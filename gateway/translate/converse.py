@@ -40,6 +40,9 @@ IMAGE_FORMATS = {
 }
 _CHAT_DEFAULTS: dict[str, Any] = {"frequency_penalty": 0, "presence_penalty": 0, "logprobs": False, "n": 1}
 _TIERS = {"default", "flex", "priority"}
+# Reasoning efforts Converse's outputConfig.effort takes, by the client format's names.
+CHAT_EFFORTS = {"low", "medium", "high", "xhigh"}
+MESSAGES_EFFORTS = {"low", "medium", "high", "max"}
 
 
 class _Refuser:
@@ -158,12 +161,13 @@ def _chat_messages(messages: list) -> tuple[list[dict], list[dict]]:
         if m.get("name") is not None:
             raise _chat_refuse(f"{where}.name", "participant names have no equivalent")
         if role in ("system", "developer"):
-            if turns:
-                raise _chat_refuse(f"{where}.role", "a system message after the conversation started has no equivalent")
             blocks = _chat_content(m.get("content"), where)
             if any("text" not in b for b in blocks):
                 raise _chat_refuse(where, "system messages may hold text only")
-            system += blocks
+            if turns:  # after the conversation started: Converse's system role, at its place
+                turns.append(("system", blocks))
+            else:
+                system += blocks
         elif role == "user":
             turns.append(("user", _chat_content(m.get("content"), where)))
         elif role == "assistant":
@@ -262,8 +266,13 @@ def from_chat(body: dict) -> dict:
         raise _chat_refuse("service_tier")
     if any(m != "text" for m in body.get("modalities") or []):
         raise _chat_refuse("modalities")
-    output = _response_format(body.get("response_format"))
-    if output is not None:
+    output = _response_format(body.get("response_format")) or {}
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in CHAT_EFFORTS:
+            raise _chat_refuse("reasoning_effort")
+        output["effort"] = effort
+    if output:
         out["outputConfig"] = output
     if body.get("stream"):
         out["stream"] = True
@@ -341,14 +350,14 @@ def _message_blocks(content: Any, where: str, role: str) -> list[dict]:
     return out
 
 
-def _system(system: Any) -> list[dict]:
+def _system(system: Any, where: str = "system") -> list[dict]:
     if not system:
         return []
     if isinstance(system, str):
         return [{"text": system}]
     out: list[dict] = []
     for j, block in enumerate(system):
-        at = f"system[{j}]"
+        at = f"{where}[{j}]"
         if not isinstance(block, dict) or block.get("type") != "text":
             kind = block.get("type") if isinstance(block, dict) else None
             raise _messages_refuse(at, f"system blocks of type '{kind}' have no equivalent")
@@ -388,6 +397,34 @@ def _message_tools(body: dict) -> dict | None:
     return config
 
 
+def _output_config(thinking: Any, config: Any) -> dict:
+    """Converse's outputConfig for a messages request's thinking and output_config: adaptive
+    thinking at output_config's effort (Anthropic's default, high, when absent) and a JSON-schema
+    output format. A thinking token budget has no equivalent."""
+    config = config if isinstance(config, dict) else {}
+    for key in sorted(set(config) - {"effort", "format"}):
+        if config[key] is not None:
+            raise _messages_refuse(f"output_config.{key}", "this output setting has no equivalent")
+    out: dict = {}
+    fmt = config.get("format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+            raise _messages_refuse("output_config.format", "only a JSON schema output format has an equivalent")
+        definition = {"schema": json.dumps(fmt["schema"], ensure_ascii=False)}
+        out["textFormat"] = {"type": "json_schema", "structure": {"jsonSchema": definition}}
+    effort = config.get("effort")
+    if effort is not None and effort not in MESSAGES_EFFORTS:
+        raise _messages_refuse("output_config.effort", f"effort '{effort}' has no equivalent")
+    kind = thinking.get("type") if isinstance(thinking, dict) else None
+    if kind not in (None, "disabled", "adaptive"):
+        raise _messages_refuse("thinking", "a thinking token budget has no equivalent; adaptive thinking maps")
+    if kind == "adaptive":
+        effort = effort or "high"
+    if effort is not None:
+        out["effort"] = effort
+    return out
+
+
 def check_betas(headers: dict[str, str]) -> None:
     """anthropic-beta values only an Anthropic target could act on are refused."""
     for value in (headers.get("anthropic-beta") or "").split(","):
@@ -406,15 +443,16 @@ def from_messages(body: dict, headers: dict[str, str] | None = None) -> dict:
             raise _messages_refuse(name, "the translation table does not know this field")
         if value is not None and rule.how == REFUSED:
             raise _messages_refuse(name)
-    thinking = body.get("thinking")
-    if isinstance(thinking, dict) and thinking.get("type") not in (None, "disabled"):
-        raise _messages_refuse("thinking")
+    output = _output_config(body.get("thinking"), body.get("output_config"))
     edits = (body.get("context_management") or {}).get("edits") or []
     if any(not str(e.get("type", "") if isinstance(e, dict) else "").startswith("clear_thinking") for e in edits):
         raise _messages_refuse("context_management")
     turns: list[tuple[str, list[dict]]] = []
     for i, m in enumerate(body["messages"]):
         role = m.get("role")
+        if role == "system":  # a system message between turns: Converse's system role, at its place
+            turns.append((role, _system(m.get("content"), f"messages[{i}].content")))
+            continue
         if role not in ("user", "assistant"):
             raise _messages_refuse(f"messages[{i}].role", f"messages of role '{role}' have no equivalent")
         turns.append((role, _message_blocks(m.get("content"), f"messages[{i}]", role)))
@@ -438,6 +476,8 @@ def from_messages(body: dict, headers: dict[str, str] | None = None) -> dict:
         out["toolConfig"] = tools
     elif isinstance(body.get("tool_choice"), dict) and body["tool_choice"].get("type") not in ("auto", "none", None):
         raise _messages_refuse("tool_choice", "a tool choice needs tools")
+    if output:
+        out["outputConfig"] = output
     if body.get("service_tier") == "standard_only":
         out["serviceTier"] = {"type": "default"}
     if body.get("stream"):

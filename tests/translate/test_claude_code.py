@@ -37,3 +37,30 @@ def test_claude_code_is_served_by_an_openai_target(gateway, agent_tenant, upstre
     assert (rec.status, rec.input_tokens, rec.output_tokens) == ("served", PROMPT_TOKENS, COMPLETION_TOKENS)
     assert rec.cost_nano == PROMPT_TOKENS * 15_000 + COMPLETION_TOKENS * 75_000
     assert not Reservation.objects.exists()
+
+
+def test_claude_code_is_served_by_a_bedrock_converse_target(gateway, agent_tenant, upstream, tmp_path):  # noqa: F811
+    # given: a blocking key cap and a route whose only target is a Bedrock connection on Converse
+    from tests.translate.test_converse import STREAM, _converse_connection
+
+    agent_tenant.budget(amount="50", scope="key", api_key=agent_tenant.key)
+    converse = _converse_connection(agent_tenant, upstream.url)
+    agent_tenant.route("llama-for-claude", converse)
+    # when
+    run = agents.claude(tmp_path, "Say hello", base_url=gateway.url, key=KEY, model="llama-for-claude")
+    # then: the agent printed the Converse target's answer
+    assert run.returncode == 0, run.output
+    result = run.json()
+    assert result["is_error"] is False, result
+    assert result["result"].startswith("The quick brown fox")
+    # and the provider got a Converse stream request with Claude Code's system prompt, its tools,
+    # and its adaptive thinking at effort high
+    body = upstream.last(STREAM)["body"]
+    assert body["system"] and body["toolConfig"]["tools"]
+    assert all("toolSpec" in t or "cachePoint" in t for t in body["toolConfig"]["tools"])
+    assert body["outputConfig"]["effort"] == "high"
+    wait_settled()
+    rec = UsageRecord.objects.filter(connection_id=converse.id).latest("id")
+    assert (rec.status, rec.input_tokens, rec.output_tokens) == ("served", PROMPT_TOKENS, COMPLETION_TOKENS)
+    assert rec.cost_nano == PROMPT_TOKENS * 15_000 + COMPLETION_TOKENS * 75_000
+    assert not Reservation.objects.exists()

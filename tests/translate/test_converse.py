@@ -315,6 +315,7 @@ def test_failover_from_a_failing_converse_target_is_counted_once(
         ("chat", {"temperature": 1.5}, "temperature"),
         ("messages", {"top_k": 5}, "top_k"),
         ("messages", {"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+        ("chat", {"reasoning_effort": "minimal"}, "reasoning_effort"),
     ],
 )
 def test_an_untranslatable_field_is_refused_naming_it(gateway, wired, upstream, converse, kind, extra, field):

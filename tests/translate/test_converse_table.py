@@ -5,6 +5,8 @@ ConverseRequest botocore's own service model accepts."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gateway import billing
@@ -15,8 +17,8 @@ from tests.upstream import converse as fake
 
 DIRECTIONS = {"chat": CHAT_TO_CONVERSE, "messages": MESSAGES_TO_CONVERSE}
 REFUSED_HERE = {
-    "chat": REFUSED_VALUES["chat"],
-    "messages": {**REFUSED_VALUES["messages"], "output_config": {"effort": "low"}},
+    "chat": {k: v for k, v in REFUSED_VALUES["chat"].items() if k != "reasoning_effort"},
+    "messages": REFUSED_VALUES["messages"],
 }
 DROPPED_HERE = {
     "chat": {**DROPPED_VALUES["chat"], "user": "u1", "safety_identifier": "s1"},
@@ -155,3 +157,39 @@ def test_the_messages_mapping_in_detail(settings):
     ]
     assert out["serviceTier"] == {"type": "default"}
     assert translated.shape.cache_1h  # 1-hour cache writes are bounded at their own rate
+
+
+def test_reasoning_effort_and_adaptive_thinking_become_converse_effort(settings):
+    chat = _converse("chat", {**BASE["chat"], "reasoning_effort": "medium"})
+    assert chat["outputConfig"] == {"effort": "medium"}
+    adaptive = _converse("messages", {**BASE["messages"], "thinking": {"type": "adaptive"}})
+    assert adaptive["outputConfig"] == {"effort": "high"}  # Anthropic's default effort
+    body = {**BASE["messages"], "thinking": {"type": "adaptive"}, "output_config": {"effort": "max"}}
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    body["output_config"]["format"] = {"type": "json_schema", "schema": schema}
+    out = _converse("messages", body)
+    assert out["outputConfig"]["effort"] == "max"
+    assert json.loads(out["outputConfig"]["textFormat"]["structure"]["jsonSchema"]["schema"]) == schema
+    assert fake.check("m.x", {k: v for k, v in out.items() if k != "model"}) is None
+    for wrong, field in (
+        ({"thinking": {"type": "enabled", "budget_tokens": 2048}}, "thinking"),
+        ({"output_config": {"effort": "extreme"}}, "output_config.effort"),
+        ({"output_config": {"format": {"type": "json_object"}}}, "output_config.format"),
+    ):
+        with pytest.raises(Untranslatable) as err:
+            _converse("messages", {**BASE["messages"], **wrong})
+        assert err.value.param == field
+
+
+@pytest.mark.parametrize("kind", ["chat", "messages"])
+def test_a_system_message_between_turns_keeps_its_place(kind, settings):
+    turns = [
+        {"role": "user", "content": "a"},
+        {"role": "system", "content": "now answer in French"},
+        {"role": "user", "content": "b"},
+    ]
+    out = _converse(kind, {**BASE[kind], "messages": turns})
+    assert [m["role"] for m in out["messages"]] == ["user", "system", "user"]
+    assert out["messages"][1]["content"] == [{"text": "now answer in French"}]
+    assert "system" not in out
+    assert fake.check("m.x", {k: v for k, v in out.items() if k != "model"}) is None
