@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gateway.providers import anthropic, azure_openai, bedrock, gemini, openai, presets, vertex
+from gateway.providers import anthropic, azure_openai, bedrock, bedrock_converse, gemini, openai, presets, vertex
 from gateway.providers.base import (
     PATHS,
     Adapter,
@@ -46,6 +46,7 @@ __all__ = [
     "anthropic",
     "azure_openai",
     "bedrock",
+    "bedrock_converse",
     "connection_url",
     "formats",
     "gemini",

@@ -284,11 +284,13 @@ def broken():
 
 @pytest.mark.parametrize("kind", ["chat", "messages"])
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("failure", ["503", "429"], ids=["ServiceUnavailable", "Throttling"])
 def test_failover_from_a_failing_converse_target_is_counted_once(
-    gateway, wired, upstream, broken, slices_mode, kind, stream
+    gateway, wired, upstream, broken, slices_mode, kind, stream, failure
 ):
-    # given: a cap; the first target, a Converse connection, answers ServiceUnavailableException;
-    # the second is the endpoint's own format
+    # given: a cap; the first target, a Converse connection, answers ServiceUnavailableException
+    # or ThrottlingException (both retryable); the second is the endpoint's own format
+    broken.control(fail=failure)
     budget = wired.budget(amount="5")
     failing = _converse_connection(wired, broken.url, name="broken-converse")
     healthy = wired.openai if kind == "chat" else wired.anthropic
