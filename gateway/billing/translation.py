@@ -185,9 +185,12 @@ FIELDS[CHAT_TO_CONVERSE] = {
     ),
     "tool_choice": _r(
         MAPPED,
-        "auto -> `auto`, required -> `any`, a named function -> `tool`; none has no equivalent and is refused",
+        "auto -> `auto`, required -> `any`, a named function -> `tool`; none beside tools has no equivalent and "
+        "is refused (without tools it changes nothing and is left out)",
     ),
-    "parallel_tool_calls": _r(MAPPED, "true is the default; false is refused: " + _NO_PARALLEL),
+    "parallel_tool_calls": _r(
+        MAPPED, "true is the default; false beside tools is refused: " + _NO_PARALLEL + " (without tools, left out)"
+    ),
     "user": _r(DROPPED, "an end-user identifier: Converse has none, and it changes neither answer nor bill"),
     "safety_identifier": _r(DROPPED, "an end-user identifier: Converse has none"),
     "service_tier": _r(

@@ -88,6 +88,11 @@ class Adapter:
         mapped = (target.connection.options.get("model_ids") or {}).get(target.model.name)
         return mapped if isinstance(mapped, str) and mapped else target.model.name
 
+    def variant(self, connection: Connection) -> Adapter:
+        """The adapter a connection of this kind is called through: a kind whose provider
+        offers more than one API picks one by the connection's options (Bedrock's Converse)."""
+        return self
+
     def body(self, target: Target, endpoint: str, body: dict, *, stream: bool) -> dict:
         """The body as this kind's provider takes it (the client's, shaped by the gateway)."""
         return body
@@ -124,11 +129,6 @@ class Adapter:
         return usage_mod.StreamUsage(endpoint)
 
     # --- checks at connection time ------------------------------------------------------------
-
-    def variant(self, connection: Connection) -> Adapter:
-        """The adapter a connection of this kind is called through: a kind whose provider
-        offers more than one API picks one by the connection's options (Bedrock's Converse)."""
-        return self
 
     def check_options(self, options: dict, secret: str | None) -> str | None:
         """What is wrong with a connection's options or secret for this kind (a message naming

@@ -127,6 +127,7 @@ class Bedrock(Adapter):
         """A connection with `options.api: "converse"` speaks the Converse API (any Bedrock
         model); otherwise Claude's Messages body on InvokeModel."""
         if connection.options.get("api") == "converse":
+            # Imported here: the Converse adapter is a subclass of this one.
             from gateway.providers.bedrock_converse import CONVERSE
 
             return CONVERSE

@@ -240,9 +240,9 @@ def from_chat(body: dict) -> dict:
             continue
         if rule.how == REFUSED or name == "n":
             raise _chat_refuse(name)
-    if body.get("parallel_tool_calls") is False:
+    if body.get("tools") and body.get("parallel_tool_calls") is False:  # without tools, neither can matter
         raise _chat_refuse("parallel_tool_calls")
-    if body.get("tool_choice") == "none":
+    if body.get("tools") and body.get("tool_choice") == "none":
         raise _chat_refuse("tool_choice")
     system, messages = _chat_messages(body["messages"])
     out: dict = {"model": body["model"], "messages": messages}

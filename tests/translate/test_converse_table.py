@@ -193,3 +193,16 @@ def test_a_system_message_between_turns_keeps_its_place(kind, settings):
     assert out["messages"][1]["content"] == [{"text": "now answer in French"}]
     assert "system" not in out
     assert fake.check("m.x", {k: v for k, v in out.items() if k != "model"}) is None
+
+
+def test_tool_settings_without_tools_change_nothing_and_are_left_out(settings):
+    out = _converse("chat", {**BASE["chat"], "tool_choice": "none", "parallel_tool_calls": False})
+    assert "toolConfig" not in out
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for extra, field in (
+        ({"tool_choice": "none"}, "tool_choice"),
+        ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+    ):
+        with pytest.raises(Untranslatable) as err:
+            _converse("chat", {**BASE["chat"], "tools": tools, **extra})
+        assert err.value.param == field
