@@ -14,7 +14,8 @@ default and the run all read this list.
   key budget created mid-burst while processes hold slices of a loose cap, and no request may be
   refused by it (cap_changes.py).
 - cross-format: chat on a route whose first target speaks Anthropic's format and cannot be
-  reached, failing over to echo; each request bounded on its translated body (cross_format.py).
+  reached, failing over to echo; each request bounded on its translated body (cross_format.py);
+  cross-format-converse: the same with a Bedrock Converse connection first.
 - server-tools, service-tier, route-alias: paid features and route aliases, with the books
   checked against echo's bill (billing.py).
 - jobs: every request a one-line OpenAI batch on echo, admitted at submission, held by its job
@@ -31,7 +32,7 @@ from typing import Any
 
 from capcheck import billing, cap_changes, jobs
 from capcheck.admin_actions import ADMIN_ACTIONS
-from capcheck.cross_format import CROSS_FORMAT
+from capcheck.cross_format import CROSS_FORMAT, CROSS_FORMAT_CONVERSE
 from capcheck.restart import DB_RESTART
 from capcheck.scenario import Build, Scenario
 from ledger.models import Budget
@@ -68,6 +69,7 @@ ALL: dict[str, Scenario] = {
         billing.SERVICE_TIER,
         billing.ROUTE_ALIAS,
         CROSS_FORMAT,
+        CROSS_FORMAT_CONVERSE,
         jobs.JOBS,
         jobs.MIXED_BATCH,
         DB_RESTART,

@@ -20,9 +20,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def kind_args(kind: str, upstream, monkeypatch) -> list[str]:
     """The --kind options that reach the fake provider as that kind."""
     secret, options, url = "", {}, upstream.url
-    if kind == "bedrock":
+    if kind in ("bedrock", "bedrock-converse"):
         secret = json.dumps({"access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY})
-        options = {"region": "us-east-1"}
+        options = {"region": "us-east-1", **({"api": "converse"} if kind == "bedrock-converse" else {})}
+        kind = "bedrock"
     elif kind == "vertex":
         secret = json.dumps(new_service_account(upstream.url + "/token"))
         options = {"project": "capgate-test", "region": "us-east5"}
@@ -53,7 +54,7 @@ def capcheck(gateway, *args: str) -> tuple[str, CommandError | None]:
     return out.getvalue(), None
 
 
-@pytest.mark.parametrize("kind", ["bedrock", "vertex", "groq"])
+@pytest.mark.parametrize("kind", ["bedrock", "bedrock-converse", "vertex", "groq"])
 def test_the_core_scenarios_hold_on_each_kind(gateway, upstream, monkeypatch, kind):
     # when: every core scenario (the default on a kind other than echo)
     out, error = capcheck(gateway, "--concurrency", "20", *kind_args(kind, upstream, monkeypatch))
@@ -63,7 +64,8 @@ def test_the_core_scenarios_hold_on_each_kind(gateway, upstream, monkeypatch, ki
     assert not Reservation.objects.exists()
     # served through the kind's own path on the fake
     paths = upstream.stats()["by_path"]
-    assert paths.get("/v1/messages" if kind == "bedrock" else "/v1/chat/completions", 0) > 0
+    own = {"bedrock": "/v1/messages", "bedrock-converse": "/converse"}.get(kind, "/v1/chat/completions")
+    assert paths.get(own, 0) > 0 and sum(paths.values()) == paths[own]
     assert UsageRecord.objects.filter(status="served").exists()
 
 
