@@ -17,18 +17,22 @@ from gateway.http.errors import GatewayError
 from ledger.models import Reservation
 from tenants.models import ApiKey, hash_key
 
-# An endpoint whose requests gateway/translate/ can carry to targets of another format.
-TRANSLATED = {"chat": "messages", "messages": "chat"}
+# Endpoint kind -> the formats gateway/translate/ can carry its requests to, in order of
+# preference (a target speaking several is sent the first).
+TRANSLATED: dict[str, tuple[str, ...]] = {"chat": ("messages",), "messages": ("chat",)}
 
 
-def target_format(kind: str, connection_kind: str) -> str | None:
-    """The format a target of `connection_kind` is sent a request for endpoint `kind` in: the
-    endpoint's own when its adapter serves it, else the one it is translated to, else None (it
-    cannot serve it)."""
-    if providers.serves(connection_kind, kind):
+def target_format(kind: str, target: Target) -> str | None:
+    """The format `target` is sent a request for endpoint `kind` in: the endpoint's own when its
+    adapter speaks it for this target, else the first it is translated to that it speaks, else
+    None (it cannot serve it)."""
+    adapter = providers.adapter_for(target.connection.kind)
+    if adapter is None:
+        return None
+    formats = adapter.formats(target)
+    if kind in formats:
         return kind
-    other = TRANSLATED.get(kind)
-    return other if other is not None and providers.serves(connection_kind, other) else None
+    return next((f for f in TRANSLATED.get(kind, ()) if f in formats), None)
 
 
 @dataclass(frozen=True)
@@ -132,12 +136,7 @@ def resolve_route(*, key: ApiKey, name: str, kind: str, translated: bool = False
     targets = [
         t
         for t in routed
-        if t.connection.enabled
-        and (
-            target_format(kind, t.connection.kind) is not None
-            if translated
-            else providers.serves(t.connection.kind, kind)
-        )
+        if t.connection.enabled and (fmt := target_format(kind, t)) is not None and (translated or fmt == kind)
     ]
     if not targets:
         # A configuration error, not an outage: a 503 would read as "overloaded" and be retried.

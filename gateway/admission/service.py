@@ -41,7 +41,7 @@ class Prepared:
     input_bound: str = "bytes"  # how the prompt was bounded: "exact" (its tokenizer) or "bytes"
     input_tokens: int = 0  # the prompt tokens reserved (per sampling pass, before images)
     unclassified: list[str] = field(default_factory=list)  # passed unlisted names (gateway/admission/unclassified.py)
-    translated: bool = False  # a target of the other format may be tried (gateway/translate/)
+    translated: bool = False  # a target of another format may be tried (gateway/translate/)
 
 
 def reserve(
@@ -116,7 +116,7 @@ def _prepare(
         )
         if proxied:  # the caller of the reservation API makes the call: its traffic is its own
             assert sized.shape is not None
-            shapes = [s for s in (sized.shape, sized.translated) if s is not None]
+            shapes = [sized.shape, *sized.translated.values()]
             enforce_limits(
                 key=payer.key,
                 customer=payer.customer,
@@ -144,10 +144,12 @@ def _prepare(
         budgets=sized.budgets,
         remaining_nano=remaining - sized.worst_nano if remaining is not None else None,
         input_bound=sized.input_bound,
-        # Per sampling pass, before images; the larger of the two bodies when translated.
-        input_tokens=max((s.text_tokens for s in (sized.shape, sized.translated) if s is not None), default=0),
+        # Per sampling pass, before images; the largest of the bodies when translated.
+        input_tokens=max(
+            (s.text_tokens for s in (sized.shape, *sized.translated.values()) if s is not None), default=0
+        ),
         unclassified=unclassified.labels(sized.shape) if sized.shape else [],
-        translated=sized.translated is not None,
+        translated=bool(sized.translated),
     )
 
 

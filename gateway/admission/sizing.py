@@ -52,12 +52,13 @@ class Sized:
     output_tokens: int = 0  # the output ceiling per choice the worst case assumes
     inject_max_output: int | None = None  # send this output ceiling upstream (None: caller's own)
     input_bound: str = "bytes"  # how the prompt was bounded: "exact" (its tokenizer) or "bytes"
-    # The request translated for targets of the other format (gateway/translate/), when any is tried.
-    translated: Shape | None = None
+    # The request translated for targets of other formats (gateway/translate/), by format, for
+    # those that may be tried.
+    translated: dict[str, Shape] = dataclasses.field(default_factory=dict)
 
 
-# Sizing asks for the translated shape only when a target of the other format may be tried.
-Translation = Callable[[], Shape]
+# Sizing asks for a format's translated shape only when a target of that format may be tried.
+Translation = Callable[[str], Shape]
 ShapeOf = Callable[[Target], Shape]
 
 
@@ -248,19 +249,26 @@ def _unpriced(exc: UnpricedModel | UnpricedFeature, *, proxied: bool) -> Gateway
 
 def _translate(
     shape: Shape, targets: list[Target], translation: Translation | None
-) -> tuple[Shape | None, list[Target]]:
-    """The request's shape in the other format when a target of that format may be tried.
-    Targets it cannot be translated to faithfully are left out of the failover order; with no
-    target left, the request is refused (400 naming the field)."""
-    native = [t for t in targets if target_format(shape.kind, t.connection.kind) == shape.kind]
-    if translation is None or len(native) == len(targets):
-        return None, targets
-    try:
-        return translation(), targets
-    except GatewayError:
-        if not native:
-            raise
-        return None, native
+) -> tuple[dict[str, Shape], list[Target]]:
+    """The request's shape in each other format a target may be sent it in. Targets of a format
+    it cannot be translated to faithfully are left out of the failover order; with no target
+    left, the request is refused (400 naming the field, the first target's)."""
+    formats = [target_format(shape.kind, t) for t in targets]
+    foreign = list(dict.fromkeys(f for f in formats if f is not None and f != shape.kind))
+    if translation is None or not foreign:
+        return {}, targets
+    shapes: dict[str, Shape] = {}
+    refusal: GatewayError | None = None
+    for fmt in foreign:
+        try:
+            shapes[fmt] = translation(fmt)
+        except GatewayError as exc:
+            refusal = refusal or exc
+    kept = [t for t, f in zip(targets, formats, strict=True) if f == shape.kind or f in shapes]
+    if not kept:
+        assert refusal is not None
+        raise refusal
+    return shapes, kept
 
 
 def size(
@@ -301,10 +309,9 @@ def size(
     translated, targets = _translate(shape, targets, translation)
 
     def shape_of(target: Target) -> Shape:
-        foreign = translated is not None and target_format(shape.kind, target.connection.kind) != shape.kind
-        return cast(Shape, translated) if foreign else shape
+        return translated.get(cast(str, target_format(shape.kind, target)), shape)
 
-    refused = shape.refused + (translated.refused if translated is not None else ())
+    refused = shape.refused + tuple(f for t in translated.values() for f in t.refused)
     if blocking and refused:
         field = refused[0]
         raise GatewayError(
@@ -335,10 +342,10 @@ def size(
 
     # One unlocked read of the tightest ceiling, shared by the exact count and the output ceiling.
     affords = proxied and shape.max_output is None
-    countable = translated is None and _needs_room_read(shape, priced)
+    countable = not translated and _needs_room_read(shape, priced)
     tightest = headroom(budgets=budgets) if governed and (affords or countable) else None
     shape, input_bound = (
-        _exact_prompt(shape, priced, tightest, governed=governed) if translated is None else (shape, "bytes")
+        _exact_prompt(shape, priced, tightest, governed=governed) if not translated else (shape, "bytes")
     )
     cap = _catalog_max_output(targets)
     inject = None
@@ -352,7 +359,7 @@ def size(
             cap = min(cap, default)
         output = _affordable_output(shape, shape_of, priced, tightest, cap) if governed else cap
         # Sent upstream under a cap or a configured default; Anthropic requires max_tokens.
-        if governed or default is not None or "messages" in (shape.kind, translated and translated.kind):
+        if governed or default is not None or "messages" in (shape.kind, *translated):
             inject = output
     if shape.kind == "embeddings":
         output, inject = 0, None

@@ -61,6 +61,11 @@ class Adapter:
     # (a connection's options.max_tokens_param overrides it: some servers know only max_tokens).
     max_tokens_param = "max_completion_tokens"
 
+    def formats(self, target: Target) -> frozenset[str]:
+        """The wire formats `target` is sent requests in: the endpoints the kind serves, unless
+        its connection makes it speak another (Gemini's native API)."""
+        return self.endpoints
+
     # --- where and how ------------------------------------------------------------------------
 
     def url(self, target: Target, endpoint: str, *, stream: bool = False) -> str:

@@ -11,6 +11,7 @@ formats"; the per-field rules are gateway/billing/translation.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway.admission.bounds import SHAPERS, Shape
@@ -39,18 +40,24 @@ class Translated:
     """A request in a target format: its body (the client's model and output ceiling; the
     proxy sets the target's) and that body's shape, which the bound is taken from."""
 
-    kind: str  # the target format: chat | messages
+    kind: str  # the target format (gateway/admission/routing.py TRANSLATED)
     body: dict
     shape: Shape
 
 
-def translate_request(*, kind: str, body: dict, headers: dict[str, str]) -> Translated:
-    """The body of a `kind` request in the other format, shaped. Raises Untranslatable."""
+# (client endpoint, target format) -> the translation of a body, given the client's headers.
+TRANSLATORS: dict[tuple[str, str], Callable[[dict, dict[str, str]], dict]] = {
+    ("chat", "messages"): lambda body, headers: to_messages(body),
+    ("messages", "chat"): to_chat,
+}
+
+
+def translate_request(*, kind: str, body: dict, headers: dict[str, str], target: str | None = None) -> Translated:
+    """The body of a `kind` request in the `target` format (by default the other of chat and
+    messages), shaped. Raises Untranslatable."""
+    target = target or ("messages" if kind == "chat" else "chat")
     try:
-        if kind == "chat":
-            out, target = to_messages(body), "messages"
-        else:
-            out, target = to_chat(body, headers), "chat"
+        out = TRANSLATORS[(kind, target)](body, headers)
     except (AttributeError, TypeError, KeyError) as exc:
         # The shaper checked the body's fields by type, not every nested part the translation
         # reads: a part of the wrong type is the client's malformed input, a 400 like any other.
@@ -60,8 +67,8 @@ def translate_request(*, kind: str, body: dict, headers: dict[str, str]) -> Tran
     return Translated(kind=target, body=out, shape=SHAPERS[target](out, {}))
 
 
-def stream_translator(*, client: str, wants_usage: bool) -> ChatFromMessages | MessagesFromChat:
-    """The translator of a target's stream for a `client` endpoint."""
+def stream_translator(*, client: str, upstream: str, wants_usage: bool) -> ChatFromMessages | MessagesFromChat:
+    """The translator of a `upstream`-format target's stream for a `client` endpoint."""
     return ChatFromMessages(wants_usage=wants_usage) if client == "chat" else MessagesFromChat()
 
 

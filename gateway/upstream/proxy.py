@@ -73,9 +73,9 @@ class ProxyCall:
         self.shape: Shape | None = None
         self.model_name = ""  # as the caller asked for it, for the request log
         self.body: dict = {}
-        # The request in the other format, made on the admission thread when a target of that
-        # format may be tried (gateway/translate/); an untranslatable request keeps its error.
-        self.translated: Translated | CapgateError | None = None
+        # The request in each other format, made on the admission thread when a target of that
+        # format may be tried (gateway/translate/); an untranslatable one keeps its error.
+        self.translated: dict[str, Translated | CapgateError] = {}
 
     def _headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"x-capgate-request-id", self.request_id.encode())]
@@ -184,21 +184,24 @@ class ProxyCall:
             )
             raise
 
-    def _translation(self):
-        """The shape of the request in the other format (sizing asks on the admission thread,
+    def _translation(self, target_kind: str) -> Shape:
+        """The shape of the request in format `target_kind` (sizing asks on the admission thread,
         only when a target of that format may be tried); raises the field's 400 if it has none."""
-        if self.translated is None:
+        if target_kind not in self.translated:
             try:
-                self.translated = translate_request(kind=self.kind, body=self.body, headers=self.req.headers)
+                self.translated[target_kind] = translate_request(
+                    kind=self.kind, body=self.body, headers=self.req.headers, target=target_kind
+                )
             except CapgateError as exc:
-                self.translated = exc
-        if isinstance(self.translated, CapgateError):
-            raise self.translated
-        return self.translated.shape
+                self.translated[target_kind] = exc
+        found = self.translated[target_kind]
+        if isinstance(found, CapgateError):
+            raise found
+        return found.shape
 
     def format_of(self, target: Target) -> str:
         """The format `target` is sent this request in (the endpoint's own unless translated)."""
-        return target_format(self.kind, target.connection.kind) or self.kind
+        return target_format(self.kind, target) or self.kind
 
     # --- after admission: exactly one record per request from here on -------------------
 
@@ -210,8 +213,9 @@ class ProxyCall:
         ad = adapter(target)
         patch = self.shape.patch if self.shape else {}
         if kind != self.kind:
-            assert isinstance(self.translated, Translated)
-            body, patch = self.translated.body, self.translated.shape.patch
+            translated = self.translated[kind]
+            assert isinstance(translated, Translated)
+            body, patch = translated.body, translated.shape.patch
         out = {**body, **patch, "model": ad.model_id(target)}
         p = self.prepared
         assert p is not None

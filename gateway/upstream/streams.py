@@ -71,7 +71,9 @@ async def relay(call: ProxyCall, target: Target, events, response: httpx.Respons
     kind = call.format_of(target)
     tracker = adapter(target).stream_usage(kind)
     wants_usage = call.client_stream_options.get("include_usage") is True
-    translator = stream_translator(client=call.kind, wants_usage=wants_usage) if kind != call.kind else None
+    translator = (
+        stream_translator(client=call.kind, upstream=kind, wants_usage=wants_usage) if kind != call.kind else None
+    )
     ending = "completed"
     deadline = call._seconds_left()
 

@@ -114,8 +114,8 @@ def test_the_worst_case_is_the_translated_body_at_the_priciest_target(
         from gateway.admission import sizing
 
         def client_shape_only(shape, targets, translation):
-            translation()  # still made (the proxy sends it), but not what the bound is taken from
-            return None, targets
+            translation("chat")  # still made (the proxy sends it), but not what the bound is taken from
+            return {}, targets
 
         monkeypatch.setattr(sizing, "_translate", client_shape_only)
     wired.budget(amount="5")
@@ -133,7 +133,7 @@ def test_the_worst_case_is_the_translated_body_at_the_priciest_target(
         ],
     }
     own = shape_messages(body).text_tokens
-    translated = shape_chat(translate_request(kind="messages", body=body, headers={}).body).text_tokens
+    translated = shape_chat(translate_request(kind="messages", body=body, headers={}, target="chat").body).text_tokens
     assert translated > own  # the case the bound must follow
     # when
     r = _post(gateway, "messages", body)
