@@ -19,7 +19,7 @@ from tenants.models import ApiKey, hash_key
 
 # Endpoint kind -> the formats gateway/translate/ can carry its requests to, in order of
 # preference (a target speaking several is sent the first).
-TRANSLATED: dict[str, tuple[str, ...]] = {"chat": ("messages",), "messages": ("chat",)}
+TRANSLATED: dict[str, tuple[str, ...]] = {"chat": ("messages", "gemini"), "messages": ("chat", "gemini")}
 
 
 def target_format(kind: str, target: Target) -> str | None:

@@ -1,6 +1,7 @@
 """Format translation: a request to /v1/chat/completions served by an Anthropic-format target,
-and one to /v1/messages served by an OpenAI-format target (docs/billing.md, "Translation between
-formats"; the per-field rules are gateway/billing/translation.py).
+one to /v1/messages served by an OpenAI-format target, and either served by Gemini's native
+generateContent (docs/billing.md, "Translation between formats"; the per-field rules are
+gateway/billing/translation.py).
 
 - `translate_request` turns the client's body into the target format's body and shapes it
   with that format's shaper, so the worst case is the translated body on each target
@@ -16,9 +17,10 @@ from dataclasses import dataclass
 
 from gateway.admission.bounds import SHAPERS, Shape
 from gateway.http.errors import bad_request
+from gateway.translate import gemini
 from gateway.translate.errors import Untranslatable
 from gateway.translate.replies import error, reply
-from gateway.translate.streaming import ChatFromMessages, MessagesFromChat
+from gateway.translate.streaming import ChatFromMessages, MessagesFromChat, MessagesFromGemini
 from gateway.translate.to_chat import to_chat
 from gateway.translate.to_messages import to_messages
 
@@ -45,11 +47,25 @@ class Translated:
     shape: Shape
 
 
+def _messages_to_gemini(body: dict, headers: dict[str, str]) -> dict:
+    """A messages body to generateContent through the chat translation: a field either table
+    refuses is refused, named as the client sent it."""
+    try:
+        chat = to_chat(body, headers)
+    except Untranslatable as exc:
+        raise Untranslatable(exc.field, exc.why, target="gemini") from None
+    return gemini.to_gemini(chat)
+
+
 # (client endpoint, target format) -> the translation of a body, given the client's headers.
 TRANSLATORS: dict[tuple[str, str], Callable[[dict, dict[str, str]], dict]] = {
     ("chat", "messages"): lambda body, headers: to_messages(body),
     ("messages", "chat"): to_chat,
+    ("chat", "gemini"): lambda body, headers: gemini.to_gemini(body),
+    ("messages", "gemini"): _messages_to_gemini,
 }
+# Each target format's shaper: what the bound of a translated body is taken from.
+TARGET_SHAPERS = {**SHAPERS, "gemini": gemini.shape_generate_content}
 
 
 def translate_request(*, kind: str, body: dict, headers: dict[str, str], target: str | None = None) -> Translated:
@@ -64,11 +80,16 @@ def translate_request(*, kind: str, body: dict, headers: dict[str, str], target:
         raise bad_request(f"The request has a malformed part the translation cannot read ({exc}).") from None
     # The target format's shaper checks the body as that endpoint would, and bounds it. Client
     # headers are the other format's: none of them is forwarded to this target.
-    return Translated(kind=target, body=out, shape=SHAPERS[target](out, {}))
+    return Translated(kind=target, body=out, shape=TARGET_SHAPERS[target](out, {}))
 
 
-def stream_translator(*, client: str, upstream: str, wants_usage: bool) -> ChatFromMessages | MessagesFromChat:
+StreamTranslator = ChatFromMessages | MessagesFromChat | gemini.ChatFromGemini | MessagesFromGemini
+
+
+def stream_translator(*, client: str, upstream: str, wants_usage: bool) -> StreamTranslator:
     """The translator of a `upstream`-format target's stream for a `client` endpoint."""
+    if upstream == "gemini":
+        return gemini.ChatFromGemini(wants_usage=wants_usage) if client == "chat" else MessagesFromGemini()
     return ChatFromMessages(wants_usage=wants_usage) if client == "chat" else MessagesFromChat()
 
 

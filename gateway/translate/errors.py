@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from gateway.http.errors import GatewayError
 
-FORMAT_NAMES = {"chat": "OpenAI chat completions", "messages": "Anthropic messages"}
+FORMAT_NAMES = {
+    "chat": "OpenAI chat completions",
+    "messages": "Anthropic messages",
+    "gemini": "Gemini generateContent",
+}
 
 
 class Untranslatable(GatewayError):
@@ -19,3 +23,4 @@ class Untranslatable(GatewayError):
             param=field,
         )
         self.field = field
+        self.why = why

@@ -1,0 +1,467 @@
+"""Gemini's native generateContent format as a translation target (docs/billing.md, "Translation
+between formats"; the per-field rules are gateway/billing/translation.py `CHAT_TO_GEMINI`).
+
+- `to_gemini`: an OpenAI chat completions body as a generateContent body. The gateway's own
+  fields stay at the top level (`model`, `stream`, and an injected `maxOutputTokens`); the
+  adapter (gateway/providers/gemini_native.py) moves them to the URL and `generationConfig`.
+  A /v1/messages body reaches it through the chat translation (gateway/translate/to_chat.py).
+- `shape_generate_content`: that body's bound, taken from its own bytes.
+- `completion_from`: a generateContent answer as a chat completion; `ChatFromGemini` its
+  `streamGenerateContent?alt=sse` stream as chat.completion.chunk events.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from django.conf import settings
+
+from gateway.admission.bounds import MAX_CHOICES, Shape
+from gateway.admission.request_fields import text_tokens
+from gateway.billing.translation import CHAT_TO_GEMINI, FIELDS, REFUSED
+from gateway.http.errors import bad_request
+from gateway.translate.errors import Untranslatable
+
+_RULES = FIELDS[CHAT_TO_GEMINI]
+_TARGET = "gemini"
+# Fields whose zero or false value is the default, so only another value needs an equivalent.
+_DEFAULTS: dict[str, Any] = {"logprobs": False, "n": 1}
+# Gemini 3 checks that a replayed function call carries the thought signature it was answered
+# with; a conversation carried in another format has none, and this is the value Google
+# documents for a call whose signature was not kept.
+SKIP_SIGNATURE = "skip_thought_signature_validator"
+_EFFORTS = {"minimal": "MINIMAL", "low": "LOW", "medium": "MEDIUM", "high": "HIGH", "xhigh": "XHIGH"}
+
+
+def _refuse(field: str, why: str | None = None) -> Untranslatable:
+    return Untranslatable(field, why or _RULES.get(field, _RULES["messages"]).why, target=_TARGET)
+
+
+# --- the request --------------------------------------------------------------------------
+
+
+def _image(part: dict, where: str) -> dict:
+    image = part.get("image_url")
+    url = image.get("url") if isinstance(image, dict) else image
+    if not isinstance(url, str) or not url.startswith("data:"):
+        raise _refuse(where, "Gemini takes images inline; an image URL has no faithful equivalent")
+    head, sep, data = url.partition(",")
+    media = head[len("data:") :].removesuffix(";base64")
+    if not sep or not head.endswith(";base64") or not media.startswith("image/"):
+        raise _refuse(where, "an image data URL must be base64 of an image/* type")
+    return {"inlineData": {"mimeType": media, "data": data}}
+
+
+def _parts(content: Any, where: str) -> list[dict]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"text": content}] if content else []
+    out: list[dict] = []
+    for j, part in enumerate(content):
+        at = f"{where}.content[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            out.append({"text": part["text"]})
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):
+            out.append({"text": part["refusal"]})
+        elif kind == "image_url":
+            out.append(_image(part, at))
+        else:
+            raise _refuse(at, f"content parts of type '{kind}' have no equivalent")
+    return out
+
+
+def _text(content: Any, where: str) -> str:
+    parts = _parts(content, where)
+    if any("text" not in p for p in parts):
+        raise _refuse(where, "system messages may hold text only")
+    return "\n\n".join(p["text"] for p in parts)
+
+
+def _function_call(call: Any, where: str) -> tuple[str, dict]:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or call.get("type", "function") != "function":
+        raise _refuse(where, "only function tool calls have an equivalent")
+    try:
+        arguments = json.loads(function.get("arguments") or "{}")
+    except (TypeError, ValueError):
+        arguments = None
+    if not isinstance(arguments, dict):
+        raise _refuse(where, "tool-call arguments must be a JSON object")
+    name = str(function.get("name") or "")
+    return str(call.get("id") or ""), {"functionCall": {"name": name, "args": arguments}}
+
+
+def _contents(messages: list) -> tuple[str | None, list[dict]]:
+    system: list[str] = []
+    out: list[dict] = []
+    names: dict[str, str] = {}  # tool call id -> function name (a function response names it)
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        role = m.get("role")
+        if m.get("name") is not None:
+            raise _refuse(f"{where}.name", "participant names have no equivalent")
+        if role in ("system", "developer"):
+            if out:
+                raise _refuse(f"{where}.role", "a system message after the conversation started has no equivalent")
+            system.append(_text(m.get("content"), where))
+            continue
+        if role == "user":
+            turn = ("user", _parts(m.get("content"), where))
+        elif role == "assistant":
+            if m.get("audio") is not None or m.get("function_call") is not None:
+                raise _refuse(where, "assistant audio and legacy function calls have no equivalent")
+            calls = m.get("tool_calls") or []
+            if not isinstance(calls, list):
+                raise _refuse(f"{where}.tool_calls", "tool_calls must be an array")
+            parts = _parts(m.get("content"), where)
+            for k, c in enumerate(calls):
+                call_id, part = _function_call(c, f"{where}.tool_calls[{k}]")
+                names[call_id] = part["functionCall"]["name"]
+                if k == 0:
+                    part["thoughtSignature"] = SKIP_SIGNATURE
+                parts.append(part)
+            turn = ("model", parts)
+        elif role == "tool":
+            call_id = str(m.get("tool_call_id") or "")
+            if call_id not in names:
+                raise _refuse(f"{where}.tool_call_id", "a tool result must answer a tool call earlier in the messages")
+            result = _text(m.get("content"), where)
+            turn = ("user", [{"functionResponse": {"name": names[call_id], "response": {"result": result}}}])
+        else:
+            raise _refuse(f"{where}.role", f"messages of role '{role}' have no equivalent")
+        if out and out[-1]["role"] == turn[0]:  # consecutive turns of one role merge
+            out[-1]["parts"].extend(turn[1])
+        else:
+            out.append({"role": turn[0], "parts": turn[1]})
+    for merged in out:  # function responses first in a user turn, as Gemini answers calls
+        merged["parts"].sort(key=lambda p: "functionResponse" not in p)
+    return ("\n\n".join(system) if system else None), out
+
+
+def _tools(tools: Any) -> list[dict]:
+    declarations = []
+    for i, tool in enumerate(tools if isinstance(tools, list) else []):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or tool.get("type") != "function":
+            raise _refuse(f"tools[{i}].type", "only function tools have an equivalent")
+        if function.get("strict"):
+            raise _refuse(f"tools[{i}].function.strict", "strict schema adherence has no faithful equivalent")
+        declaration: dict = {"name": function.get("name")}
+        if function.get("description") is not None:
+            declaration["description"] = function["description"]
+        if function.get("parameters") is not None:
+            declaration["parametersJsonSchema"] = function["parameters"]
+        declarations.append(declaration)
+    return [{"functionDeclarations": declarations}] if declarations else []
+
+
+def _tool_config(choice: Any) -> dict | None:
+    if choice is None:
+        return None
+    if choice == "auto":
+        config: dict = {"mode": "AUTO"}
+    elif choice == "none":
+        config = {"mode": "NONE"}
+    elif choice == "required":
+        config = {"mode": "ANY"}
+    elif isinstance(choice, dict) and choice.get("type") == "function":
+        name = str((choice.get("function") or {}).get("name") or "")
+        config = {"mode": "ANY", "allowedFunctionNames": [name]}
+    else:
+        raise _refuse("tool_choice", "only auto, none, required and a named function have an equivalent")
+    return {"functionCallingConfig": config}
+
+
+def _response_format(fmt: Any) -> dict:
+    if fmt is None:
+        return {}
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return {}
+    if kind == "json_object":
+        return {"responseMimeType": "application/json"}
+    schema = fmt.get("json_schema") if kind == "json_schema" else None
+    if isinstance(schema, dict) and isinstance(schema.get("schema"), dict):
+        return {"responseMimeType": "application/json", "responseJsonSchema": schema["schema"]}
+    raise _refuse("response_format")
+
+
+def _thinking(effort: Any) -> dict:
+    if effort is None:
+        return {}
+    if effort == "none":
+        return {"thinkingConfig": {"thinkingBudget": 0}}
+    if effort in _EFFORTS:
+        return {"thinkingConfig": {"thinkingLevel": _EFFORTS[effort]}}
+    raise _refuse("reasoning_effort")
+
+
+def to_gemini(body: dict) -> dict:
+    """The generateContent body for a chat completions `body` (`model`, `stream` and the
+    output ceiling as the client sent them; the proxy sets the target's). Raises Untranslatable."""
+    for name, value in body.items():
+        rule = _RULES.get(name)
+        if rule is None:
+            raise _refuse(name, "the translation table does not know this field")
+        if value is None or (name in _DEFAULTS and value == _DEFAULTS[name]):
+            continue
+        if rule.how == REFUSED:
+            raise _refuse(name)
+    system, contents = _contents(body["messages"])
+    if not contents:
+        raise _refuse("messages", "Gemini needs at least one user or assistant turn besides the system prompt")
+    out: dict = {"model": body["model"], "contents": contents}
+    if system is not None:
+        out["systemInstruction"] = {"parts": [{"text": system}]}
+    config: dict = {}
+    ceiling = body.get("max_completion_tokens") or body.get("max_tokens")
+    if ceiling is not None:
+        config["maxOutputTokens"] = ceiling
+    stop = body.get("stop")
+    if stop is not None:
+        config["stopSequences"] = [stop] if isinstance(stop, str) else list(stop)
+    for name, key in (
+        ("temperature", "temperature"),
+        ("top_p", "topP"),
+        ("seed", "seed"),
+        ("presence_penalty", "presencePenalty"),
+        ("frequency_penalty", "frequencyPenalty"),
+    ):
+        if body.get(name) is not None:
+            config[key] = body[name]
+    if body.get("n") not in (None, 1):
+        config["candidateCount"] = body["n"]
+    config |= _response_format(body.get("response_format"))
+    config |= _thinking(body.get("reasoning_effort"))
+    if config:
+        out["generationConfig"] = config
+    if body.get("stream"):
+        out["stream"] = True
+    tools = _tools(body.get("tools"))
+    if tools:
+        out["tools"] = tools
+    if body.get("parallel_tool_calls") is False and tools:
+        raise _refuse("parallel_tool_calls")
+    tool_config = _tool_config(body.get("tool_choice"))
+    if tool_config is not None and (tools or tool_config["functionCallingConfig"]["mode"] == "NONE"):
+        out["toolConfig"] = tool_config
+    tier = body.get("service_tier")
+    if tier not in (None, "auto", "default"):
+        raise _refuse("service_tier")
+    if any(m != "text" for m in body.get("modalities") or []):
+        raise _refuse("modalities")
+    return out
+
+
+def shape_generate_content(body: dict, headers: dict[str, str] | None = None) -> Shape:
+    """The bound of a generateContent body made by `to_gemini`: its UTF-8 bytes (inline images
+    blanked, each bounded by the model's image maximum instead) plus framing per turn."""
+    images = unbounded = 0
+
+    def strip(part: Any) -> Any:
+        nonlocal images, unbounded
+        if isinstance(part, dict) and isinstance(part.get("inlineData"), dict):
+            mime = str(part["inlineData"].get("mimeType") or "")
+            if mime.startswith("image/"):
+                images += 1
+            else:
+                unbounded += 1
+            return {"inlineData": {"mimeType": mime}}
+        return part
+
+    contents = body.get("contents") or []
+    billed = {**body, "contents": [{**c, "parts": [strip(p) for p in c.get("parts") or []]} for c in contents]}
+    config = body.get("generationConfig") or {}
+    ceiling = config.get("maxOutputTokens")
+    choices = config.get("candidateCount") or 1
+    if not isinstance(choices, int) or not 1 <= choices <= MAX_CHOICES:
+        raise bad_request(f"'n' must be an integer between 1 and {MAX_CHOICES}.", param="n")
+    overhead = settings.CAPGATE["TOOL_USE_OVERHEAD_TOKENS"] if body.get("tools") else 0
+    return Shape(
+        kind="gemini",
+        model=str(body.get("model") or ""),
+        text_tokens=text_tokens(billed, contents) + overhead,
+        images=images,
+        unbounded_parts=unbounded,
+        max_output=ceiling if isinstance(ceiling, int) else None,
+        output_param="maxOutputTokens" if isinstance(ceiling, int) else None,
+        choices=choices,
+        stream=bool(body.get("stream")),
+    )
+
+
+# --- the answer ---------------------------------------------------------------------------
+
+FINISH = {
+    "STOP": "stop",
+    "MAX_TOKENS": "length",
+    "SAFETY": "content_filter",
+    "RECITATION": "content_filter",
+    "BLOCKLIST": "content_filter",
+    "PROHIBITED_CONTENT": "content_filter",
+    "SPII": "content_filter",
+    "IMAGE_SAFETY": "content_filter",
+    "IMAGE_PROHIBITED_CONTENT": "content_filter",
+    "MODEL_ARMOR": "content_filter",
+}
+
+
+def _count(d: Any, key: str) -> int:
+    value = d.get(key) if isinstance(d, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def usage_to_chat(u: Any) -> dict:
+    """Gemini's usageMetadata as OpenAI's usage: the prompt counts cached and tool-use prompt
+    tokens, the completion counts thinking tokens (billed as output)."""
+    prompt = _count(u, "promptTokenCount") + _count(u, "toolUsePromptTokenCount")
+    thoughts = _count(u, "thoughtsTokenCount")
+    completion = _count(u, "candidatesTokenCount") + thoughts
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": _count(u, "cachedContentTokenCount")},
+        "completion_tokens_details": {"reasoning_tokens": thoughts},
+    }
+
+
+def _call_id(call: dict) -> str:
+    given = call.get("id")
+    return given if isinstance(given, str) and given else f"call_{uuid.uuid4().hex[:24]}"
+
+
+def _finish(reason: Any, calls: bool) -> str:
+    if calls and reason in (None, "STOP"):
+        return "tool_calls"
+    return FINISH.get(str(reason), "stop")
+
+
+def _candidate(candidate: dict) -> tuple[str, list[dict]]:
+    parts = (candidate.get("content") or {}).get("parts") or []
+    text = "".join(str(p.get("text") or "") for p in parts if isinstance(p, dict) and not p.get("thought"))
+    calls = [
+        {
+            "id": _call_id(p["functionCall"]),
+            "type": "function",
+            "function": {
+                "name": p["functionCall"].get("name"),
+                "arguments": json.dumps(p["functionCall"].get("args") or {}, ensure_ascii=False),
+            },
+        }
+        for p in parts
+        if isinstance(p, dict) and isinstance(p.get("functionCall"), dict)
+    ]
+    return text, calls
+
+
+def completion_from(answer: dict, model: str) -> dict:
+    """A generateContent answer as a chat completion (a blocked prompt: one empty choice
+    finished by content_filter)."""
+    choices = []
+    candidates = answer.get("candidates") or [{"finishReason": "SAFETY"}]
+    for i, candidate in enumerate(candidates):
+        text, calls = _candidate(candidate)
+        message: dict = {"role": "assistant", "content": text or (None if calls else ""), "refusal": None}
+        if calls:
+            message["tool_calls"] = calls
+        choices.append(
+            {
+                "index": candidate.get("index", i),
+                "message": message,
+                "logprobs": None,
+                "finish_reason": _finish(candidate.get("finishReason"), bool(calls)),
+            }
+        )
+    return {
+        "id": f"chatcmpl-{answer.get('responseId') or uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": 0,
+        "model": str(answer.get("modelVersion") or model),
+        "choices": choices,
+        "usage": usage_to_chat(answer.get("usageMetadata")),
+    }
+
+
+def _sse(data: dict) -> bytes:
+    return b"data: " + json.dumps(data, ensure_ascii=False).encode()
+
+
+class ChatFromGemini:
+    """A streamGenerateContent stream (each event a partial GenerateContentResponse, usage
+    cumulative) read by a chat completions client. The stream has no end marker of its own:
+    the usage chunk and [DONE] follow only once a candidate finished, so a stream the target
+    ends early ends early here too."""
+
+    def __init__(self, *, wants_usage: bool):
+        self.wants_usage = wants_usage
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.model = ""
+        self.usage: Any = None
+        self.started: set[int] = set()
+        self.calls: dict[int, int] = {}  # candidate index -> tool calls streamed so far
+        self.finished = False
+
+    def _chunk(self, index: int, delta: dict, finish: str | None = None) -> bytes:
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return _sse(
+            {"id": self.id, "object": "chat.completion.chunk", "created": 0, "model": self.model, "choices": [choice]}
+        )
+
+    def feed(self, data: bytes) -> list[bytes]:
+        try:
+            event = json.loads(data)
+        except ValueError:
+            return []
+        if not isinstance(event, dict):
+            return []
+        if isinstance(event.get("error"), dict):
+            error = event["error"]
+            return [_sse({"error": {"message": error.get("message"), "type": error.get("status"), "code": None}})]
+        self.model = str(event.get("modelVersion") or self.model)
+        if event.get("usageMetadata") is not None:
+            self.usage = event["usageMetadata"]
+        out: list[bytes] = []
+        candidates = event.get("candidates") or []
+        if not candidates and (event.get("promptFeedback") or {}).get("blockReason"):
+            candidates = [{"index": 0, "finishReason": "SAFETY"}]
+        for position, candidate in enumerate(candidates):
+            index = candidate.get("index", position)
+            if index not in self.started:
+                self.started.add(index)
+                out.append(self._chunk(index, {"role": "assistant", "content": ""}))
+            text, calls = _candidate(candidate)
+            if text:
+                out.append(self._chunk(index, {"content": text}))
+            for call in calls:  # Gemini sends each call whole: its name and arguments at once
+                k = self.calls.get(index, 0)
+                self.calls[index] = k + 1
+                out.append(self._chunk(index, {"tool_calls": [{"index": k, **call}]}))
+            reason = candidate.get("finishReason")
+            if reason:
+                self.finished = True
+                out.append(self._chunk(index, {}, _finish(reason, bool(self.calls.get(index)))))
+        return out
+
+    def end(self) -> list[bytes]:
+        if not self.finished:
+            return []
+        out = []
+        if self.wants_usage:
+            out.append(
+                _sse(
+                    {
+                        "id": self.id,
+                        "object": "chat.completion.chunk",
+                        "created": 0,
+                        "model": self.model,
+                        "choices": [],
+                        "usage": usage_to_chat(self.usage),
+                    }
+                )
+            )
+        return [*out, b"data: [DONE]"]
