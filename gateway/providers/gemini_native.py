@@ -44,9 +44,8 @@ def url(target: Target, model_id: str, *, stream: bool) -> str:
         prefix = prefix.removesuffix(suffix)
     model = quote(model_id.removeprefix("models/"), safe="-._")
     action = "streamGenerateContent" if stream else "generateContent"
-    path = f"{prefix}/v1beta/models/{model}:{action}"
-    query = b"alt=sse" if stream else None
-    return str(base.copy_with(raw_path=path.encode("ascii"), query=query, fragment=None))
+    path = f"{prefix}/v1beta/models/{model}:{action}" + ("?alt=sse" if stream else "")
+    return str(base.copy_with(raw_path=path.encode("ascii"), fragment=None))  # raw_path carries the query
 
 
 def body(body: dict) -> dict:
