@@ -21,6 +21,8 @@ HOW_TITLES = {MAPPED: "mapped", DROPPED: "dropped", REFUSED: "refused (400)"}
 CHAT_TO_MESSAGES = ("chat", "messages")
 MESSAGES_TO_CHAT = ("messages", "chat")
 CHAT_TO_GEMINI = ("chat", "gemini")
+# Only the fields that do not go through the chat translation (it has no field for them).
+MESSAGES_TO_GEMINI = ("messages", "gemini")
 
 
 @dataclass(frozen=True)
@@ -223,6 +225,15 @@ FIELDS: dict[tuple[str, str], dict[str, Rule]] = {
         "functions": _r(REFUSED, "legacy function calling: send `tools`"),
         "function_call": _r(REFUSED, "legacy function calling: send `tool_choice`"),
     },
+    MESSAGES_TO_GEMINI: {
+        "top_k": _r(MAPPED, "`generationConfig.topK`"),
+        "thinking": _r(
+            MAPPED,
+            "enabled with `budget_tokens` -> `thinkingConfig.thinkingBudget` (thinking tokens are output inside "
+            "maxOutputTokens, as inside max_tokens; the thinking itself is not shown, so no thinking block comes "
+            "back to be replayed); adaptive and disabled go through the chat translation",
+        ),
+    },
 }
 
 # anthropic-beta values a request to an OpenAI-format target may carry: each only turns on an
@@ -280,6 +291,7 @@ def markdown() -> list[str]:
         CHAT_TO_MESSAGES: "/v1/chat/completions to Anthropic messages",
         MESSAGES_TO_CHAT: "/v1/messages to OpenAI chat completions",
         CHAT_TO_GEMINI: "/v1/chat/completions to Gemini generateContent",
+        MESSAGES_TO_GEMINI: "/v1/messages to Gemini generateContent",
     }
     notes = {
         CHAT_TO_GEMINI: [
@@ -287,7 +299,8 @@ def markdown() -> list[str]:
             'A `gemini` connection with `options.api: "native"` speaks Gemini\'s own API',
             "(`{base}/v1beta/models/{model}:generateContent`, `:streamGenerateContent?alt=sse`, the key in",
             "`x-goog-api-key`). `/v1/messages` reaches it through the chat translation: the table above",
-            "(messages to chat), then this one; a field either refuses is refused, named as the client sent it.",
+            "(messages to chat), then this one, except the fields of the next table; a field either refuses",
+            "is refused, named as the client sent it.",
             "The answer comes back the same way: candidates become choices (a messages client reads the",
             "first as its message), `finishReason` the finish or stop reason (STOP with a function call:",
             "tool calls; MAX_TOKENS: length; the safety reasons: content_filter / refusal), and",
@@ -295,7 +308,12 @@ def markdown() -> list[str]:
             "`cachedContentTokenCount` the cached part of it (billed at the cache-read rate),",
             "`candidatesTokenCount` plus `thoughtsTokenCount` the output. Errors, Google's",
             "`{code, message, status}`, reach the client in the endpoint's own shape.",
-        ]
+        ],
+        MESSAGES_TO_GEMINI: [
+            "",
+            "The fields Gemini takes that chat completions has no field for, carried directly (every other",
+            "field goes through the two tables above):",
+        ],
     }
     for direction, rules in FIELDS.items():
         lines += ["", f"### {titles[direction]}", *notes.get(direction, []), "", "| field | how | rule |"]

@@ -49,12 +49,17 @@ class Translated:
 
 def _messages_to_gemini(body: dict, headers: dict[str, str]) -> dict:
     """A messages body to generateContent through the chat translation: a field either table
-    refuses is refused, named as the client sent it."""
+    refuses is refused, named as the client sent it. The fields Gemini has and chat lacks
+    (gemini.FROM_MESSAGES: top_k, a thinking budget) are carried directly."""
+    rest, direct = gemini.split_messages_fields(body)
     try:
-        chat = to_chat(body, headers)
+        chat = to_chat(rest, headers)
     except Untranslatable as exc:
         raise Untranslatable(exc.field, exc.why, target="gemini") from None
-    return gemini.to_gemini(chat)
+    out = gemini.to_gemini(chat)
+    if direct:
+        out["generationConfig"] = {**(out.get("generationConfig") or {}), **direct}
+    return out
 
 
 # (client endpoint, target format) -> the translation of a body, given the client's headers.

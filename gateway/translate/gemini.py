@@ -257,6 +257,27 @@ def to_gemini(body: dict) -> dict:
     return out
 
 
+def split_messages_fields(body: dict) -> tuple[dict, dict]:
+    """A messages body without the fields Gemini takes directly, and their generationConfig:
+    `top_k` as `topK`, thinking enabled with `budget_tokens` as `thinkingConfig.thinkingBudget`
+    (inside maxOutputTokens on Gemini as inside max_tokens on Anthropic). Adaptive and disabled
+    thinking go through the chat translation (as reasoning_effort)."""
+    rest, config = dict(body), {}
+    top_k = rest.pop("top_k", None)
+    if top_k is not None:
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise _refuse("top_k", "top_k must be a positive integer")
+        config["topK"] = top_k
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled":
+        budget = thinking.get("budget_tokens")
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise _refuse("thinking", "enabled thinking needs a positive budget_tokens")
+        del rest["thinking"]
+        config["thinkingConfig"] = {"thinkingBudget": budget}
+    return rest, config
+
+
 def shape_generate_content(body: dict, headers: dict[str, str] | None = None) -> Shape:
     """The bound of a generateContent body made by `to_gemini`: its UTF-8 bytes (inline images
     blanked, each bounded by the model's image maximum instead) plus framing per turn."""

@@ -382,7 +382,7 @@ def test_failover_between_native_gemini_and_openai(gateway, wired, upstream, bro
             "parallel_tool_calls",
             {"tools": [{"type": "function", "function": WEATHER}], "parallel_tool_calls": False},
         ),
-        ("messages", "top_k", {"top_k": 5}),
+        ("messages", "container", {"container": "cntr_1"}),
         ("messages", "tools[0].type", {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
     ],
 )
@@ -533,6 +533,19 @@ def test_every_dropped_chat_field_is_left_out(settings):
     assert dropped == set(DROPPED_VALUES)
     out = translate_request(kind="chat", body={**BASE, **DROPPED_VALUES}, headers={}, target="gemini").body
     assert not dropped & set(out) and not dropped & set(out.get("generationConfig") or {})
+
+
+def test_top_k_and_a_thinking_budget_reach_gemini_directly_from_messages(settings):
+    body = {**BASE, "max_tokens": 4000, "top_k": 40, "thinking": {"type": "enabled", "budget_tokens": 2048}}
+    out = translate_request(kind="messages", body=body, headers={}, target="gemini").body
+    assert out["generationConfig"] == {"maxOutputTokens": 4000, "topK": 40, "thinkingConfig": {"thinkingBudget": 2048}}
+    adaptive = translate_request(
+        kind="messages", body={**BASE, "thinking": {"type": "adaptive"}}, headers={}, target="gemini"
+    )
+    assert adaptive.body["generationConfig"]["thinkingConfig"] == {"thinkingLevel": "HIGH"}
+    with pytest.raises(Untranslatable) as err:  # the chat route still refuses a budget
+        translate_request(kind="messages", body={**BASE, "thinking": body["thinking"]}, headers={}, target="chat")
+    assert err.value.param == "thinking"
 
 
 def test_sampling_format_and_thinking_map_to_generation_config(settings):
