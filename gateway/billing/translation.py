@@ -153,13 +153,14 @@ FIELDS: dict[tuple[str, str], dict[str, Rule]] = {
         "model": _r(MAPPED, "the target's own model id, in the URL (`models/{id}:generateContent`)"),
         "messages": _r(
             MAPPED,
-            "leading system and developer messages become `systemInstruction`; user turns become `user` contents "
+            "system and developer messages become `systemInstruction` (Gemini has one: those between turns join "
+            "it in order); user turns become `user` contents "
             "and assistant turns `model` contents (consecutive turns of one role merge); text parts become "
             "text parts; image parts with a base64 data URL become `inlineData` (bounded at the model's image "
             "maximum); assistant `tool_calls` become `functionCall` parts (the first of a turn with Google's "
             "skip_thought_signature_validator signature, since the call's own signature was not kept); `tool` "
             "messages become `functionResponse` parts named after the call they answer, the content as "
-            "`response.result`. Refused: a system message after the conversation started, image URLs that are "
+            "`response.result`. Refused: image URLs that are "
             "not data URLs (Gemini takes images inline), audio and file parts, `name`, legacy `function` "
             "messages, a tool message answering no earlier call, tool-call arguments that are not a JSON object",
         ),

@@ -105,8 +105,8 @@ def _contents(messages: list) -> tuple[str | None, list[dict]]:
         if m.get("name") is not None:
             raise _refuse(f"{where}.name", "participant names have no equivalent")
         if role in ("system", "developer"):
-            if out:
-                raise _refuse(f"{where}.role", "a system message after the conversation started has no equivalent")
+            # Gemini has one system instruction: a system message between turns (Claude Code
+            # sends them) joins it, in order, rather than becoming words of another role.
             system.append(_text(m.get("content"), where))
             continue
         if role == "user":

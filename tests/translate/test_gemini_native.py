@@ -626,3 +626,19 @@ def test_the_native_url(wired, base_url, stream, url):
     # without the option the kind speaks the OpenAI-compatible endpoint, as before
     compatible = Target(connection=Connection(organization=wired.org, kind="gemini", options={}), model=model)
     assert ad.formats(compatible) == {"chat", "embeddings"}
+
+
+def test_system_messages_between_turns_join_the_system_instruction(settings):
+    body = {
+        **BASE,
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "developer", "content": "Now answer in French."},
+            {"role": "user", "content": "and now?"},
+        ],
+    }
+    out = translate_request(kind="chat", body=body, headers={}, target="gemini").body
+    assert out["systemInstruction"] == {"parts": [{"text": "Be brief.\n\nNow answer in French."}]}
+    assert [c["role"] for c in out["contents"]] == ["user", "model", "user"]
