@@ -642,3 +642,105 @@ def test_system_messages_between_turns_join_the_system_instruction(settings):
     out = translate_request(kind="chat", body=body, headers={}, target="gemini").body
     assert out["systemInstruction"] == {"parts": [{"text": "Be brief.\n\nNow answer in French."}]}
     assert [c["role"] for c in out["contents"]] == ["user", "model", "user"]
+
+
+def test_a_route_of_three_formats_translates_once_per_format_and_fails_over(gateway, wired, upstream, broken, gemini):
+    # given: a chat route whose first target speaks Anthropic's format and fails, then native Gemini
+    budget = wired.budget(amount="5")
+    connection, model = gemini
+    failing = Connection.objects.create(
+        organization=wired.org,
+        name="an-broken",
+        kind="anthropic",
+        base_url=broken.url,
+        secret="sk-ant-x",
+        options={"forward_test_headers": True},
+    )
+    route = wired.route("three", failing, model=model)
+    route.targets.create(connection=connection, model=model, position=1)
+    upstream.control(**KNOBS)
+    body = {"model": "three", "max_tokens": 300, "messages": [{"role": "user", "content": "hi"}]}
+    # when
+    r = _post(gateway, "chat", body)
+    # then: the Anthropic target was tried once with its translation, Gemini served with its own
+    assert r.status_code == 200, r.text
+    assert broken.stats()["by_path"] == {"/v1/messages": 1}
+    assert upstream.last(GENERATE)["body"]["contents"] == [{"role": "user", "parts": [{"text": "hi"}]}]
+    _recorded(connection)
+    assert window_of(budget).spent_nano == COST
+
+
+def test_a_field_one_format_refuses_leaves_only_that_formats_targets_out(gateway, wired, upstream, gemini):
+    # given: a chat route of an Anthropic target then a native Gemini one, and a seed, which
+    # Anthropic has no equivalent for and Gemini takes
+    connection, model = gemini
+    route = wired.route("two", wired.anthropic, model=model)
+    route.targets.create(connection=connection, model=model, position=1)
+    upstream.control(**KNOBS)
+    body = {"model": "two", "max_tokens": 300, "seed": 7, "messages": [{"role": "user", "content": "hi"}]}
+    # when
+    r = _post(gateway, "chat", body)
+    # then: the Anthropic target was left out; Gemini served it with the seed
+    assert r.status_code == 200, r.text
+    assert upstream.stats()["by_path"] == {"/v1beta/models/{model}:generateContent": 1}
+    assert upstream.last(GENERATE)["body"]["generationConfig"]["seed"] == 7
+    _recorded(connection)
+
+
+def test_gemini_usage_is_billed_with_tool_prompts_as_input_and_odd_modalities_flagged():
+    from gateway.providers.gemini_native import usage_gemini
+
+    usage = usage_gemini(
+        {
+            "promptTokenCount": 1000,
+            "cachedContentTokenCount": 300,
+            "toolUsePromptTokenCount": 50,
+            "candidatesTokenCount": 20,
+            "thoughtsTokenCount": 80,
+            "promptTokensDetails": [{"modality": "TEXT", "tokenCount": 900}, {"modality": "AUDIO", "tokenCount": 100}],
+        }
+    )
+    assert usage is not None
+    assert (usage.input_tokens, usage.cache_read_tokens, usage.output_tokens) == (750, 300, 100)
+    assert usage.unpriced == ("usageMetadata.promptTokensDetails.AUDIO=100",)
+
+
+def test_a_stream_is_billed_only_once_a_candidate_finished():
+    from gateway.providers.gemini_native import GeminiStreamUsage
+
+    tracker = GeminiStreamUsage()
+    partial = {"candidates": [{"content": {"parts": [{"text": "a"}]}}], "usageMetadata": {"promptTokenCount": 9}}
+    tracker.feed(json.dumps(partial).encode())
+    assert tracker.usage is None  # a cut here is charged at the worst case
+    last = {
+        "candidates": [{"content": {"parts": [{"text": "b"}]}, "finishReason": "MAX_TOKENS"}],
+        "usageMetadata": {"promptTokenCount": 9, "candidatesTokenCount": 4},
+        "modelVersion": "gemini-x",
+    }
+    tracker.feed(json.dumps(last).encode())
+    assert tracker.usage is not None and (tracker.usage.input_tokens, tracker.usage.output_tokens) == (9, 4)
+    assert tracker.model == "gemini-x"
+
+
+def test_finish_reasons_and_a_blocked_prompt_in_each_client_format():
+    from gateway.translate import reply
+
+    def answer(**kw) -> bytes:
+        return json.dumps({"usageMetadata": {"promptTokenCount": 3}, **kw}).encode()
+
+    long = answer(candidates=[{"content": {"parts": [{"text": "x"}]}, "finishReason": "MAX_TOKENS"}])
+    assert (
+        json.loads(reply(long, upstream="gemini", client="chat", model="m"))["choices"][0]["finish_reason"] == "length"
+    )
+    assert json.loads(reply(long, upstream="gemini", client="messages", model="m"))["stop_reason"] == "max_tokens"
+    blocked = answer(promptFeedback={"blockReason": "SAFETY"})
+    chat = json.loads(reply(blocked, upstream="gemini", client="chat", model="m"))
+    assert (chat["choices"][0]["finish_reason"], chat["choices"][0]["message"]["content"]) == ("content_filter", "")
+    assert json.loads(reply(blocked, upstream="gemini", client="messages", model="m"))["stop_reason"] == "refusal"
+    thought = answer(
+        candidates=[{"content": {"parts": [{"text": "hmm", "thought": True}, {"text": "42"}]}, "finishReason": "STOP"}]
+    )
+    assert (
+        json.loads(reply(thought, upstream="gemini", client="chat", model="m"))["choices"][0]["message"]["content"]
+        == "42"
+    )
