@@ -17,22 +17,22 @@ from gateway.http.errors import GatewayError
 from ledger.models import Reservation
 from tenants.models import ApiKey, hash_key
 
-# Endpoint kind -> the formats gateway/translate/ can carry its requests to, in order of
-# preference (a target speaking several is sent the first).
-TRANSLATED: dict[str, tuple[str, ...]] = {"chat": ("messages", "gemini"), "messages": ("chat", "gemini")}
+# An endpoint whose requests gateway/translate/ can carry to targets of other formats: the
+# formats, in the order a target serving several is sent the first of.
+TRANSLATED: dict[str, tuple[str, ...]] = {
+    "chat": ("messages", "converse", "gemini"),
+    "messages": ("chat", "converse", "gemini"),
+}
 
 
-def target_format(kind: str, target: Target) -> str | None:
-    """The format `target` is sent a request for endpoint `kind` in: the endpoint's own when its
-    adapter speaks it for this target, else the first it is translated to that it speaks, else
-    None (it cannot serve it)."""
-    adapter = providers.adapter_for(target.connection.kind)
-    if adapter is None:
-        return None
-    formats = adapter.formats(target)
-    if kind in formats:
+def target_format(kind: str, connection: Connection) -> str | None:
+    """The format a target on `connection` is sent a request for endpoint `kind` in: the
+    endpoint's own when its adapter serves it, else the first one it is translated to that the
+    adapter serves, else None (it cannot serve it)."""
+    served = providers.formats(connection)
+    if kind in served:
         return kind
-    return next((f for f in TRANSLATED.get(kind, ()) if f in formats), None)
+    return next((other for other in TRANSLATED.get(kind, ()) if other in served), None)
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def authenticate(raw_key: str | None) -> ApiKey:
 
 def resolve_route(*, key: ApiKey, name: str, kind: str, translated: bool = False) -> list[Target]:
     """The route's enabled targets that can serve endpoint `kind`, in failover order: of its own
-    format, and with `translated` (the proxy, which translates) of the other format too."""
+    format, and with `translated` (the proxy, which translates) of the other formats too."""
     if not key.allows_model(name):
         raise GatewayError(
             f"This key may not call model '{name}'.",
@@ -136,7 +136,8 @@ def resolve_route(*, key: ApiKey, name: str, kind: str, translated: bool = False
     targets = [
         t
         for t in routed
-        if t.connection.enabled and (fmt := target_format(kind, t)) is not None and (translated or fmt == kind)
+        if t.connection.enabled
+        and (target_format(kind, t.connection) is not None if translated else kind in providers.formats(t.connection))
     ]
     if not targets:
         # A configuration error, not an outage: a 503 would read as "overloaded" and be retried.

@@ -41,7 +41,7 @@ class Prepared:
     input_bound: str = "bytes"  # how the prompt was bounded: "exact" (its tokenizer) or "bytes"
     input_tokens: int = 0  # the prompt tokens reserved (per sampling pass, before images)
     unclassified: list[str] = field(default_factory=list)  # passed unlisted names (gateway/admission/unclassified.py)
-    translated: bool = False  # a target of another format may be tried (gateway/translate/)
+    translated: bool = False  # a target of the other format may be tried (gateway/translate/)
 
 
 def reserve(

@@ -52,12 +52,16 @@ class Sized:
     output_tokens: int = 0  # the output ceiling per choice the worst case assumes
     inject_max_output: int | None = None  # send this output ceiling upstream (None: caller's own)
     input_bound: str = "bytes"  # how the prompt was bounded: "exact" (its tokenizer) or "bytes"
-    # The request translated for targets of other formats (gateway/translate/), by format, for
-    # those that may be tried.
+    # The request translated for targets of other formats (gateway/translate/), by format, when
+    # any is tried.
     translated: dict[str, Shape] = dataclasses.field(default_factory=dict)
 
 
-# Sizing asks for a format's translated shape only when a target of that format may be tried.
+# The formats an output ceiling is always sent in (the catalog's maximum when nothing else sets one).
+CEILING_REQUIRED = frozenset({"messages", "converse"})
+
+# Sizing asks for the shape of the request translated to a format only when a target of that
+# format may be tried.
 Translation = Callable[[str], Shape]
 ShapeOf = Callable[[Target], Shape]
 
@@ -250,18 +254,18 @@ def _unpriced(exc: UnpricedModel | UnpricedFeature, *, proxied: bool) -> Gateway
 def _translate(
     shape: Shape, targets: list[Target], translation: Translation | None
 ) -> tuple[dict[str, Shape], list[Target]]:
-    """The request's shape in each other format a target may be sent it in. Targets of a format
-    it cannot be translated to faithfully are left out of the failover order; with no target
-    left, the request is refused (400 naming the field, the first target's)."""
-    formats = [target_format(shape.kind, t) for t in targets]
-    foreign = list(dict.fromkeys(f for f in formats if f is not None and f != shape.kind))
+    """The request's shape in each other format a target of which may be tried. Targets it
+    cannot be translated to faithfully are left out of the failover order; with no target left,
+    the request is refused (the first format's 400 naming the field)."""
+    formats = [target_format(shape.kind, t.connection) or shape.kind for t in targets]
+    foreign = list(dict.fromkeys(f for f in formats if f != shape.kind))
     if translation is None or not foreign:
         return {}, targets
     shapes: dict[str, Shape] = {}
     refusal: GatewayError | None = None
-    for fmt in foreign:
+    for kind in foreign:
         try:
-            shapes[fmt] = translation(fmt)
+            shapes[kind] = translation(kind)
         except GatewayError as exc:
             refusal = refusal or exc
     kept = [t for t, f in zip(targets, formats, strict=True) if f == shape.kind or f in shapes]
@@ -309,7 +313,8 @@ def size(
     translated, targets = _translate(shape, targets, translation)
 
     def shape_of(target: Target) -> Shape:
-        return translated.get(cast(str, target_format(shape.kind, target)), shape)
+        kind = target_format(shape.kind, target.connection) or shape.kind
+        return translated.get(kind, shape)
 
     refused = shape.refused + tuple(f for t in translated.values() for f in t.refused)
     if blocking and refused:
@@ -358,8 +363,9 @@ def size(
         if default is not None:
             cap = min(cap, default)
         output = _affordable_output(shape, shape_of, priced, tightest, cap) if governed else cap
-        # Sent upstream under a cap or a configured default; Anthropic requires max_tokens.
-        if governed or default is not None or "messages" in (shape.kind, *translated):
+        # Sent upstream under a cap or a configured default; Anthropic requires max_tokens, and
+        # a Converse model's own default ceiling is not the catalog's, so it is always sent there.
+        if governed or default is not None or CEILING_REQUIRED & {shape.kind, *translated}:
             inject = output
     if shape.kind == "embeddings":
         output, inject = 0, None

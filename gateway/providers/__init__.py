@@ -17,6 +17,7 @@ from gateway.providers.base import (
     UpstreamRequest,
     adapter_for,
     connection_url,
+    formats,
     register,
     registered,
     serves,
@@ -46,6 +47,7 @@ __all__ = [
     "azure_openai",
     "bedrock",
     "connection_url",
+    "formats",
     "gemini",
     "openai",
     "presets",
@@ -69,7 +71,7 @@ def adapter(target: Target) -> Adapter:
     found = adapter_for(target.connection.kind)
     if found is None:
         raise LookupError(f"no adapter is registered for connection kind {target.connection.kind!r}")
-    return found
+    return found.variant(target.connection)
 
 
 def upstream_url(target: Target, endpoint: str) -> str:

@@ -29,6 +29,7 @@ from gateway.providers import usage as usage_mod
 from gateway.providers.sse import SSEEvent, sse_events
 
 if TYPE_CHECKING:
+    from catalog.models import Connection
     from gateway.admission.routing import Target
 
 PATHS = {
@@ -60,11 +61,6 @@ class Adapter:
     # The parameter an output ceiling chosen by the gateway is sent in, on the chat endpoint
     # (a connection's options.max_tokens_param overrides it: some servers know only max_tokens).
     max_tokens_param = "max_completion_tokens"
-
-    def formats(self, target: Target) -> frozenset[str]:
-        """The wire formats `target` is sent requests in: the endpoints the kind serves, unless
-        its connection makes it speak another (Gemini's native API)."""
-        return self.endpoints
 
     # --- where and how ------------------------------------------------------------------------
 
@@ -129,6 +125,11 @@ class Adapter:
 
     # --- checks at connection time ------------------------------------------------------------
 
+    def variant(self, connection: Connection) -> Adapter:
+        """The adapter a connection of this kind is called through: a kind whose provider
+        offers more than one API picks one by the connection's options (Bedrock's Converse)."""
+        return self
+
     def check_options(self, options: dict, secret: str | None) -> str | None:
         """What is wrong with a connection's options or secret for this kind (a message naming
         the option), or None. The secret is None on an edit that keeps the stored one."""
@@ -151,6 +152,13 @@ def adapter_for(kind: str) -> Adapter | None:
 def serves(kind: str, endpoint: str) -> bool:
     adapter = _REGISTRY.get(kind)
     return adapter is not None and endpoint in adapter.endpoints
+
+
+def formats(connection: Connection) -> frozenset[str]:
+    """The endpoint formats a connection is served in (its kind's adapter, as the connection's
+    options pick it)."""
+    adapter = _REGISTRY.get(connection.kind)
+    return adapter.variant(connection).endpoints if adapter is not None else frozenset()
 
 
 def registered() -> dict[str, Adapter]:

@@ -1,4 +1,6 @@
-"""Gemini's native API (a `gemini` connection with `options.api: "native"`), format `gemini`:
+"""Gemini's native API: a `gemini` connection with `options.api: "native"` is called through
+this adapter (Gemini.variant); its endpoint format is "gemini", which no client endpoint speaks,
+so every request reaching it is translated (gateway/translate/gemini.py).
 
 - `POST {base}/v1beta/models/{model}:generateContent`, or `:streamGenerateContent?alt=sse` for
   a stream (SSE whose events are partial GenerateContentResponse objects); `{base}` is
@@ -22,6 +24,7 @@ from urllib.parse import quote
 import httpx
 
 from catalog.pricing import Usage
+from gateway.providers.base import Adapter
 from gateway.providers.usage import StreamUsage
 
 if TYPE_CHECKING:
@@ -31,10 +34,6 @@ FORMAT = "gemini"
 NATIVE_BASE_URL = "https://generativelanguage.googleapis.com"
 # Modalities Gemini prices at their own rates, which the catalog's token prices do not carry.
 _PRICED_MODALITIES = {"TEXT", "IMAGE"}
-
-
-def is_native(target: Target) -> bool:
-    return target.connection.options.get("api") == "native"
 
 
 def url(target: Target, model_id: str, *, stream: bool) -> str:
@@ -48,7 +47,7 @@ def url(target: Target, model_id: str, *, stream: bool) -> str:
     return str(base.copy_with(raw_path=path.encode("ascii"), fragment=None))  # raw_path carries the query
 
 
-def body(body: dict) -> dict:
+def native_body(body: dict) -> dict:
     """The generateContent body: the gateway's top-level fields moved where Gemini takes them."""
     out = {k: v for k, v in body.items() if k not in ("model", "stream", "maxOutputTokens")}
     if body.get("maxOutputTokens") is not None:
@@ -119,3 +118,30 @@ class GeminiStreamUsage(StreamUsage):
         if self._finished:
             self.usage = usage_gemini(self._latest)
         return False
+
+
+class GeminiNative(Adapter):
+    kind = "gemini"
+    endpoints = frozenset({FORMAT})
+    default_base_url = NATIVE_BASE_URL
+
+    def url(self, target: Target, endpoint: str, *, stream: bool = False) -> str:
+        return url(target, self.model_id(target), stream=stream)
+
+    def auth(self, target: Target, client_headers: dict[str, str], headers: dict[str, str]) -> None:
+        headers["x-goog-api-key"] = target.connection.plain_secret
+
+    def body(self, target: Target, endpoint: str, body: dict, *, stream: bool) -> dict:
+        return native_body(body)
+
+    def output_param(self, target: Target, endpoint: str) -> str:
+        return "maxOutputTokens"
+
+    def usage_from_body(self, endpoint: str, data: bytes) -> tuple[Usage | None, str]:
+        return usage_from_body(data)
+
+    def stream_usage(self, endpoint: str) -> StreamUsage:
+        return GeminiStreamUsage()
+
+
+NATIVE = GeminiNative()

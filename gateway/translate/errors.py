@@ -7,6 +7,7 @@ from gateway.http.errors import GatewayError
 FORMAT_NAMES = {
     "chat": "OpenAI chat completions",
     "messages": "Anthropic messages",
+    "converse": "Bedrock Converse",
     "gemini": "Gemini generateContent",
 }
 

@@ -4,16 +4,15 @@ between formats"; the per-field rules are gateway/billing/translation.py `CHAT_T
 - `to_gemini`: an OpenAI chat completions body as a generateContent body. The gateway's own
   fields stay at the top level (`model`, `stream`, and an injected `maxOutputTokens`); the
   adapter (gateway/providers/gemini_native.py) moves them to the URL and `generationConfig`.
-  A /v1/messages body reaches it through the chat translation (gateway/translate/to_chat.py).
+  A /v1/messages body reaches it through the chat translation (`from_messages`, by
+  gateway/translate/to_chat.py), with the fields chat has no place for carried directly.
 - `shape_generate_content`: that body's bound, taken from its own bytes.
-- `completion_from`: a generateContent answer as a chat completion; `ChatFromGemini` its
-  `streamGenerateContent?alt=sse` stream as chat.completion.chunk events.
+The answer, its stream and its errors come back through gateway/translate/from_gemini.py.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 from django.conf import settings
@@ -23,6 +22,7 @@ from gateway.admission.request_fields import text_tokens
 from gateway.billing.translation import CHAT_TO_GEMINI, FIELDS, REFUSED
 from gateway.http.errors import bad_request
 from gateway.translate.errors import Untranslatable
+from gateway.translate.to_chat import to_chat
 
 _RULES = FIELDS[CHAT_TO_GEMINI]
 _TARGET = "gemini"
@@ -200,7 +200,7 @@ def _thinking(effort: Any) -> dict:
     raise _refuse("reasoning_effort")
 
 
-def to_gemini(body: dict) -> dict:
+def from_chat(body: dict) -> dict:
     """The generateContent body for a chat completions `body` (`model`, `stream` and the
     output ceiling as the client sent them; the proxy sets the target's). Raises Untranslatable."""
     for name, value in body.items():
@@ -262,7 +262,8 @@ def split_messages_fields(body: dict) -> tuple[dict, dict]:
     `top_k` as `topK`, thinking enabled with `budget_tokens` as `thinkingConfig.thinkingBudget`
     (inside maxOutputTokens on Gemini as inside max_tokens on Anthropic). Adaptive and disabled
     thinking go through the chat translation (as reasoning_effort)."""
-    rest, config = dict(body), {}
+    rest = dict(body)
+    config: dict[str, Any] = {}
     top_k = rest.pop("top_k", None)
     if top_k is not None:
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
@@ -276,6 +277,21 @@ def split_messages_fields(body: dict) -> tuple[dict, dict]:
         del rest["thinking"]
         config["thinkingConfig"] = {"thinkingBudget": budget}
     return rest, config
+
+
+def from_messages(body: dict, headers: dict[str, str]) -> dict:
+    """A messages body to generateContent through the chat translation: a field either table
+    refuses is refused, named as the client sent it. The fields Gemini has and chat lacks
+    (`split_messages_fields`: top_k, a thinking budget) are carried directly."""
+    rest, direct = split_messages_fields(body)
+    try:
+        chat = to_chat(rest, headers)
+    except Untranslatable as exc:
+        raise Untranslatable(exc.field, exc.why, target=_TARGET) from None
+    out = from_chat(chat)
+    if direct:
+        out["generationConfig"] = {**(out.get("generationConfig") or {}), **direct}
+    return out
 
 
 def shape_generate_content(body: dict, headers: dict[str, str] | None = None) -> Shape:
@@ -313,176 +329,3 @@ def shape_generate_content(body: dict, headers: dict[str, str] | None = None) ->
         choices=choices,
         stream=bool(body.get("stream")),
     )
-
-
-# --- the answer ---------------------------------------------------------------------------
-
-FINISH = {
-    "STOP": "stop",
-    "MAX_TOKENS": "length",
-    "SAFETY": "content_filter",
-    "RECITATION": "content_filter",
-    "BLOCKLIST": "content_filter",
-    "PROHIBITED_CONTENT": "content_filter",
-    "SPII": "content_filter",
-    "IMAGE_SAFETY": "content_filter",
-    "IMAGE_PROHIBITED_CONTENT": "content_filter",
-    "MODEL_ARMOR": "content_filter",
-}
-
-
-def _count(d: Any, key: str) -> int:
-    value = d.get(key) if isinstance(d, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def usage_to_chat(u: Any) -> dict:
-    """Gemini's usageMetadata as OpenAI's usage: the prompt counts cached and tool-use prompt
-    tokens, the completion counts thinking tokens (billed as output)."""
-    prompt = _count(u, "promptTokenCount") + _count(u, "toolUsePromptTokenCount")
-    thoughts = _count(u, "thoughtsTokenCount")
-    completion = _count(u, "candidatesTokenCount") + thoughts
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": _count(u, "cachedContentTokenCount")},
-        "completion_tokens_details": {"reasoning_tokens": thoughts},
-    }
-
-
-def _call_id(call: dict) -> str:
-    given = call.get("id")
-    return given if isinstance(given, str) and given else f"call_{uuid.uuid4().hex[:24]}"
-
-
-def _finish(reason: Any, calls: bool) -> str:
-    if calls and reason in (None, "STOP"):
-        return "tool_calls"
-    return FINISH.get(str(reason), "stop")
-
-
-def _candidate(candidate: dict) -> tuple[str, list[dict]]:
-    parts = (candidate.get("content") or {}).get("parts") or []
-    text = "".join(str(p.get("text") or "") for p in parts if isinstance(p, dict) and not p.get("thought"))
-    calls = [
-        {
-            "id": _call_id(p["functionCall"]),
-            "type": "function",
-            "function": {
-                "name": p["functionCall"].get("name"),
-                "arguments": json.dumps(p["functionCall"].get("args") or {}, ensure_ascii=False),
-            },
-        }
-        for p in parts
-        if isinstance(p, dict) and isinstance(p.get("functionCall"), dict)
-    ]
-    return text, calls
-
-
-def completion_from(answer: dict, model: str) -> dict:
-    """A generateContent answer as a chat completion (a blocked prompt: one empty choice
-    finished by content_filter)."""
-    choices = []
-    candidates = answer.get("candidates") or [{"finishReason": "SAFETY"}]
-    for i, candidate in enumerate(candidates):
-        text, calls = _candidate(candidate)
-        message: dict = {"role": "assistant", "content": text or (None if calls else ""), "refusal": None}
-        if calls:
-            message["tool_calls"] = calls
-        choices.append(
-            {
-                "index": candidate.get("index", i),
-                "message": message,
-                "logprobs": None,
-                "finish_reason": _finish(candidate.get("finishReason"), bool(calls)),
-            }
-        )
-    return {
-        "id": f"chatcmpl-{answer.get('responseId') or uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": 0,
-        "model": str(answer.get("modelVersion") or model),
-        "choices": choices,
-        "usage": usage_to_chat(answer.get("usageMetadata")),
-    }
-
-
-def _sse(data: dict) -> bytes:
-    return b"data: " + json.dumps(data, ensure_ascii=False).encode()
-
-
-class ChatFromGemini:
-    """A streamGenerateContent stream (each event a partial GenerateContentResponse, usage
-    cumulative) read by a chat completions client. The stream has no end marker of its own:
-    the usage chunk and [DONE] follow only once a candidate finished, so a stream the target
-    ends early ends early here too."""
-
-    def __init__(self, *, wants_usage: bool):
-        self.wants_usage = wants_usage
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
-        self.model = ""
-        self.usage: Any = None
-        self.started: set[int] = set()
-        self.calls: dict[int, int] = {}  # candidate index -> tool calls streamed so far
-        self.finished = False
-
-    def _chunk(self, index: int, delta: dict, finish: str | None = None) -> bytes:
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return _sse(
-            {"id": self.id, "object": "chat.completion.chunk", "created": 0, "model": self.model, "choices": [choice]}
-        )
-
-    def feed(self, data: bytes) -> list[bytes]:
-        try:
-            event = json.loads(data)
-        except ValueError:
-            return []
-        if not isinstance(event, dict):
-            return []
-        if isinstance(event.get("error"), dict):
-            error = event["error"]
-            return [_sse({"error": {"message": error.get("message"), "type": error.get("status"), "code": None}})]
-        self.model = str(event.get("modelVersion") or self.model)
-        if event.get("usageMetadata") is not None:
-            self.usage = event["usageMetadata"]
-        out: list[bytes] = []
-        candidates = event.get("candidates") or []
-        if not candidates and (event.get("promptFeedback") or {}).get("blockReason"):
-            candidates = [{"index": 0, "finishReason": "SAFETY"}]
-        for position, candidate in enumerate(candidates):
-            index = candidate.get("index", position)
-            if index not in self.started:
-                self.started.add(index)
-                out.append(self._chunk(index, {"role": "assistant", "content": ""}))
-            text, calls = _candidate(candidate)
-            if text:
-                out.append(self._chunk(index, {"content": text}))
-            for call in calls:  # Gemini sends each call whole: its name and arguments at once
-                k = self.calls.get(index, 0)
-                self.calls[index] = k + 1
-                out.append(self._chunk(index, {"tool_calls": [{"index": k, **call}]}))
-            reason = candidate.get("finishReason")
-            if reason:
-                self.finished = True
-                out.append(self._chunk(index, {}, _finish(reason, bool(self.calls.get(index)))))
-        return out
-
-    def end(self) -> list[bytes]:
-        if not self.finished:
-            return []
-        out = []
-        if self.wants_usage:
-            out.append(
-                _sse(
-                    {
-                        "id": self.id,
-                        "object": "chat.completion.chunk",
-                        "created": 0,
-                        "model": self.model,
-                        "choices": [],
-                        "usage": usage_to_chat(self.usage),
-                    }
-                )
-            )
-        return [*out, b"data: [DONE]"]

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.translate.gemini import completion_from
-
 FINISH_TO_STOP = {
     "stop": "end_turn",
     "length": "max_tokens",
@@ -131,11 +129,7 @@ def completion_to_message(completion: dict, model: str) -> dict:
 def reply(data: bytes, *, upstream: str, client: str, model: str) -> bytes:
     """A 200 body from a target speaking `upstream`, as the `client` endpoint answers."""
     parsed = json.loads(data)
-    if upstream == "gemini":  # to chat first; a messages client reads that as a message
-        completion = completion_from(parsed, model)
-        out = completion if client == "chat" else completion_to_message(completion, model)
-    else:
-        out = message_to_chat(parsed, model) if client == "chat" else completion_to_message(parsed, model)
+    out = message_to_chat(parsed, model) if client == "chat" else completion_to_message(parsed, model)
     return json.dumps(out).encode()
 
 
@@ -153,10 +147,6 @@ _ANTHROPIC_TYPES = {
 }
 
 
-# OpenAI error types by status, for a Google error relayed to /v1/chat/completions.
-_GOOGLE_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error"}
-
-
 def error(data: bytes, *, status: int, client: str) -> bytes:
     """A target's error body in the endpoint's own shape, its message kept."""
     try:
@@ -166,8 +156,6 @@ def error(data: bytes, *, status: int, client: str) -> bytes:
     inner = parsed.get("error") if isinstance(parsed, dict) else None
     message = str(inner.get("message") if isinstance(inner, dict) else data.decode("utf-8", "replace"))[:2000]
     kind = str(inner.get("type")) if isinstance(inner, dict) and inner.get("type") else None
-    if isinstance(inner, dict) and isinstance(inner.get("status"), str):  # Google's {code, message, status}
-        kind, inner = _GOOGLE_TYPES.get(status, "api_error"), {"code": inner["status"].lower()}
     if client == "messages":
         body: dict = {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"), "message": message}}
     else:

@@ -13,10 +13,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.translate.gemini import ChatFromGemini
 from gateway.translate.replies import FINISH_TO_STOP, STOP_TO_FINISH, tool_input, usage_to_chat, usage_to_messages
 
-__all__ = ["ChatFromMessages", "MessagesFromChat", "MessagesFromGemini", "tool_input"]
+__all__ = ["ChatFromMessages", "MessagesFromChat", "tool_input"]
 
 
 def _sse(data: dict, event: str | None = None) -> bytes:
@@ -224,21 +223,3 @@ class MessagesFromChat:
     def end(self) -> list[bytes]:
         """The stream ended without [DONE]: close it only if the target said it finished."""
         return self._finish() if self.started and not self.finished and self.stop is not None else []
-
-
-class MessagesFromGemini:
-    """A Gemini stream read by a messages client: through the chat chunks it reads as, into
-    Anthropic's event sequence (its usage from Gemini's last usageMetadata)."""
-
-    def __init__(self) -> None:
-        self.chat = ChatFromGemini(wants_usage=True)
-        self.messages = MessagesFromChat()
-
-    def _relay(self, chunks: list[bytes]) -> list[bytes]:
-        return [event for chunk in chunks for event in self.messages.feed(chunk.removeprefix(b"data: "))]
-
-    def feed(self, data: bytes) -> list[bytes]:
-        return self._relay(self.chat.feed(data))
-
-    def end(self) -> list[bytes]:
-        return self._relay(self.chat.end()) + self.messages.end()

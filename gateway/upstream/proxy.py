@@ -74,7 +74,7 @@ class ProxyCall:
         self.model_name = ""  # as the caller asked for it, for the request log
         self.body: dict = {}
         # The request in each other format, made on the admission thread when a target of that
-        # format may be tried (gateway/translate/); an untranslatable one keeps its error.
+        # format may be tried (gateway/translate/); an untranslatable request keeps its error.
         self.translated: dict[str, Translated | CapgateError] = {}
 
     def _headers(self) -> list[tuple[bytes, bytes]]:
@@ -184,31 +184,30 @@ class ProxyCall:
             )
             raise
 
-    def _translation(self, target_kind: str) -> Shape:
-        """The shape of the request in format `target_kind` (sizing asks on the admission thread,
+    def _translation(self, target: str) -> Shape:
+        """The shape of the request in the `target` format (sizing asks on the admission thread,
         only when a target of that format may be tried); raises the field's 400 if it has none."""
-        if target_kind not in self.translated:
+        found = self.translated.get(target)
+        if found is None:
             try:
-                self.translated[target_kind] = translate_request(
-                    kind=self.kind, body=self.body, headers=self.req.headers, target=target_kind
-                )
+                found = translate_request(kind=self.kind, body=self.body, headers=self.req.headers, target=target)
             except CapgateError as exc:
-                self.translated[target_kind] = exc
-        found = self.translated[target_kind]
+                found = exc
+            self.translated[target] = found
         if isinstance(found, CapgateError):
             raise found
         return found.shape
 
     def format_of(self, target: Target) -> str:
         """The format `target` is sent this request in (the endpoint's own unless translated)."""
-        return target_format(self.kind, target) or self.kind
+        return target_format(self.kind, target.connection) or self.kind
 
     # --- after admission: exactly one record per request from here on -------------------
 
     def upstream_body(self, body: dict, target: Target) -> dict:
         # The provider gets the target's own model id (a route name is capgate's alias) and any
-        # field the billing bound rewrote (server tools' injected max_uses); a target of the
-        # other format gets the translated body the bound was taken from.
+        # field the billing bound rewrote (server tools' injected max_uses); a target of another
+        # format gets the translated body the bound was taken from.
         kind = self.format_of(target)
         ad = adapter(target)
         patch = self.shape.patch if self.shape else {}
@@ -258,7 +257,9 @@ class ProxyCall:
                 )
                 return
             if attempt.body and self.format_of(target) != self.kind:  # the error in the endpoint's shape
-                attempt.body = translated_error(attempt.body, status=attempt.status, client=self.kind)
+                attempt.body = translated_error(
+                    attempt.body, status=attempt.status, client=self.kind, upstream=self.format_of(target)
+                )
             if attempt.kind == "failover":
                 runtime.health.failed(target.connection.id)
                 last = attempt

@@ -614,18 +614,17 @@ def test_the_api_option_is_checked_when_a_connection_is_saved(wired):
     ],
 )
 def test_the_native_url(wired, base_url, stream, url):
+    from gateway import providers
     from gateway.admission.routing import Target
-    from gateway.providers import adapter_for
 
     model = Model(provider=wired.model.provider, name="gemini-2.5-flash")
     connection = Connection(organization=wired.org, kind="gemini", base_url=base_url, options={"api": "native"})
     target = Target(connection=connection, model=model)
-    ad = adapter_for("gemini")
-    assert ad is not None and ad.formats(target) == {"gemini"}
-    assert ad.url(target, "gemini", stream=stream) == url
+    assert providers.formats(connection) == {"gemini"}
+    assert providers.adapter(target).url(target, "gemini", stream=stream) == url
     # without the option the kind speaks the OpenAI-compatible endpoint, as before
-    compatible = Target(connection=Connection(organization=wired.org, kind="gemini", options={}), model=model)
-    assert ad.formats(compatible) == {"chat", "embeddings"}
+    compatible = Connection(organization=wired.org, kind="gemini", options={})
+    assert providers.formats(compatible) == {"chat", "embeddings"}
 
 
 def test_system_messages_between_turns_join_the_system_instruction(settings):

@@ -133,7 +133,7 @@ def test_the_worst_case_is_the_translated_body_at_the_priciest_target(
         ],
     }
     own = shape_messages(body).text_tokens
-    translated = shape_chat(translate_request(kind="messages", body=body, headers={}, target="chat").body).text_tokens
+    translated = shape_chat(translate_request(kind="messages", body=body, headers={}).body).text_tokens
     assert translated > own  # the case the bound must follow
     # when
     r = _post(gateway, "messages", body)
