@@ -74,10 +74,10 @@ def _parts(content: Any, where: str) -> list[dict]:
     return out
 
 
-def _text(content: Any, where: str) -> str:
+def _text(content: Any, where: str, what: str = "system messages") -> str:
     parts = _parts(content, where)
     if any("text" not in p for p in parts):
-        raise _refuse(where, "system messages may hold text only")
+        raise _refuse(where, f"{what} may hold text only")
     return "\n\n".join(p["text"] for p in parts)
 
 
@@ -129,10 +129,12 @@ def _contents(messages: list) -> tuple[str | None, list[dict]]:
             call_id = str(m.get("tool_call_id") or "")
             if call_id not in names:
                 raise _refuse(f"{where}.tool_call_id", "a tool result must answer a tool call earlier in the messages")
-            result = _text(m.get("content"), where)
+            result = _text(m.get("content"), where, "tool results")
             turn = ("user", [{"functionResponse": {"name": names[call_id], "response": {"result": result}}}])
         else:
             raise _refuse(f"{where}.role", f"messages of role '{role}' have no equivalent")
+        if not turn[1]:  # an empty turn says nothing, and Gemini refuses a content without parts
+            continue
         if out and out[-1]["role"] == turn[0]:  # consecutive turns of one role merge
             out[-1]["parts"].extend(turn[1])
         else:

@@ -743,3 +743,16 @@ def test_finish_reasons_and_a_blocked_prompt_in_each_client_format():
         json.loads(reply(thought, upstream="gemini", client="chat", model="m"))["choices"][0]["message"]["content"]
         == "42"
     )
+
+
+def test_empty_turns_are_left_out_and_turns_of_one_role_merge(settings):
+    body = {
+        **BASE,
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": ""},
+            {"role": "user", "content": [{"type": "text", "text": "again"}]},
+        ],
+    }
+    out = translate_request(kind="chat", body=body, headers={}, target="gemini").body
+    assert out["contents"] == [{"role": "user", "parts": [{"text": "hi"}, {"text": "again"}]}]
