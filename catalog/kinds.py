@@ -130,6 +130,14 @@ def check_vertex(options: dict[str, Any], secret: str | None) -> None:
         raise InvalidChange(str(exc), param="secret") from None
 
 
+def check_gemini(options: dict[str, Any], secret: str | None) -> None:
+    """Which of the Gemini API's interfaces the connection speaks (gateway/providers/gemini.py)."""
+    if options.get("api") not in (None, "openai", "native"):
+        raise _refuse(
+            'options.api: "openai" (the OpenAI-compatible endpoint, the default) or "native" (generateContent).'
+        )
+
+
 def _preset_check(kind: str) -> Any:
     def check(options: dict[str, Any], secret: str | None) -> None:
         for _header, option in PRESETS[kind].headers:
@@ -141,7 +149,12 @@ def _preset_check(kind: str) -> Any:
 
 
 # Each kind's own check of its options and secret (a kind not listed needs none of its own).
-CHECKS = {"bedrock": check_bedrock, "vertex": check_vertex, **{kind: _preset_check(kind) for kind in PRESETS}}
+CHECKS = {
+    "bedrock": check_bedrock,
+    "vertex": check_vertex,
+    "gemini": check_gemini,
+    **{kind: _preset_check(kind) for kind in PRESETS},
+}
 
 
 def check_kind(*, kind: str, options: dict[str, Any], secret: str | None) -> None:

@@ -19,7 +19,10 @@ from tenants.models import ApiKey, hash_key
 
 # An endpoint whose requests gateway/translate/ can carry to targets of other formats: the
 # formats, in the order a target serving several is sent the first of.
-TRANSLATED: dict[str, tuple[str, ...]] = {"chat": ("messages", "converse"), "messages": ("chat", "converse")}
+TRANSLATED: dict[str, tuple[str, ...]] = {
+    "chat": ("messages", "converse", "gemini"),
+    "messages": ("chat", "converse", "gemini"),
+}
 
 
 def target_format(kind: str, connection: Connection) -> str | None:

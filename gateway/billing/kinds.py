@@ -37,6 +37,24 @@ KINDS: dict[str, dict[str, Entry]] = {
         "`extra_body.google` (thinking config, cached content), grounding": Entry(
             REFUSED, "unclassified fields: 400 under a blocking cap"
         ),
+        "usage (`options.api: native`)": Entry(
+            PRICED,
+            "generateContent's usageMetadata: promptTokenCount plus toolUsePromptTokenCount as input, its "
+            "cachedContentTokenCount at the cache-read rate, candidatesTokenCount plus thoughtsTokenCount as "
+            "output; a stream's last usageMetadata once a candidate finished (else the worst case); prompt or "
+            "output tokens of a modality other than text and image (audio, video) are flagged as unpriced",
+        ),
+        "output ceiling (native)": Entry(
+            TOKENS, "generationConfig.maxOutputTokens, which thinking tokens count inside; injected under a cap"
+        ),
+        "grounding with Google Search or Maps, code execution, URL context, File Search (native)": Entry(
+            FREE,
+            "never sent: the body is translated from chat or messages, whose tables refuse every hosted tool, "
+            "so only functionDeclarations reach Gemini",
+        ),
+        "cachedContent, safetySettings, labels (native)": Entry(
+            FREE, "never sent: no field of the endpoints maps to them; Gemini's defaults apply"
+        ),
     },
     "bedrock": {
         "usage": Entry(

@@ -16,11 +16,15 @@ from dataclasses import dataclass
 MAPPED, DROPPED, REFUSED = "mapped", "dropped", "refused"
 HOW_TITLES = {MAPPED: "mapped", DROPPED: "dropped", REFUSED: "refused (400)"}
 
-# The directions: (client endpoint, target format).
+# The directions: (client endpoint, target format). /v1/messages reaches Gemini through the
+# chat translation (MESSAGES_TO_CHAT, then CHAT_TO_GEMINI).
 CHAT_TO_MESSAGES = ("chat", "messages")
 MESSAGES_TO_CHAT = ("messages", "chat")
 CHAT_TO_CONVERSE = ("chat", "converse")
 MESSAGES_TO_CONVERSE = ("messages", "converse")
+CHAT_TO_GEMINI = ("chat", "gemini")
+# Only the fields that do not go through the chat translation (it has no field for them).
+MESSAGES_TO_GEMINI = ("messages", "gemini")
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,92 @@ FIELDS: dict[tuple[str, str], dict[str, Rule]] = {
         "mcp_servers": _r(REFUSED, "remote MCP servers are an Anthropic feature"),
         "inference_geo": _r(REFUSED, "regional inference is an Anthropic setting"),
         "speed": _r(REFUSED, "fast mode is an Anthropic setting"),
+    },
+    CHAT_TO_GEMINI: {
+        "model": _r(MAPPED, "the target's own model id, in the URL (`models/{id}:generateContent`)"),
+        "messages": _r(
+            MAPPED,
+            "system and developer messages become `systemInstruction` (Gemini has one: those between turns join "
+            "it in order); user turns become `user` contents "
+            "and assistant turns `model` contents (consecutive turns of one role merge); text parts become "
+            "text parts; image parts with a base64 data URL become `inlineData` (bounded at the model's image "
+            "maximum); assistant `tool_calls` become `functionCall` parts (the first of a turn with Google's "
+            "skip_thought_signature_validator signature, since the call's own signature was not kept); `tool` "
+            "messages become `functionResponse` parts named after the call they answer, the content as "
+            "`response.result`. Refused: image URLs that are "
+            "not data URLs (Gemini takes images inline), audio and file parts, `name`, legacy `function` "
+            "messages, a tool message answering no earlier call, tool-call arguments that are not a JSON object",
+        ),
+        "max_tokens": _r(MAPPED, "`generationConfig.maxOutputTokens`, which thinking tokens count inside"),
+        "max_completion_tokens": _r(MAPPED, "`generationConfig.maxOutputTokens`, which thinking tokens count inside"),
+        "stop": _r(MAPPED, "`generationConfig.stopSequences` (a string becomes a list of one)"),
+        "temperature": _r(MAPPED, "`generationConfig.temperature` (0 to 2 in both)"),
+        "top_p": _r(MAPPED, "`generationConfig.topP`"),
+        "seed": _r(MAPPED, "`generationConfig.seed`"),
+        "frequency_penalty": _r(MAPPED, "`generationConfig.frequencyPenalty`"),
+        "presence_penalty": _r(MAPPED, "`generationConfig.presencePenalty`"),
+        "n": _r(
+            MAPPED, "`generationConfig.candidateCount`; each candidate is a choice, the output reserved per choice"
+        ),
+        "stream": _r(
+            MAPPED,
+            "`:streamGenerateContent?alt=sse`; each partial answer becomes chat.completion.chunk events, ending "
+            "in [DONE] once a candidate finished",
+        ),
+        "stream_options": _r(MAPPED, "`include_usage` adds the final usage chunk, from the last `usageMetadata`"),
+        "tools": _r(
+            MAPPED,
+            "function tools become `functionDeclarations` (`parameters` as `parametersJsonSchema`, JSON Schema "
+            "as sent); `strict: true` and custom (free-form) tools are refused",
+        ),
+        "tool_choice": _r(
+            MAPPED,
+            "`toolConfig.functionCallingConfig`: auto -> AUTO, none -> NONE, required -> ANY, a named function -> "
+            "ANY with `allowedFunctionNames`",
+        ),
+        "parallel_tool_calls": _r(
+            MAPPED, "true is the default; false is refused (Gemini has no switch against parallel calls)"
+        ),
+        "response_format": _r(
+            MAPPED,
+            "text is the default; json_object -> `responseMimeType: application/json`; json_schema -> that and "
+            "`responseJsonSchema`",
+        ),
+        "reasoning_effort": _r(
+            MAPPED,
+            "`thinkingConfig.thinkingLevel` (minimal, low, medium, high, xhigh); none -> `thinkingBudget: 0`. "
+            "Thinking tokens are billed as output, inside maxOutputTokens",
+        ),
+        "service_tier": _r(MAPPED, "auto and default are the connection's standard tier; other tiers are refused"),
+        "modalities": _r(MAPPED, "['text'] is the default output; audio is refused"),
+        "user": _r(DROPPED, "an end-user identifier; Gemini takes none and it cannot change the answer or the bill"),
+        "safety_identifier": _r(DROPPED, "an end-user identifier; Gemini takes none"),
+        "metadata": _r(DROPPED, "labels for stored completions, which the target does not keep"),
+        "store": _r(DROPPED, "stored completions are an OpenAI feature; the target stores nothing"),
+        "prompt_cache_key": _r(DROPPED, "a cache routing hint; Gemini caches implicitly and reports cached tokens"),
+        "prompt_cache_retention": _r(DROPPED, "OpenAI cache retention; Gemini caches implicitly"),
+        "prompt_cache_options": _r(DROPPED, "OpenAI cache options; Gemini caches implicitly"),
+        "logit_bias": _r(REFUSED, "no equivalent"),
+        "logprobs": _r(REFUSED, "log probabilities are not carried back"),
+        "top_logprobs": _r(REFUSED, "log probabilities are not carried back"),
+        "verbosity": _r(REFUSED, "no equivalent"),
+        "prediction": _r(REFUSED, "predicted outputs are an OpenAI feature"),
+        "audio": _r(REFUSED, "audio output is not carried back"),
+        "web_search_options": _r(
+            REFUSED, "grounding with Google Search is billed per query at its own price; it is never sent"
+        ),
+        "moderation": _r(REFUSED, "no equivalent"),
+        "functions": _r(REFUSED, "legacy function calling: send `tools`"),
+        "function_call": _r(REFUSED, "legacy function calling: send `tool_choice`"),
+    },
+    MESSAGES_TO_GEMINI: {
+        "top_k": _r(MAPPED, "`generationConfig.topK`"),
+        "thinking": _r(
+            MAPPED,
+            "enabled with `budget_tokens` -> `thinkingConfig.thinkingBudget` (thinking tokens are output inside "
+            "maxOutputTokens, as inside max_tokens; the thinking itself is not shown, so no thinking block comes "
+            "back to be replayed); adaptive and disabled go through the chat translation",
+        ),
     },
 }
 
@@ -357,8 +447,9 @@ def markdown() -> list[str]:
         "## Translation between formats",
         "",
         "A route may list targets of either format: `/v1/chat/completions` reaches Anthropic-format targets",
-        "and `/v1/messages` reaches OpenAI-format targets (OpenAI, Azure OpenAI, Gemini); both reach Bedrock",
-        "connections that speak the Converse API (`options.api: converse`). The request is",
+        "and `/v1/messages` reaches OpenAI-format targets (OpenAI, Azure OpenAI, Gemini); both reach",
+        "Bedrock connections that speak the Converse API (`options.api: converse`) and Gemini's native",
+        "generateContent (`options.api: native`). The request is",
         "translated before it is bounded, and the worst case is the translated body on the priciest target",
         "that may be tried; each attempt is priced and recorded at the model called. Usage is read from the",
         "target's own format (cache reads and writes, reasoning tokens) and the answer, its stream and its",
@@ -371,9 +462,34 @@ def markdown() -> list[str]:
         MESSAGES_TO_CHAT: "/v1/messages to OpenAI chat completions",
         CHAT_TO_CONVERSE: "/v1/chat/completions to Bedrock Converse",
         MESSAGES_TO_CONVERSE: "/v1/messages to Bedrock Converse",
+        CHAT_TO_GEMINI: "/v1/chat/completions to Gemini generateContent",
+        MESSAGES_TO_GEMINI: "/v1/messages to Gemini generateContent",
+    }
+    notes = {
+        CHAT_TO_GEMINI: [
+            "",
+            'A `gemini` connection with `options.api: "native"` speaks Gemini\'s own API',
+            "(`{base}/v1beta/models/{model}:generateContent`, `:streamGenerateContent?alt=sse`, the key in",
+            "`x-goog-api-key`). `/v1/messages` reaches it through the chat translation: the table above",
+            "(messages to chat), then this one, except the fields of the next table; a field either refuses",
+            "is refused, named as the client sent it.",
+            "The answer comes back the same way: candidates become choices (a messages client reads the",
+            "first as its message), `finishReason` the finish or stop reason (STOP with a function call:",
+            "tool calls; MAX_TOKENS: length; the safety reasons: content_filter / refusal), and",
+            "`usageMetadata` the usage: `promptTokenCount` (with `toolUsePromptTokenCount`) the prompt,",
+            "`cachedContentTokenCount` the cached part of it (billed at the cache-read rate),",
+            "`candidatesTokenCount` plus `thoughtsTokenCount` the output. Errors, Google's",
+            "`{code, message, status}`, reach the client in the endpoint's own shape.",
+        ],
+        MESSAGES_TO_GEMINI: [
+            "",
+            "The fields Gemini takes that chat completions has no field for, carried directly (every other",
+            "field goes through the two tables above):",
+        ],
     }
     for direction, rules in FIELDS.items():
-        lines += ["", f"### {titles[direction]}", "", "| field | how | rule |", "|---|---|---|"]
+        lines += ["", f"### {titles[direction]}", *notes.get(direction, []), "", "| field | how | rule |"]
+        lines += ["|---|---|---|"]
         lines += [f"| `{name}` | {HOW_TITLES[r.how]} | {r.why} |" for name, r in rules.items()]
     lines += [
         "",

@@ -1,13 +1,15 @@
 """Format translation: a request to /v1/chat/completions served by an Anthropic-format target,
-one to /v1/messages served by an OpenAI-format target, and either served by a Bedrock Converse
-target (docs/billing.md, "Translation between formats"; the per-field rules are
+one to /v1/messages served by an OpenAI-format target, and either served by Gemini's native
+generateContent or a Bedrock Converse target (docs/billing.md, "Translation between formats";
+the per-field rules are
 gateway/billing/translation.py).
 
 - `translate_request` turns the client's body into the target format's body and shapes it
   with that format's shaper, so the worst case is the translated body on each target
   (gateway/admission/sizing.py); a field without a faithful equivalent raises `Untranslatable` (400).
-- `reply` / `error` reshape a target's answer and errors, `ChatFromMessages` /
-  `MessagesFromChat` its stream. Usage is always read from the target's own format first.
+- `reply` / `error` reshape a target's answer and errors, `stream_translator` its stream
+  (gateway/translate/from_gemini.py for Gemini's). Usage is always read from the target's own
+  format first.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from dataclasses import dataclass
 
 from gateway.admission.bounds import SHAPERS, Shape
 from gateway.http.errors import bad_request
-from gateway.translate import from_converse
+from gateway.translate import from_converse, from_gemini, gemini
 from gateway.translate.converse import from_chat, from_messages, shape_converse
 from gateway.translate.errors import Untranslatable
 from gateway.translate.from_converse import ChatFromConverse, MessagesFromConverse
+from gateway.translate.from_gemini import ChatFromGemini, MessagesFromGemini
 from gateway.translate.replies import error as _error
 from gateway.translate.replies import reply as _reply
 from gateway.translate.streaming import ChatFromMessages, MessagesFromChat
@@ -28,9 +31,11 @@ from gateway.translate.to_messages import to_messages
 
 __all__ = [
     "ChatFromConverse",
+    "ChatFromGemini",
     "ChatFromMessages",
     "MessagesFromChat",
     "MessagesFromConverse",
+    "MessagesFromGemini",
     "Translated",
     "Untranslatable",
     "client_headers_for",
@@ -46,7 +51,7 @@ class Translated:
     """A request in a target format: its body (the client's model and output ceiling; the
     proxy sets the target's) and that body's shape, which the bound is taken from."""
 
-    kind: str  # the target format: chat | messages | converse
+    kind: str  # the target format: chat | messages | converse | gemini
     body: dict
     shape: Shape
 
@@ -63,6 +68,9 @@ def translate_request(*, kind: str, body: dict, headers: dict[str, str], target:
         if target == "converse":
             out = from_chat(body) if kind == "chat" else from_messages(body, headers)
             return Translated(kind=target, body=out, shape=shape_converse(out))
+        if target == "gemini":
+            out = gemini.from_chat(body) if kind == "chat" else gemini.from_messages(body, headers)
+            return Translated(kind=target, body=out, shape=gemini.shape_generate_content(out))
         if kind == "chat":
             out, target = to_messages(body), "messages"
         else:
@@ -76,12 +84,17 @@ def translate_request(*, kind: str, body: dict, headers: dict[str, str], target:
     return Translated(kind=target, body=out, shape=SHAPERS[target](out, {}))
 
 
-def stream_translator(
-    *, client: str, wants_usage: bool, upstream: str | None = None
-) -> ChatFromMessages | MessagesFromChat | ChatFromConverse | MessagesFromConverse:
+StreamTranslator = (
+    ChatFromMessages | MessagesFromChat | ChatFromConverse | MessagesFromConverse | ChatFromGemini | MessagesFromGemini
+)
+
+
+def stream_translator(*, client: str, wants_usage: bool, upstream: str | None = None) -> StreamTranslator:
     """The translator of a target's stream in the `upstream` format for a `client` endpoint."""
     if upstream == "converse":
         return ChatFromConverse(wants_usage=wants_usage) if client == "chat" else MessagesFromConverse()
+    if upstream == "gemini":
+        return ChatFromGemini(wants_usage=wants_usage) if client == "chat" else MessagesFromGemini()
     return ChatFromMessages(wants_usage=wants_usage) if client == "chat" else MessagesFromChat()
 
 
@@ -89,6 +102,8 @@ def reply(data: bytes, *, upstream: str, client: str, model: str) -> bytes:
     """A 200 body from a target speaking `upstream`, as the `client` endpoint answers."""
     if upstream == "converse":
         return from_converse.reply(data, client=client, model=model)
+    if upstream == "gemini":
+        return from_gemini.reply(data, client=client, model=model)
     return _reply(data, upstream=upstream, client=client, model=model)
 
 
@@ -96,6 +111,8 @@ def error(data: bytes, *, status: int, client: str, upstream: str | None = None)
     """A target's error body in the endpoint's own shape, its message kept."""
     if upstream == "converse":
         return from_converse.error(data, status=status, client=client)
+    if upstream == "gemini":
+        return from_gemini.error(data, status=status, client=client)
     return _error(data, status=status, client=client)
 
 

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from gateway.http.errors import GatewayError
 
-FORMAT_NAMES = {"chat": "OpenAI chat completions", "messages": "Anthropic messages", "converse": "Bedrock Converse"}
+FORMAT_NAMES = {
+    "chat": "OpenAI chat completions",
+    "messages": "Anthropic messages",
+    "converse": "Bedrock Converse",
+    "gemini": "Gemini generateContent",
+}
 
 
 class Untranslatable(GatewayError):
@@ -19,3 +24,4 @@ class Untranslatable(GatewayError):
             param=field,
         )
         self.field = field
+        self.why = why

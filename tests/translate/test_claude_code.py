@@ -64,3 +64,38 @@ def test_claude_code_is_served_by_a_bedrock_converse_target(gateway, agent_tenan
     assert (rec.status, rec.input_tokens, rec.output_tokens) == ("served", PROMPT_TOKENS, COMPLETION_TOKENS)
     assert rec.cost_nano == PROMPT_TOKENS * 15_000 + COMPLETION_TOKENS * 75_000
     assert not Reservation.objects.exists()
+
+
+def test_claude_code_is_served_by_native_gemini(gateway, agent_tenant, upstream, tmp_path):  # noqa: F811
+    # given: a blocking key cap and a route whose only target speaks Gemini's generateContent
+    from catalog.models import Connection
+
+    agent_tenant.budget(amount="50", scope="key", api_key=agent_tenant.key)
+    native = Connection.objects.create(
+        organization=agent_tenant.org,
+        name="gemini-native",
+        kind="gemini",
+        base_url=upstream.url,
+        secret="gemini-key",
+        options={"api": "native", "forward_test_headers": True},
+    )
+    agent_tenant.route("gemini-for-claude", native)
+    # when
+    run = agents.claude(tmp_path, "Say hello", base_url=gateway.url, key=KEY, model="gemini-for-claude")
+    # then: the agent printed Gemini's answer
+    assert run.returncode == 0, run.output
+    result = run.json()
+    assert result["is_error"] is False, result
+    assert result["result"].startswith("The quick brown fox")
+    # and Gemini got a streamed generateContent with Claude Code's system prompt and tools
+    sent = upstream.last(f"/v1beta/models/{agent_tenant.model.name}:streamGenerateContent")
+    assert sent["headers"]["x-goog-api-key"] == "gemini-key" and sent["query"] == {"alt": "sse"}
+    body = sent["body"]
+    assert body["systemInstruction"]["parts"][0]["text"]
+    assert body["tools"][0]["functionDeclarations"]
+    assert body["generationConfig"]["maxOutputTokens"] > 0
+    wait_settled()
+    rec = UsageRecord.objects.filter(connection_id=native.id).latest("id")
+    assert (rec.status, rec.input_tokens, rec.output_tokens) == ("served", PROMPT_TOKENS, COMPLETION_TOKENS)
+    assert rec.cost_nano == PROMPT_TOKENS * 15_000 + COMPLETION_TOKENS * 75_000
+    assert not Reservation.objects.exists()

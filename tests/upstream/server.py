@@ -1,5 +1,5 @@
-"""Fake LLM provider speaking the OpenAI, Anthropic, Azure OpenAI, Gemini (OpenAI-compatible),
-Amazon Bedrock (InvokeModel, SigV4, the AWS event stream) and Google Vertex AI (rawPredict, the
+"""Fake LLM provider speaking the OpenAI, Anthropic, Azure OpenAI, Gemini (OpenAI-compatible and
+native generateContent), Amazon Bedrock (InvokeModel, SigV4, the AWS event stream) and Google Vertex AI (rawPredict, the
 OpenAI-compatible endpoint, the OAuth token endpoint) wire formats, for tests and benchmarks.
 
 A plain ASGI app served by uvicorn. Behaviour is driven by "knobs" (see ``DEFAULTS``) that can be
@@ -29,7 +29,7 @@ from urllib.parse import parse_qs
 import httpx
 import uvicorn
 
-from tests.upstream import azure, bedrock, converse, files, gemini, job_routes, jobs, media, vertex
+from tests.upstream import azure, bedrock, converse, files, gemini, gemini_native, job_routes, jobs, media, vertex
 
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -128,6 +128,8 @@ def _pieces(n: int) -> list[str]:
 
 
 def _error_body(dialect: str, status: int, message: str) -> dict[str, Any]:
+    if dialect == "gemini":
+        return gemini_native.error(status, message)
     if dialect == "anthropic":
         return {
             "type": "error",
@@ -146,6 +148,7 @@ class _Exchange:
         self.uploads: dict[str, tuple[str, bytes]] = {}  # multipart files: name -> (filename, bytes)
         self.query: dict[str, str] = {}
         self.deployment = ""  # Azure OpenAI: the deployment in the URL (tests/upstream/azure.py)
+        self.gemini_call = ("", False)  # Gemini native: (model, streamed) from the URL (gemini_native.py)
         # How a stream's SSE frames go on the wire (Bedrock: AWS event stream messages).
         self.stream_type = "text/event-stream"
         self.encode_frame: Callable[[str], bytes] = str.encode
@@ -575,7 +578,13 @@ async def _models(ex: _Exchange) -> None:
     await ex.respond({"object": "list", "data": data})
 
 
+async def _generate_content(ex: _Exchange) -> None:
+    model, stream = ex.gemini_call
+    await gemini_native.generate(ex, model=model, stream=stream, pieces=_pieces(ex.knobs["chunks"]))
+
+
 ROUTES: dict[tuple[str, str], Callable[[_Exchange], Awaitable[None]]] = {
+    ("POST", gemini_native.ROUTE): _generate_content,
     ("POST", "/v1/chat/completions"): _chat,
     ("POST", "/v1/messages"): _messages,
     ("POST", "/v1/messages/count_tokens"): _count_tokens,
@@ -679,6 +688,14 @@ class UpstreamApp:
                 await ex.json(*refusal)
                 return
             await self._v1(ex, method, v1_path, headers, json.dumps(body).encode(), seen_as=path, raw_seen=raw)
+        elif path.startswith(gemini_native.PREFIX):
+            model, streamed, refusal = gemini_native.parse(path, ex.query, headers)
+            if refusal is not None:
+                self.last[path] = {"method": method, "headers": headers, "query": ex.query}
+                await ex.json(*refusal)
+                return
+            ex.gemini_call = (model, streamed)
+            await self._v1(ex, method, gemini_native.ROUTE, headers, raw, seen_as=path)
         elif path.startswith("/v1/"):
             await self._v1(ex, method, path, headers, raw)
         else:
@@ -732,6 +749,8 @@ class UpstreamApp:
         self.by_path[path] = self.by_path.get(path, 0) + 1
         self.in_flight += 1
         dialect = "anthropic" if path.startswith("/v1/messages") else "openai"
+        if path == gemini_native.ROUTE:
+            dialect = "gemini"
         ex.watch()
         ex.headers, ex.store = hdrs, self.store
         try:
