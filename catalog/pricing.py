@@ -5,6 +5,7 @@ half-up. Both return ints of nano-USD. Converting and formatting amounts is `cor
 """
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 from typing import cast
@@ -128,16 +129,51 @@ def speed_multiplier(model: Model, speed: str | None) -> Decimal:
     return cast(Decimal, model.fast_mode_multiplier)
 
 
+# Guard point (its removal test: tests/gateway/test_vertex.py): a target's list rates carry the
+# premium its provider bills for where the connection runs. Without it a regional Vertex
+# connection reserves and records Claude at the global price, 10% below Google's bill.
+PRICE_REGIONAL_PREMIUM = True
+
+# Vertex AI bills Claude Sonnet 4.5 and every later Claude model 10% above the global endpoint's
+# price on any other location (a region such as us-east5, or a multi-region such as us or eu);
+# the catalog carries the global price. Source and date: tests/catalog/data/published_prices.json.
+VERTEX_REGIONAL_PREMIUM = Decimal("1.1")
+# The Claude models released before that premium keep one price on every location. A closed
+# list (every later model carries the premium), matched on the id sent to Vertex.
+_ONE_PRICE_CLAUDE = re.compile(
+    r"claude-(?:instant|v1|2|3|4-opus|4-sonnet)(?:[-.@].*)?"
+    r"|claude-(?:sonnet|opus)-4(?:-[01])?(?:[-@]\d{8})?(?:-v\d+(?::\d+)?)?"
+)
+
+
+def location_multiplier(*, model: Model, connection: Connection | None) -> Decimal:
+    """What the provider adds to the list price for where this connection sends the request: a
+    regional Vertex connection's premium on the Claude models that carry it, else 1."""
+    if not PRICE_REGIONAL_PREMIUM or connection is None or connection.kind != "vertex":
+        return Decimal(1)
+    if (connection.options or {}).get("region") == "global":
+        return Decimal(1)
+    model_id = connection.provider_model_id(model.name).lower()
+    if not model_id.startswith("claude") or _ONE_PRICE_CLAUDE.fullmatch(model_id):
+        return Decimal(1)
+    return VERTEX_REGIONAL_PREMIUM
+
+
 def rates_for(
     *, model: Model, connection: Connection | None = None, tier: str | None = None, speed: str | None = None
 ) -> Rates:
-    """Negotiated connection rates override the list price field by field; a service tier
-    multiplies every token rate, and fast mode multiplies them again (Anthropic documents that
-    fast-mode pricing stacks with the other modifiers)."""
+    """Negotiated connection rates override the list price field by field (a negotiated rate is
+    the rate billed on that connection, wherever it runs); a list rate carries the connection's
+    location premium; a service tier multiplies every token rate, and fast mode multiplies them
+    again (Anthropic documents that fast-mode pricing stacks with the other modifiers)."""
+    located = location_multiplier(model=model, connection=connection)
 
     def pick(field: str) -> Decimal | None:
         override = getattr(connection, f"{field}_usd_per_mtok", None) if connection else None
-        return override if override is not None else getattr(model, f"{field}_usd_per_mtok")
+        if override is not None:
+            return override
+        listed = getattr(model, f"{field}_usd_per_mtok")
+        return listed * located if listed is not None else None
 
     input_rate, output_rate = pick("input"), pick("output")
     if input_rate is None or output_rate is None:
@@ -162,7 +198,7 @@ def rates_for(
         per_request=model.per_request_usd or Decimal(0),
         web_search_per_use=model.web_search_usd_per_use,
         server_tool_result_tokens=model.server_tool_result_tokens,
-        tiers=_tiers(model, base, m),
+        tiers=_tiers(model, base, m * located),
         model=model.name,
     )
 

@@ -115,3 +115,61 @@ def test_tiers_apply_to_the_service_tier_and_batch_multipliers_too(opus):
     assert priority.tiers[0].input == Decimal(8) and priority.tiers[0].output == Decimal(60)
     batch = batch_rates(rates=rates_for(model=model), model=model)
     assert worst_case_nano(bound=TokenBound(input_tokens=2000, output_tokens=0), rates=batch) == 2000 * 2000
+
+
+@pytest.mark.parametrize(
+    "kind, region, model_id, multiplier",
+    [
+        ("vertex", "us-east5", "claude-sonnet-4-5@20250929", "1.1"),
+        ("vertex", "us", "claude-haiku-4-5@20251001", "1.1"),  # a multi-region location
+        ("vertex", "europe-west1", "claude-opus-4-6", "1.1"),
+        ("vertex", "us-east5", "claude-sonnet-5-5", "1.1"),  # every later model
+        ("vertex", "global", "claude-sonnet-4-5@20250929", "1"),
+        ("vertex", "us-east5", "claude-sonnet-4@20250514", "1"),  # released before the premium
+        ("vertex", "us-east5", "claude-opus-4-1@20250805", "1"),
+        ("vertex", "us-east5", "claude-3-7-sonnet@20250219", "1"),
+        ("vertex", "us-east5", "gemini-2.5-pro", "1"),  # Gemini: one price on every location
+        ("anthropic", "us-east5", "claude-sonnet-4-5", "1"),
+    ],
+)
+def test_a_vertex_location_off_global_multiplies_the_list_rates_of_claude_that_carries_the_premium(
+    opus, acme, kind, region, model_id, multiplier
+):
+    # given: the catalog's opus sent to the provider as `model_id` (the id decides the premium)
+    conn = Connection.objects.create(
+        organization=acme.org,
+        name="c",
+        kind=kind,
+        options={"project": "p", "region": region, "model_ids": {"opus": model_id}},
+    )
+    opus.price_tiers = [{"above_input_tokens": 200_000, "input": "30", "output": "112.5"}]
+    opus.save()
+
+    rates = rates_for(model=opus, connection=conn)
+
+    m = Decimal(multiplier)
+    assert (rates.input, rates.output, rates.cache_read, rates.cache_write) == (
+        15 * m,
+        75 * m,
+        Decimal("1.5") * m,
+        Decimal("18.75") * m,
+    )
+    assert (rates.tiers[0].input, rates.tiers[0].output) == (30 * m, Decimal("112.5") * m)
+    bound = TokenBound(input_tokens=1000, output_tokens=1000)
+    assert worst_case_nano(bound=bound, rates=rates) == int((1000 * Decimal("18.75") + 1000 * 75) * m * 1000)
+
+
+def test_negotiated_rates_are_the_connections_bill_and_carry_no_location_premium(opus, acme):
+    # given: a us-east5 Vertex connection with a negotiated input rate, sending Claude Sonnet 4.5
+    conn = Connection.objects.create(
+        organization=acme.org,
+        name="vx",
+        kind="vertex",
+        options={"project": "p", "region": "us-east5", "model_ids": {"opus": "claude-sonnet-4-5@20250929"}},
+        input_usd_per_mtok=Decimal("12"),
+    )
+
+    rates = rates_for(model=opus, connection=conn)
+
+    # then: the negotiated rate as set; the list rates it leaves with the premium
+    assert (rates.input, rates.output) == (Decimal("12"), Decimal("75") * Decimal("1.1"))
