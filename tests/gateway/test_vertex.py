@@ -182,9 +182,7 @@ def _sonnet_on(wired, upstream, *, region: str, route: str = "sonnet") -> str:
     return route
 
 
-def test_a_regional_connection_reserves_and_records_claude_with_googles_premium(
-    gateway, wired, upstream, slices_mode
-):
+def test_a_regional_connection_reserves_and_records_claude_with_googles_premium(gateway, wired, upstream, slices_mode):
     # given: the same Claude model through us-east5 and through the global endpoint
     # (route names of one length: the same body, so the same token bound)
     _sonnet_on(wired, upstream, region=REGION, route="sonnet-r")
@@ -197,7 +195,8 @@ def test_a_regional_connection_reserves_and_records_claude_with_googles_premium(
 
     # then: each went to its own location, recorded at that location's price
     for region in (REGION, "global"):
-        assert upstream.last(f"/v1/projects/{PROJECT}/locations/{region}/publishers/anthropic/models/{SONNET_55}:rawPredict")
+        path = f"/v1/projects/{PROJECT}/locations/{region}/publishers/anthropic/models/{SONNET_55}:rawPredict"
+        assert upstream.last(path)
     wait_settled()
     regional, global_ = (UsageRecord.objects.get(model=route) for route in ("sonnet-r", "sonnet-g"))
     assert regional.cost_nano == 1000 * 2_200 + 200 * 11_000  # $2.20 and $11 per 1M
@@ -222,9 +221,7 @@ def test_a_blocking_cap_refuses_a_regional_request_whose_worst_case_with_the_pre
     route = _over_a_cap_the_premium_decides(wired, upstream)
 
     with pytest.raises(anthropic.APIStatusError) as refused:
-        claude(gateway).messages.create(
-            model=route, max_tokens=10_000, messages=[{"role": "user", "content": "hi"}]
-        )
+        claude(gateway).messages.create(model=route, max_tokens=10_000, messages=[{"role": "user", "content": "hi"}])
 
     assert refused.value.status_code == 402
     assert upstream.stats()["requests"] == 0  # Vertex billed nothing: the cap holds
