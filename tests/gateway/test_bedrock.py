@@ -194,3 +194,61 @@ def test_a_stored_connection_without_keys_is_not_signed_with_the_gateways_creden
             adapter.Bedrock().request(Target(connection=conn, model=wired.model), "messages", {}, {}, stream=False)
         )
     adapter._chain.cache_clear()
+
+
+@pytest.fixture
+def keyless(wired, upstream, monkeypatch) -> str:
+    """A tenant's Bedrock connection stored without keys (saved while this deployment lent its
+    credentials, or written past the save check), on a gateway whose environment holds the
+    operator's AWS keys (the fake accepts them: they are the operator's account). Lending is off."""
+    from gateway.providers import bedrock as adapter
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    adapter._chain.cache_clear()
+    conn = Connection.objects.create(
+        organization=wired.org,
+        name="keyless",
+        kind="bedrock",
+        base_url=upstream.url,
+        secret="",
+        options={"region": "us-east-1", "model_ids": {"echo-1": MODEL_ID}, "forward_test_headers": True},
+    )
+    wired.route("claude-keyless", conn)
+    yield "claude-keyless"
+    adapter._chain.cache_clear()
+
+
+def test_a_keyless_connection_is_not_served_on_the_operators_credentials(gateway, keyless, upstream, settings):
+    assert settings.CAPGATE["BEDROCK_AMBIENT_CREDENTIALS"] is False
+
+    with pytest.raises(anthropic.APIStatusError) as failed:
+        client(gateway).messages.create(model=keyless, max_tokens=20, messages=[{"role": "user", "content": "hi"}])
+
+    # then: nothing was signed or sent to Bedrock, and the request is not billed
+    assert failed.value.status_code == 502
+    assert upstream.stats()["requests"] == 0
+    wait_settled()
+    assert list(UsageRecord.objects.values_list("status", "cost_nano")) == [("failed_upstream", 0)]
+
+
+def test_ambient_guard_removed_signs_a_tenants_connection_with_the_operators_credentials(
+    gateway, keyless, upstream, monkeypatch
+):
+    # The removal test of the one above: with lending off in settings but the check gone, the
+    # tenant's connection falls through to botocore's chain and Bedrock serves it on the
+    # operator's account.
+    from gateway.providers import bedrock as adapter
+
+    monkeypatch.setattr(adapter, "LEND_ONLY_WHERE_ALLOWED", False)
+    upstream.control(prompt_tokens=10, completion_tokens=5)
+
+    reply = client(gateway).messages.create(model=keyless, max_tokens=20, messages=[{"role": "user", "content": "hi"}])
+
+    assert reply.content[0].text
+    seen = upstream.last(INVOKE)  # the fake verified the signature: the operator's key signed it
+    assert seen["headers"]["authorization"].startswith(f"AWS4-HMAC-SHA256 Credential={ACCESS_KEY}/")
+    wait_settled()
+    assert UsageRecord.objects.get().status == "served"
