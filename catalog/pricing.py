@@ -129,34 +129,47 @@ def speed_multiplier(model: Model, speed: str | None) -> Decimal:
     return cast(Decimal, model.fast_mode_multiplier)
 
 
-# Guard point (its removal test: tests/gateway/test_vertex.py): a target's list rates carry the
-# premium its provider bills for where the connection runs. Without it a regional Vertex
-# connection reserves and records Claude at the global price, 10% below Google's bill.
+# Guard point (its removal tests: tests/gateway/test_vertex.py, test_bedrock.py): a target's list
+# rates carry the premium its provider bills for where the connection runs. Without it a regional
+# Vertex or Bedrock call reserves and records Claude at the global price, 10% below the bill.
 PRICE_REGIONAL_PREMIUM = True
 
-# Vertex AI bills Claude Sonnet 4.5 and every later Claude model 10% above the global endpoint's
-# price on any other location (a region such as us-east5, or a multi-region such as us or eu);
-# the catalog carries the global price. Source and date: tests/catalog/data/published_prices.json.
-VERTEX_REGIONAL_PREMIUM = Decimal("1.1")
-# The Claude models released before that premium keep one price on every location. A closed
-# list (every later model carries the premium), matched on the id sent to Vertex.
+# Vertex AI and Bedrock bill Claude Sonnet 4.5 and every later Claude model 10% above their global
+# price anywhere else: Vertex on any location but `global` (a region such as us-east5, or a
+# multi-region such as us or eu), Bedrock on an in-region model id or a geographic inference
+# profile (us., eu., ...) rather than a `global.` one. A Vertex catalog price is the global one;
+# a Bedrock one is global unless its catalog name says `regional.` (genai-prices lists both).
+# Sources and dates: tests/catalog/data/published_prices.json.
+REGIONAL_PREMIUM = Decimal("1.1")
+# The Claude models released before that premium keep one price everywhere. A closed list (every
+# later model carries the premium), matched on the id sent to the provider.
 _ONE_PRICE_CLAUDE = re.compile(
     r"claude-(?:instant|v1|2|3|4-opus|4-sonnet)(?:[-.@].*)?"
     r"|claude-(?:sonnet|opus)-4(?:-[01])?(?:[-@]\d{8})?(?:-v\d+(?::\d+)?)?"
 )
 
 
+def _claude_with_premium(model_id: str) -> bool:
+    return model_id.startswith("claude") and not _ONE_PRICE_CLAUDE.fullmatch(model_id)
+
+
 def location_multiplier(*, model: Model, connection: Connection | None) -> Decimal:
-    """What the provider adds to the list price for where this connection sends the request: a
-    regional Vertex connection's premium on the Claude models that carry it, else 1."""
-    if not PRICE_REGIONAL_PREMIUM or connection is None or connection.kind != "vertex":
+    """What the provider adds to the list price for where this connection sends the request: the
+    regional premium on the Claude models that carry it, else 1."""
+    if not PRICE_REGIONAL_PREMIUM or connection is None:
         return Decimal(1)
-    if (connection.options or {}).get("region") == "global":
-        return Decimal(1)
-    model_id = connection.provider_model_id(model.name).lower()
-    if not model_id.startswith("claude") or _ONE_PRICE_CLAUDE.fullmatch(model_id):
-        return Decimal(1)
-    return VERTEX_REGIONAL_PREMIUM
+    sent = connection.provider_model_id(model.name).lower()
+    if connection.kind == "vertex":
+        regional = (connection.options or {}).get("region") != "global" and _claude_with_premium(sent)
+    elif connection.kind == "bedrock":
+        regional = (
+            not sent.startswith("global.")
+            and not model.name.lower().startswith("regional.")
+            and _claude_with_premium(sent.partition("anthropic.")[2])
+        )
+    else:
+        regional = False
+    return REGIONAL_PREMIUM if regional else Decimal(1)
 
 
 def rates_for(

@@ -46,7 +46,13 @@ KINDS: dict[str, dict[str, Entry]] = {
             "amazon-bedrock-invocationMetrics fill in a missing count (the larger is kept)",
         ),
         "cross-region inference profiles": Entry(
-            PRICED, "a profile id (global., us., eu., ...) is its own catalog model with its own price"
+            PRICED,
+            "a profile id (global., us., eu., ...) is its own catalog model with its own price. AWS "
+            "bills Claude Sonnet 4.5 and every later Claude model 10% above the global price on an "
+            "in-region id or a geographic profile: a route to a global price (a global. catalog "
+            "model, Anthropic's list) sent as such an id reserves and records every list token rate "
+            "times 1.1; a regional. catalog price already carries it (catalog/pricing.py "
+            "`location_multiplier`)",
         ),
         "`anthropic-beta`": Entry(PRICED, "sent as the body's anthropic_beta; each beta classified as on /v1/messages"),
         "guardrails, latency-optimized inference, Bedrock service tiers": Entry(

@@ -126,6 +126,24 @@ def test_vertex_claude_is_priced_at_googles_published_rate_for_the_connections_l
                 assert getattr(rates, key) == Decimal(row[key]), (row["model"], row["region"], key)
 
 
+def test_bedrock_claude_is_priced_at_the_published_rate_for_the_id_it_is_sent_as():
+    """AWS's regional premium on Claude (published_prices.json, `bedrock_regional`): a route to
+    the global price called by a geographic profile (us., eu.) or in-region id is billed 10%
+    above it; a catalog price that is already the regional one is not raised again."""
+    data, _ = catalog()
+    load_catalog(data=data, overwrite=False)
+    published = json.loads(PUBLISHED.read_text())["bedrock_regional"]
+    assert published["recorded_on"] and published["source"] and published["premium_percent"] == "10"
+    for row in published["prices"]:
+        provider, _, name = row["model"].partition("/")
+        model = Model.objects.get(provider__slug=provider, name=name)
+        connection = Connection(kind="bedrock", options={"region": "us-east-1", "model_ids": {name: row["sent_as"]}})
+        rates = rates_for(model=model, connection=connection)
+        for key in ("input", "output", "cache_read", "cache_write"):
+            if key in row:
+                assert getattr(rates, key) == Decimal(row[key]), (row["model"], row["sent_as"], key)
+
+
 # --- tiers: worst case at the dearest reachable tier, cost at the one that applied ------------
 
 

@@ -130,9 +130,14 @@ def test_tiers_apply_to_the_service_tier_and_batch_multipliers_too(opus):
         ("vertex", "us-east5", "claude-3-7-sonnet@20250219", "1"),
         ("vertex", "us-east5", "gemini-2.5-pro", "1"),  # Gemini: one price on every location
         ("anthropic", "us-east5", "claude-sonnet-4-5", "1"),
+        ("bedrock", "us-east-1", "us.anthropic.claude-sonnet-4-5-20250929-v1:0", "1.1"),  # a geographic profile
+        ("bedrock", "us-east-1", "anthropic.claude-haiku-4-5-20251001-v1:0", "1.1"),  # in-region
+        ("bedrock", "us-east-1", "global.anthropic.claude-sonnet-4-5-20250929-v1:0", "1"),
+        ("bedrock", "us-east-1", "us.anthropic.claude-sonnet-4-20250514-v1:0", "1"),
+        ("bedrock", "us-east-1", "amazon.nova-pro-v1:0", "1"),
     ],
 )
-def test_a_vertex_location_off_global_multiplies_the_list_rates_of_claude_that_carries_the_premium(
+def test_off_the_global_endpoint_the_list_rates_of_claude_that_carries_the_premium_are_multiplied(
     opus, acme, kind, region, model_id, multiplier
 ):
     # given: the catalog's opus sent to the provider as `model_id` (the id decides the premium)
@@ -173,3 +178,22 @@ def test_negotiated_rates_are_the_connections_bill_and_carry_no_location_premium
 
     # then: the negotiated rate as set; the list rates it leaves with the premium
     assert (rates.input, rates.output) == (Decimal("12"), Decimal("75") * Decimal("1.1"))
+
+
+def test_a_bedrock_catalog_price_that_is_already_regional_is_not_raised_again(opus, acme):
+    regional = Model.objects.create(
+        provider=opus.provider,
+        name="regional.anthropic.claude-sonnet-4-5-20250929-v1:0",
+        input_usd_per_mtok=Decimal("3.3"),
+        output_usd_per_mtok=Decimal("16.5"),
+    )
+    conn = Connection.objects.create(
+        organization=acme.org,
+        name="br",
+        kind="bedrock",
+        options={"region": "us-east-1", "model_ids": {regional.name: "us.anthropic.claude-sonnet-4-5-20250929-v1:0"}},
+    )
+
+    rates = rates_for(model=regional, connection=conn)
+
+    assert (rates.input, rates.output) == (Decimal("3.3"), Decimal("16.5"))

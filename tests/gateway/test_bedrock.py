@@ -31,7 +31,8 @@ KEYS = json.dumps({"access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY}
 @pytest.fixture
 def bedrock(wired, upstream) -> Connection:
     """`claude-bedrock` routes to the catalog model echo-1 ($15 / $75 per 1M), called on Bedrock
-    by its Bedrock model id."""
+    by its in-region model id for Claude Sonnet 4.5: billed 10% above the global price, $16.50 /
+    $82.50."""
     conn = create_connection(
         organization=wired.org,
         actor=APPLY,
@@ -64,8 +65,8 @@ def test_a_request_is_signed_sent_to_invoke_model_and_recorded_at_its_cost(gatew
     assert "model" not in seen["body"] and "stream" not in seen["body"]
     wait_settled()
     rec = UsageRecord.objects.get()
-    # 1000 in at $15/M + 200 out at $75/M
-    assert (rec.status, rec.cost_nano, rec.connection_id) == ("served", 15_000_000 + 15_000_000, bedrock.id)
+    # 1000 in at $16.50/M + 200 out at $82.50/M
+    assert (rec.status, rec.cost_nano, rec.connection_id) == ("served", 16_500_000 + 16_500_000, bedrock.id)
 
 
 def test_the_event_stream_is_relayed_as_anthropic_sse_and_recorded(gateway, bedrock, upstream, slices_mode):
@@ -82,7 +83,7 @@ def test_the_event_stream_is_relayed_as_anthropic_sse_and_recorded(gateway, bedr
     wait_settled()
     rec = UsageRecord.objects.get()
     assert (rec.status, rec.input_tokens, rec.output_tokens) == ("served", 10, 20)
-    assert rec.cost_nano == 10 * 15_000 + 20 * 75_000
+    assert rec.cost_nano == 10 * 16_500 + 20 * 82_500
 
 
 def test_betas_go_in_the_body_as_bedrock_takes_them(gateway, bedrock, upstream):
@@ -252,3 +253,40 @@ def test_ambient_guard_removed_signs_a_tenants_connection_with_the_operators_cre
     assert seen["headers"]["authorization"].startswith(f"AWS4-HMAC-SHA256 Credential={ACCESS_KEY}/")
     wait_settled()
     assert UsageRecord.objects.get().status == "served"
+
+
+@pytest.mark.parametrize("premium", [True, False], ids=["priced", "premium-guard-removed"])
+def test_a_geographic_profile_is_recorded_at_the_regional_price_and_global_at_the_global_one(
+    gateway, wired, upstream, monkeypatch, premium
+):
+    # given: echo-1 ($15 / $75 per 1M, a global price) called by the us. and the global. profile
+    # ids of Claude Sonnet 4.5; AWS bills the us. one 10% above the global one
+    from catalog import pricing
+
+    monkeypatch.setattr(pricing, "PRICE_REGIONAL_PREMIUM", premium)
+    for geo in ("us", "global"):
+        conn = create_connection(
+            organization=wired.org,
+            actor=APPLY,
+            name=f"br-{geo}",
+            kind="bedrock",
+            base_url=upstream.url,
+            secret=KEYS,
+            options={"region": "us-east-1", "model_ids": {"echo-1": f"{geo}.{MODEL_ID}"}, "forward_test_headers": True},
+        )
+        wired.route(f"sonnet-{geo}", conn)
+    upstream.control(prompt_tokens=1000, completion_tokens=200)
+
+    # when
+    for geo in ("us", "global"):
+        client(gateway).messages.create(
+            model=f"sonnet-{geo}", max_tokens=300, messages=[{"role": "user", "content": "hi"}]
+        )
+
+    # then: the global profile at the global price either way; the us. one at AWS's regional price,
+    # and below it (under-recorded, under-reserved) without the premium
+    wait_settled()
+    cost = dict(UsageRecord.objects.values_list("model", "cost_nano"))
+    assert cost["sonnet-global"] == 15_000_000 + 15_000_000
+    aws_bill = 16_500_000 + 16_500_000
+    assert (cost["sonnet-us"] == aws_bill) is premium and cost["sonnet-us"] <= aws_bill
