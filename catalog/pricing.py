@@ -156,19 +156,17 @@ def _claude_with_premium(model_id: str) -> bool:
 def location_multiplier(*, model: Model, connection: Connection | None) -> Decimal:
     """What the provider adds to the list price for where this connection sends the request: the
     regional premium on the Claude models that carry it, else 1."""
-    if not PRICE_REGIONAL_PREMIUM or connection is None:
+    if not PRICE_REGIONAL_PREMIUM or connection is None or connection.kind not in ("vertex", "bedrock"):
         return Decimal(1)
     sent = connection.provider_model_id(model.name).lower()
     if connection.kind == "vertex":
         regional = (connection.options or {}).get("region") != "global" and _claude_with_premium(sent)
-    elif connection.kind == "bedrock":
+    else:  # bedrock: the Claude id after the profile's geography, if any ("us.anthropic.claude-...")
         regional = (
             not sent.startswith("global.")
             and not model.name.lower().startswith("regional.")
             and _claude_with_premium(sent.partition("anthropic.")[2])
         )
-    else:
-        regional = False
     return REGIONAL_PREMIUM if regional else Decimal(1)
 
 
