@@ -222,6 +222,13 @@ class Connection(models.Model):
         """The upstream credential as sent to the provider (the gateway's only way to read it)."""
         return self.secret
 
+    def provider_model_id(self, model_name: str) -> str:
+        """The id the provider knows a catalog model by on this connection: its own mapping
+        (options.model_ids, catalog name -> provider id), else the catalog's name. What the
+        provider bills is the model it is sent, so pricing reads the same id."""
+        mapped = (self.options.get("model_ids") or {}).get(model_name)
+        return mapped if isinstance(mapped, str) and mapped else model_name
+
 
 class Route(models.Model):
     """A model name an organization calls, mapped to ordered (connection, model) targets."""

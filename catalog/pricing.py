@@ -5,6 +5,7 @@ half-up. Both return ints of nano-USD. Converting and formatting amounts is `cor
 """
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 from typing import cast
@@ -128,16 +129,62 @@ def speed_multiplier(model: Model, speed: str | None) -> Decimal:
     return cast(Decimal, model.fast_mode_multiplier)
 
 
+# Guard point (its removal tests: tests/gateway/test_vertex.py, test_bedrock.py): a target's list
+# rates carry the premium its provider bills for where the connection runs. Without it a regional
+# Vertex or Bedrock call reserves and records Claude at the global price, 10% below the bill.
+PRICE_REGIONAL_PREMIUM = True
+
+# Vertex AI and Bedrock bill Claude Sonnet 4.5 and every later Claude model 10% above their global
+# price anywhere else: Vertex on any location but `global` (a region such as us-east5, or a
+# multi-region such as us or eu), Bedrock on an in-region model id or a geographic inference
+# profile (us., eu., ...) rather than a `global.` one. A Vertex catalog price is the global one;
+# a Bedrock one is global unless its catalog name says `regional.` (genai-prices lists both).
+# Sources and dates: tests/catalog/data/published_prices.json.
+REGIONAL_PREMIUM = Decimal("1.1")
+# The Claude models released before that premium keep one price everywhere. A closed list (every
+# later model carries the premium), matched on the id sent to the provider.
+_ONE_PRICE_CLAUDE = re.compile(
+    r"claude-(?:instant|v1|2|3|4-opus|4-sonnet)(?:[-.@].*)?"
+    r"|claude-(?:sonnet|opus)-4(?:-[01])?(?:[-@]\d{8})?(?:-v\d+(?::\d+)?)?"
+)
+
+
+def _claude_with_premium(model_id: str) -> bool:
+    return model_id.startswith("claude") and not _ONE_PRICE_CLAUDE.fullmatch(model_id)
+
+
+def location_multiplier(*, model: Model, connection: Connection | None) -> Decimal:
+    """What the provider adds to the list price for where this connection sends the request: the
+    regional premium on the Claude models that carry it, else 1."""
+    if not PRICE_REGIONAL_PREMIUM or connection is None or connection.kind not in ("vertex", "bedrock"):
+        return Decimal(1)
+    sent = connection.provider_model_id(model.name).lower()
+    if connection.kind == "vertex":
+        regional = (connection.options or {}).get("region") != "global" and _claude_with_premium(sent)
+    else:  # bedrock: the Claude id after the profile's geography, if any ("us.anthropic.claude-...")
+        regional = (
+            not sent.startswith("global.")
+            and not model.name.lower().startswith("regional.")
+            and _claude_with_premium(sent.partition("anthropic.")[2])
+        )
+    return REGIONAL_PREMIUM if regional else Decimal(1)
+
+
 def rates_for(
     *, model: Model, connection: Connection | None = None, tier: str | None = None, speed: str | None = None
 ) -> Rates:
-    """Negotiated connection rates override the list price field by field; a service tier
-    multiplies every token rate, and fast mode multiplies them again (Anthropic documents that
-    fast-mode pricing stacks with the other modifiers)."""
+    """Negotiated connection rates override the list price field by field (a negotiated rate is
+    the rate billed on that connection, wherever it runs); a list rate carries the connection's
+    location premium; a service tier multiplies every token rate, and fast mode multiplies them
+    again (Anthropic documents that fast-mode pricing stacks with the other modifiers)."""
+    located = location_multiplier(model=model, connection=connection)
 
     def pick(field: str) -> Decimal | None:
         override = getattr(connection, f"{field}_usd_per_mtok", None) if connection else None
-        return override if override is not None else getattr(model, f"{field}_usd_per_mtok")
+        if override is not None:
+            return override
+        listed = getattr(model, f"{field}_usd_per_mtok")
+        return listed * located if listed is not None else None
 
     input_rate, output_rate = pick("input"), pick("output")
     if input_rate is None or output_rate is None:
@@ -162,7 +209,7 @@ def rates_for(
         per_request=model.per_request_usd or Decimal(0),
         web_search_per_use=model.web_search_usd_per_use,
         server_tool_result_tokens=model.server_tool_result_tokens,
-        tiers=_tiers(model, base, m),
+        tiers=_tiers(model, base, m * located),
         model=model.name,
     )
 

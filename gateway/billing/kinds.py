@@ -64,7 +64,13 @@ KINDS: dict[str, dict[str, Entry]] = {
             "amazon-bedrock-invocationMetrics fill in a missing count (the larger is kept)",
         ),
         "cross-region inference profiles": Entry(
-            PRICED, "a profile id (global., us., eu., ...) is its own catalog model with its own price"
+            PRICED,
+            "a profile id (global., us., eu., ...) is its own catalog model with its own price. AWS "
+            "bills Claude Sonnet 4.5 and every later Claude model 10% above the global price on an "
+            "in-region id or a geographic profile: a route to a global price (a global. catalog "
+            "model, Anthropic's list) sent as such an id reserves and records every list token rate "
+            "times 1.1; a regional. catalog price already carries it (catalog/pricing.py "
+            "`location_multiplier`)",
         ),
         "`anthropic-beta`": Entry(PRICED, "sent as the body's anthropic_beta; each beta classified as on /v1/messages"),
         "guardrails, latency-optimized inference, Bedrock service tiers": Entry(
@@ -108,9 +114,12 @@ KINDS: dict[str, dict[str, Entry]] = {
         ),
         "regional endpoints": Entry(
             PRICED,
-            "Google lists recent Claude models at a premium on regional endpoints that the catalog's "
-            "price does not carry: a connection in a region other than global is priced at its "
-            "negotiated rates, which the operator sets to the regional price",
+            "Google bills Claude Sonnet 4.5 and every later Claude model 10% above the global price "
+            "on any other location (a region or a multi-region); the catalog carries the global "
+            "price, so a connection whose region is not global reserves and records those models at "
+            "every list token rate times 1.1 (catalog/pricing.py `location_multiplier`, matched on "
+            "the id sent to Vertex). Older Claude and Gemini have one price everywhere. A "
+            "negotiated rate is taken as the connection's bill and is not raised",
         ),
         "`extra_body.google`, grounding with Google Search": Entry(
             REFUSED, "unclassified fields: 400 under a blocking cap"

@@ -85,8 +85,7 @@ class Adapter:
     def model_id(self, target: Target) -> str:
         """The id the provider knows the route target's model by: the connection's own mapping
         (options.model_ids, catalog name -> provider id), else the catalog's name."""
-        mapped = (target.connection.options.get("model_ids") or {}).get(target.model.name)
-        return mapped if isinstance(mapped, str) and mapped else target.model.name
+        return target.connection.provider_model_id(target.model.name)
 
     def variant(self, connection: Connection) -> Adapter:
         """The adapter a connection of this kind is called through: a kind whose provider

@@ -24,7 +24,7 @@ from genai_prices.types import (
 
 from catalog import genai
 from catalog.genai import Skip, genai_catalog, model_entry
-from catalog.models import Model, Provider
+from catalog.models import Connection, Model, Provider
 from catalog.prices import DEFAULT_CATALOG_PATH, load_catalog, read_catalog
 from catalog.pricing import TokenBound, Usage, cost_nano, rates_for, worst_case_nano
 from catalog.services import set_model_price
@@ -106,6 +106,42 @@ def test_published_prices_match_what_is_loaded():
         for key in ("input", "output", "cache_read", "cache_write", "cache_write_1h"):
             if key in row:
                 assert getattr(tier, key) == Decimal(row[key]), (row["model"], above, key)
+
+
+def test_vertex_claude_is_priced_at_googles_published_rate_for_the_connections_location():
+    """Google's regional premium on Claude (published_prices.json, `vertex_regional`): a Vertex
+    connection's region decides the rates, every token rate 10% above the global price off the
+    global endpoint for Claude Sonnet 4.5 and later, one price everywhere for older Claude."""
+    data, _ = catalog()
+    load_catalog(data=data, overwrite=False)
+    published = json.loads(PUBLISHED.read_text())["vertex_regional"]
+    assert published["recorded_on"] and published["source"] and published["premium_percent"] == "10"
+    for row in published["prices"]:
+        provider, _, name = row["model"].partition("/")
+        model = Model.objects.get(provider__slug=provider, name=name)
+        connection = Connection(kind="vertex", options={"project": "p", "region": row["region"]})
+        rates = rates_for(model=model, connection=connection)
+        for key in ("input", "output", "cache_read", "cache_write", "cache_write_1h"):
+            if key in row:
+                assert getattr(rates, key) == Decimal(row[key]), (row["model"], row["region"], key)
+
+
+def test_bedrock_claude_is_priced_at_the_published_rate_for_the_id_it_is_sent_as():
+    """AWS's regional premium on Claude (published_prices.json, `bedrock_regional`): a route to
+    the global price called by a geographic profile (us., eu.) or in-region id is billed 10%
+    above it; a catalog price that is already the regional one is not raised again."""
+    data, _ = catalog()
+    load_catalog(data=data, overwrite=False)
+    published = json.loads(PUBLISHED.read_text())["bedrock_regional"]
+    assert published["recorded_on"] and published["source"] and published["premium_percent"] == "10"
+    for row in published["prices"]:
+        provider, _, name = row["model"].partition("/")
+        model = Model.objects.get(provider__slug=provider, name=name)
+        connection = Connection(kind="bedrock", options={"region": "us-east-1", "model_ids": {name: row["sent_as"]}})
+        rates = rates_for(model=model, connection=connection)
+        for key in ("input", "output", "cache_read", "cache_write"):
+            if key in row:
+                assert getattr(rates, key) == Decimal(row[key]), (row["model"], row["sent_as"], key)
 
 
 # --- tiers: worst case at the dearest reachable tier, cost at the one that applied ------------

@@ -115,3 +115,85 @@ def test_tiers_apply_to_the_service_tier_and_batch_multipliers_too(opus):
     assert priority.tiers[0].input == Decimal(8) and priority.tiers[0].output == Decimal(60)
     batch = batch_rates(rates=rates_for(model=model), model=model)
     assert worst_case_nano(bound=TokenBound(input_tokens=2000, output_tokens=0), rates=batch) == 2000 * 2000
+
+
+@pytest.mark.parametrize(
+    "kind, region, model_id, multiplier",
+    [
+        ("vertex", "us-east5", "claude-sonnet-4-5@20250929", "1.1"),
+        ("vertex", "us", "claude-haiku-4-5@20251001", "1.1"),  # a multi-region location
+        ("vertex", "europe-west1", "claude-opus-4-6", "1.1"),
+        ("vertex", "us-east5", "claude-sonnet-5-5", "1.1"),  # every later model
+        ("vertex", "global", "claude-sonnet-4-5@20250929", "1"),
+        ("vertex", "us-east5", "claude-sonnet-4@20250514", "1"),  # released before the premium
+        ("vertex", "us-east5", "claude-opus-4-1@20250805", "1"),
+        ("vertex", "us-east5", "claude-3-7-sonnet@20250219", "1"),
+        ("vertex", "us-east5", "gemini-2.5-pro", "1"),  # Gemini: one price on every location
+        ("anthropic", "us-east5", "claude-sonnet-4-5", "1"),
+        ("bedrock", "us-east-1", "us.anthropic.claude-sonnet-4-5-20250929-v1:0", "1.1"),  # a geographic profile
+        ("bedrock", "us-east-1", "anthropic.claude-haiku-4-5-20251001-v1:0", "1.1"),  # in-region
+        ("bedrock", "us-east-1", "global.anthropic.claude-sonnet-4-5-20250929-v1:0", "1"),
+        ("bedrock", "us-east-1", "us.anthropic.claude-sonnet-4-20250514-v1:0", "1"),
+        ("bedrock", "us-east-1", "amazon.nova-pro-v1:0", "1"),
+    ],
+)
+def test_off_the_global_endpoint_the_list_rates_of_claude_that_carries_the_premium_are_multiplied(
+    opus, acme, kind, region, model_id, multiplier
+):
+    # given: the catalog's opus sent to the provider as `model_id` (the id decides the premium)
+    conn = Connection.objects.create(
+        organization=acme.org,
+        name="c",
+        kind=kind,
+        options={"project": "p", "region": region, "model_ids": {"opus": model_id}},
+    )
+    opus.price_tiers = [{"above_input_tokens": 200_000, "input": "30", "output": "112.5"}]
+    opus.save()
+
+    rates = rates_for(model=opus, connection=conn)
+
+    m = Decimal(multiplier)
+    assert (rates.input, rates.output, rates.cache_read, rates.cache_write) == (
+        15 * m,
+        75 * m,
+        Decimal("1.5") * m,
+        Decimal("18.75") * m,
+    )
+    assert (rates.tiers[0].input, rates.tiers[0].output) == (30 * m, Decimal("112.5") * m)
+    bound = TokenBound(input_tokens=1000, output_tokens=1000)
+    assert worst_case_nano(bound=bound, rates=rates) == int((1000 * Decimal("18.75") + 1000 * 75) * m * 1000)
+
+
+def test_negotiated_rates_are_the_connections_bill_and_carry_no_location_premium(opus, acme):
+    # given: a us-east5 Vertex connection with a negotiated input rate, sending Claude Sonnet 4.5
+    conn = Connection.objects.create(
+        organization=acme.org,
+        name="vx",
+        kind="vertex",
+        options={"project": "p", "region": "us-east5", "model_ids": {"opus": "claude-sonnet-4-5@20250929"}},
+        input_usd_per_mtok=Decimal("12"),
+    )
+
+    rates = rates_for(model=opus, connection=conn)
+
+    # then: the negotiated rate as set; the list rates it leaves with the premium
+    assert (rates.input, rates.output) == (Decimal("12"), Decimal("75") * Decimal("1.1"))
+
+
+def test_a_bedrock_catalog_price_that_is_already_regional_is_not_raised_again(opus, acme):
+    regional = Model.objects.create(
+        provider=opus.provider,
+        name="regional.anthropic.claude-sonnet-4-5-20250929-v1:0",
+        input_usd_per_mtok=Decimal("3.3"),
+        output_usd_per_mtok=Decimal("16.5"),
+    )
+    conn = Connection.objects.create(
+        organization=acme.org,
+        name="br",
+        kind="bedrock",
+        options={"region": "us-east-1", "model_ids": {regional.name: "us.anthropic.claude-sonnet-4-5-20250929-v1:0"}},
+    )
+
+    rates = rates_for(model=regional, connection=conn)
+
+    assert (rates.input, rates.output) == (Decimal("3.3"), Decimal("16.5"))

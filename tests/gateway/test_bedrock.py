@@ -31,7 +31,8 @@ KEYS = json.dumps({"access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY}
 @pytest.fixture
 def bedrock(wired, upstream) -> Connection:
     """`claude-bedrock` routes to the catalog model echo-1 ($15 / $75 per 1M), called on Bedrock
-    by its Bedrock model id."""
+    by its in-region model id for Claude Sonnet 4.5: billed 10% above the global price, $16.50 /
+    $82.50."""
     conn = create_connection(
         organization=wired.org,
         actor=APPLY,
@@ -64,8 +65,8 @@ def test_a_request_is_signed_sent_to_invoke_model_and_recorded_at_its_cost(gatew
     assert "model" not in seen["body"] and "stream" not in seen["body"]
     wait_settled()
     rec = UsageRecord.objects.get()
-    # 1000 in at $15/M + 200 out at $75/M
-    assert (rec.status, rec.cost_nano, rec.connection_id) == ("served", 15_000_000 + 15_000_000, bedrock.id)
+    # 1000 in at $16.50/M + 200 out at $82.50/M
+    assert (rec.status, rec.cost_nano, rec.connection_id) == ("served", 16_500_000 + 16_500_000, bedrock.id)
 
 
 def test_the_event_stream_is_relayed_as_anthropic_sse_and_recorded(gateway, bedrock, upstream, slices_mode):
@@ -82,7 +83,7 @@ def test_the_event_stream_is_relayed_as_anthropic_sse_and_recorded(gateway, bedr
     wait_settled()
     rec = UsageRecord.objects.get()
     assert (rec.status, rec.input_tokens, rec.output_tokens) == ("served", 10, 20)
-    assert rec.cost_nano == 10 * 15_000 + 20 * 75_000
+    assert rec.cost_nano == 10 * 16_500 + 20 * 82_500
 
 
 def test_betas_go_in_the_body_as_bedrock_takes_them(gateway, bedrock, upstream):
@@ -194,3 +195,98 @@ def test_a_stored_connection_without_keys_is_not_signed_with_the_gateways_creden
             adapter.Bedrock().request(Target(connection=conn, model=wired.model), "messages", {}, {}, stream=False)
         )
     adapter._chain.cache_clear()
+
+
+@pytest.fixture
+def keyless(wired, upstream, monkeypatch) -> str:
+    """A tenant's Bedrock connection stored without keys (saved while this deployment lent its
+    credentials, or written past the save check), on a gateway whose environment holds the
+    operator's AWS keys (the fake accepts them: they are the operator's account). Lending is off."""
+    from gateway.providers import bedrock as adapter
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    adapter._chain.cache_clear()
+    conn = Connection.objects.create(
+        organization=wired.org,
+        name="keyless",
+        kind="bedrock",
+        base_url=upstream.url,
+        secret="",
+        options={"region": "us-east-1", "model_ids": {"echo-1": MODEL_ID}, "forward_test_headers": True},
+    )
+    wired.route("claude-keyless", conn)
+    yield "claude-keyless"
+    adapter._chain.cache_clear()
+
+
+def test_a_keyless_connection_is_not_served_on_the_operators_credentials(gateway, keyless, upstream, settings):
+    assert settings.CAPGATE["BEDROCK_AMBIENT_CREDENTIALS"] is False
+
+    with pytest.raises(anthropic.APIStatusError) as failed:
+        client(gateway).messages.create(model=keyless, max_tokens=20, messages=[{"role": "user", "content": "hi"}])
+
+    # then: nothing was signed or sent to Bedrock, and the request is not billed
+    assert failed.value.status_code == 502
+    assert upstream.stats()["requests"] == 0
+    wait_settled()
+    assert list(UsageRecord.objects.values_list("status", "cost_nano")) == [("failed_upstream", 0)]
+
+
+def test_ambient_guard_removed_signs_a_tenants_connection_with_the_operators_credentials(
+    gateway, keyless, upstream, monkeypatch
+):
+    # The removal test of the one above: with lending off in settings but the check gone, the
+    # tenant's connection falls through to botocore's chain and Bedrock serves it on the
+    # operator's account.
+    from gateway.providers import bedrock as adapter
+
+    monkeypatch.setattr(adapter, "LEND_ONLY_WHERE_ALLOWED", False)
+    upstream.control(prompt_tokens=10, completion_tokens=5)
+
+    reply = client(gateway).messages.create(model=keyless, max_tokens=20, messages=[{"role": "user", "content": "hi"}])
+
+    assert reply.content[0].text
+    seen = upstream.last(INVOKE)  # the fake verified the signature: the operator's key signed it
+    assert seen["headers"]["authorization"].startswith(f"AWS4-HMAC-SHA256 Credential={ACCESS_KEY}/")
+    wait_settled()
+    assert UsageRecord.objects.get().status == "served"
+
+
+@pytest.mark.parametrize("premium", [True, False], ids=["priced", "premium-guard-removed"])
+def test_a_geographic_profile_is_recorded_at_the_regional_price_and_global_at_the_global_one(
+    gateway, wired, upstream, monkeypatch, premium
+):
+    # given: echo-1 ($15 / $75 per 1M, a global price) called by the us. and the global. profile
+    # ids of Claude Sonnet 4.5; AWS bills the us. one 10% above the global one
+    from catalog import pricing
+
+    monkeypatch.setattr(pricing, "PRICE_REGIONAL_PREMIUM", premium)
+    for geo in ("us", "global"):
+        conn = create_connection(
+            organization=wired.org,
+            actor=APPLY,
+            name=f"br-{geo}",
+            kind="bedrock",
+            base_url=upstream.url,
+            secret=KEYS,
+            options={"region": "us-east-1", "model_ids": {"echo-1": f"{geo}.{MODEL_ID}"}, "forward_test_headers": True},
+        )
+        wired.route(f"sonnet-{geo}", conn)
+    upstream.control(prompt_tokens=1000, completion_tokens=200)
+
+    # when
+    for geo in ("us", "global"):
+        client(gateway).messages.create(
+            model=f"sonnet-{geo}", max_tokens=300, messages=[{"role": "user", "content": "hi"}]
+        )
+
+    # then: the global profile at the global price either way; the us. one at AWS's regional price,
+    # and below it (under-recorded, under-reserved) without the premium
+    wait_settled()
+    cost = dict(UsageRecord.objects.values_list("model", "cost_nano"))
+    assert cost["sonnet-global"] == 15_000_000 + 15_000_000
+    aws_bill = 16_500_000 + 16_500_000
+    assert (cost["sonnet-us"] == aws_bill) is premium and cost["sonnet-us"] <= aws_bill

@@ -33,9 +33,10 @@ OPENAPI = f"{LOCATION}/endpoints/openapi/chat/completions"
 
 @pytest.fixture
 def vertex(wired, upstream) -> Connection:
-    """`claude-vertex` routes to echo-1 ($15 / $75 per 1M) as Vertex's Claude; `flash-vertex` to
-    gemini-2.5-flash ($0.30 in, $2.50 out, $0.03 cached per 1M) through the OpenAI-compatible
-    endpoint."""
+    """`claude-vertex` routes to echo-1 ($15 / $75 per 1M) as Vertex's Claude Sonnet 4.5 in
+    us-east5 (a regional endpoint: $16.50 / $82.50 with Google's 10% premium); `flash-vertex` to
+    gemini-2.5-flash ($0.30 in, $2.50 out, $0.03 cached per 1M, no premium) through the
+    OpenAI-compatible endpoint."""
     key = new_service_account(upstream.url + "/token", project=PROJECT)
     conn = create_connection(
         organization=wired.org,
@@ -88,7 +89,7 @@ def test_claude_is_served_through_raw_predict_with_one_cached_token(gateway, ver
     assert upstream.stats()["token_grants"] == 1  # the token is cached per connection
     wait_settled()
     costs = sorted(UsageRecord.objects.values_list("status", "cost_nano"))
-    assert costs == [("served", 15_000_000 + 15_000_000)] * 3
+    assert costs == [("served", 16_500_000 + 16_500_000)] * 3
 
 
 def test_a_claude_stream_is_relayed_and_recorded(gateway, vertex, upstream, slices_mode):
@@ -102,7 +103,7 @@ def test_a_claude_stream_is_relayed_and_recorded(gateway, vertex, upstream, slic
     assert upstream.last(STREAM)["body"]["stream"] is True
     wait_settled()
     rec = UsageRecord.objects.get()
-    assert (rec.status, rec.cost_nano) == ("served", 10 * 15_000 + 20 * 75_000)
+    assert (rec.status, rec.cost_nano) == ("served", 10 * 16_500 + 20 * 82_500)
 
 
 def test_gemini_bills_thinking_as_output_and_cached_tokens_at_the_cache_rate(gateway, vertex, upstream, slices_mode):
@@ -151,6 +152,99 @@ def test_requests_over_the_cap_are_refused_before_vertex_sees_them(gateway, wire
     assert refused.value.status_code == refused_chat.value.status_code == 402
     assert upstream.stats()["requests"] == before and upstream.stats()["token_grants"] == 0
     assert not UsageRecord.objects.exists()
+
+
+# --- Google's regional premium: Claude off the global endpoint is billed 10% above it ------------
+
+# Google's prices for Claude Sonnet 5.5 per 1M tokens (tests/catalog/data/published_prices.json):
+# $2 / $10 on the global endpoint, the catalog's price; $2.20 / $11 on a regional one.
+SONNET_55 = "claude-sonnet-5-5"
+
+
+def _sonnet_on(wired, upstream, *, region: str, route: str = "sonnet") -> str:
+    """A Vertex connection in `region` and a route `route` to google/claude-sonnet-5-5."""
+    google, _ = Provider.objects.get_or_create(slug="google", defaults={"name": "Google"})
+    sonnet, _ = Model.objects.get_or_create(
+        provider=google,
+        name=SONNET_55,
+        defaults={"input_usd_per_mtok": Decimal(2), "output_usd_per_mtok": Decimal(10), "max_output_tokens": 64000},
+    )
+    conn = create_connection(
+        organization=wired.org,
+        actor=APPLY,
+        name=f"vx-{region}",
+        kind="vertex",
+        base_url=upstream.url,
+        secret=json.dumps(new_service_account(upstream.url + "/token", project=PROJECT)),
+        options={"project": PROJECT, "region": region, "forward_test_headers": True},
+    )
+    wired.route(route, conn, model=sonnet)
+    return route
+
+
+def test_a_regional_connection_reserves_and_records_claude_with_googles_premium(gateway, wired, upstream, slices_mode):
+    # given: the same Claude model through us-east5 and through the global endpoint
+    # (route names of one length: the same body, so the same token bound)
+    _sonnet_on(wired, upstream, region=REGION, route="sonnet-r")
+    _sonnet_on(wired, upstream, region="global", route="sonnet-g")
+    upstream.control(prompt_tokens=1000, completion_tokens=200)
+
+    # when
+    for route in ("sonnet-r", "sonnet-g"):
+        claude(gateway).messages.create(model=route, max_tokens=300, messages=[{"role": "user", "content": "hi"}])
+
+    # then: each went to its own location, recorded at that location's price
+    for region in (REGION, "global"):
+        path = f"/v1/projects/{PROJECT}/locations/{region}/publishers/anthropic/models/{SONNET_55}:rawPredict"
+        assert upstream.last(path)
+    wait_settled()
+    regional, global_ = (UsageRecord.objects.get(model=route) for route in ("sonnet-r", "sonnet-g"))
+    assert regional.cost_nano == 1000 * 2_200 + 200 * 11_000  # $2.20 and $11 per 1M
+    assert global_.cost_nano == 1000 * 2_000 + 200 * 10_000  # $2 and $10 per 1M
+    # and the reservation carries the premium too
+    assert regional.reserved_nano == -(-global_.reserved_nano * 11 // 10)
+
+
+def _over_a_cap_the_premium_decides(wired, upstream):
+    """A $0.105 cap and a request that may write 10,000 output tokens: at most $0.10 and a little
+    for "hi" at the global price, fitting the cap; $0.11 and a little at us-east5's, not fitting
+    it. Vertex answers with 10 input and all 10,000 output tokens."""
+    route = _sonnet_on(wired, upstream, region=REGION)
+    wired.budget(amount="0.105")
+    upstream.control(prompt_tokens=10, completion_tokens=10_000)
+    return route
+
+
+def test_a_blocking_cap_refuses_a_regional_request_whose_worst_case_with_the_premium_exceeds_it(
+    gateway, wired, upstream
+):
+    route = _over_a_cap_the_premium_decides(wired, upstream)
+
+    with pytest.raises(anthropic.APIStatusError) as refused:
+        claude(gateway).messages.create(model=route, max_tokens=10_000, messages=[{"role": "user", "content": "hi"}])
+
+    assert refused.value.status_code == 402
+    assert upstream.stats()["requests"] == 0  # Vertex billed nothing: the cap holds
+    assert not UsageRecord.objects.exists()
+
+
+def test_premium_guard_removed_lets_google_bill_a_blocking_cap_over(gateway, wired, upstream, monkeypatch):
+    # The removal test of the one above: priced at the global rate, the request's worst case fits
+    # the cap and is admitted, and Google bills what the regional endpoint costs.
+    from catalog import pricing
+
+    monkeypatch.setattr(pricing, "PRICE_REGIONAL_PREMIUM", False)
+    route = _over_a_cap_the_premium_decides(wired, upstream)
+    cap = 105_000_000
+
+    claude(gateway).messages.create(model=route, max_tokens=10_000, messages=[{"role": "user", "content": "hi"}])
+
+    wait_settled()
+    rec = UsageRecord.objects.get()
+    assert rec.reserved_nano <= cap and rec.cost_nano == 10 * 2_000 + 10_000 * 10_000  # the books: within the cap
+    googles_bill = 10 * 2_200 + 10_000 * 11_000  # $2.20 and $11 per 1M, us-east5
+    assert googles_bill > cap  # what the organization pays: over its blocking cap
+    assert rec.reserved_nano < googles_bill  # the reservation itself fell short
 
 
 def test_a_key_google_refuses_to_exchange_is_not_billed(gateway, vertex, upstream):
