@@ -106,4 +106,4 @@ def install() -> None:
     from jobs import background
 
     register(*routes())
-    proxy.BACKGROUND = background.submit
+    proxy.register_background(background.submit)

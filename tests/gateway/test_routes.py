@@ -12,6 +12,8 @@ import pytest
 from echo import jobs as echo_jobs
 from gateway.http import routes
 from gateway.http.routes import MethodNotAllowed, NoRoute, Route, RouteConflict, RouteTable
+from gateway.upstream import proxy
+from jobs import background
 from jobs import http as job_http
 
 
@@ -68,14 +70,15 @@ def test_unknown_paths_and_methods():
 def test_registering_the_job_routes_twice_is_refused():
     # given: the table with the job routes already registered (JobsConfig.ready)
     before = routes.TABLE.routes
-    background = job_http.proxy.BACKGROUND
     # when / then: a second registration is refused and changes nothing
     with pytest.raises(RouteConflict):
         job_http.install()
     with pytest.raises(RouteConflict):
         routes.register(*job_http.routes())
     assert routes.TABLE.routes == before
-    assert job_http.proxy.BACKGROUND is background
+    # and background responses keep their one owner
+    with pytest.raises(RuntimeError):
+        proxy.register_background(background.submit)
 
 
 def test_conflicting_routes_are_refused_all_or_none():
