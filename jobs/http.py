@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from django.db import DatabaseError
 
+from alerts.alerts import note_refusal
 from core.errors import CapgateError
 from gateway import billing
 from gateway.admission.routing import authenticate
@@ -42,7 +43,11 @@ def endpoint(flavor: str) -> Callable[[Handler], Callable[[Request, re.Match[str
                 return
             except CapgateError as exc:
                 if isinstance(exc, BudgetExceeded):
-                    proxy._note_refusal(exc, tipped_by={"key": (req.api_key() or "")[:12], "model": "job"})
+                    runtime.run_soon(
+                        note_refusal,
+                        window_id=exc.window_id,
+                        tipped_by={"key": (req.api_key() or "")[:12], "model": "job"},
+                    )
                 await error(req, exc, flavor)
             except DatabaseError:
                 log.exception("jobs: database unavailable")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import DatabaseError
 
+from alerts.alerts import note_refusal
 from core.errors import CapgateError
 from gateway.admission import count_tokens as token_counting
 from gateway.admission import reservations
@@ -72,7 +73,7 @@ def openai_errors(fn: Handler) -> Handler:
         except ClientGone:
             return
         except BudgetExceeded as exc:
-            proxy._note_refusal(exc)
+            runtime.run_soon(note_refusal, window_id=exc.window_id)
             await error(req, exc, "openai")
         except CapgateError as exc:
             await error(req, exc, "openai")
@@ -159,8 +160,9 @@ async def reserve(req: Request, match: re.Match[str]) -> None:
     except CapgateError as exc:
         if isinstance(exc, BudgetExceeded):
             h = req.headers
-            proxy._note_refusal(
-                exc,
+            runtime.run_soon(
+                note_refusal,
+                window_id=exc.window_id,
                 tipped_by={
                     "request_id": call.request_id,
                     "key": (req.api_key() or "")[:12],

@@ -9,7 +9,7 @@ import logging
 import select
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import TypeVar
 
@@ -53,6 +53,21 @@ def executor(lane: str = "admit") -> ThreadPoolExecutor:
                 size = max(4, total - SETTLE_THREADS)
             _executors[lane] = ThreadPoolExecutor(max_workers=size, thread_name_prefix=f"capgate-db-{lane}")
         return _executors[lane]
+
+
+def run_soon(fn: Callable[..., object], /, *, lane: str = "settle", **kwargs: object) -> None:
+    """Run `fn(**kwargs)` on a database thread of `lane` without waiting for it, for work the
+    answer does not depend on (a refusal's alert). Its error is logged, never raised here."""
+
+    def done(future: Future) -> None:
+        error = None if future.cancelled() else future.exception()
+        if error is not None:
+            log.error("%s failed", getattr(fn, "__qualname__", fn), exc_info=error)
+
+    try:
+        executor(lane).submit(fn, **kwargs).add_done_callback(done)
+    except RuntimeError:  # the lane is shut down: the process is stopping
+        log.exception("%s not run: the %s lane is shut down", getattr(fn, "__qualname__", fn), lane)
 
 
 # How often the connection pool tries to reconnect while the database is away. psycopg_pool

@@ -21,6 +21,7 @@ import httpx
 from django.conf import settings
 from django.db import DatabaseError
 
+from alerts.alerts import note_refusal
 from catalog.pricing import Usage
 from core.errors import CapgateError
 from core.money import usd_str
@@ -161,8 +162,9 @@ class ProxyCall:
             )
         except BudgetExceeded as exc:
             h = self.req.headers
-            _note_refusal(
-                exc,
+            runtime.run_soon(
+                note_refusal,
+                window_id=exc.window_id,
                 tipped_by={
                     "request_id": self.request_id,
                     "key": (self.req.api_key() or "")[:12],
@@ -481,17 +483,3 @@ async def _wait_disconnect(req: Request) -> None:
         message = await req.receive()
         if message["type"] == "http.disconnect":
             return
-
-
-def _note_refusal(exc: BudgetExceeded, tipped_by: dict | None = None) -> None:
-    """Let alerts know a ceiling refused (first refusal per window emails). Never raises."""
-    try:
-        from alerts import alerts
-
-        note = getattr(alerts, "note_refusal", None)
-        if note is not None:
-            asyncio.get_running_loop().run_in_executor(
-                runtime.executor("settle"), lambda: note(window_id=exc.window_id, tipped_by=tipped_by)
-            )
-    except Exception:  # alerts must never break the request path
-        log.exception("could not note refusal")

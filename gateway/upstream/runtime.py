@@ -1,6 +1,6 @@
 """Process-wide gateway machinery: upstream connection health, and the background loops started
 with the ASGI app (heartbeat, micro-batch drain, spool replay, request log flush). The database
-threads (`db`, `executor`) are gateway/upstream/dbthreads.py's, re-exported here for the callers."""
+threads (`db`, `executor`, `run_soon`) are gateway/upstream/dbthreads.py's, re-exported here for the callers."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from gateway.upstream import transport
-from gateway.upstream.dbthreads import close_thread_connections, db, executor, warm_thread_connections  # noqa: F401  (re-exported)
+from gateway.upstream.dbthreads import (  # noqa: F401  (re-exported)
+    close_thread_connections,
+    db,
+    executor,
+    run_soon,
+    warm_thread_connections,
+)
 
 log = logging.getLogger("capgate.gateway")
 
