@@ -16,6 +16,8 @@ from typing import TypeVar
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
+from core.guards import Guards
+
 log = logging.getLogger("capgate.gateway")
 T = TypeVar("T")
 
@@ -86,11 +88,11 @@ def reconnect_steadily() -> None:
     AttemptWithBackoff.DELAY_BACKOFF = 1.0
 
 
-# Guard points (tests/faults/test_db_threads.py removes each and shows a request failing on a
-# connection the restart killed): a held connection that looks dead is dropped before use, and
-# one that turns out dead in use costs one failed attempt, retried at once on a fresh one.
-DROP_DEAD_HELD = True
-RETRY_LOST = True
+# Removal tests: tests/faults/test_db_threads.py (a request failing on a connection a restart killed).
+GUARDS = Guards(
+    drop_dead_held="a held connection that looks dead is dropped before use",
+    retry_lost="a call that finds its held connection dead in use is retried once, at once, on a fresh one",
+)
 
 
 def _close_quietly() -> None:
@@ -111,7 +113,7 @@ def _held_connection_usable() -> bool:
     raw = connection.connection
     if raw is None:
         return False
-    if not DROP_DEAD_HELD:
+    if not GUARDS.drop_dead_held:
         return True
     try:
         if raw.closed or raw.broken:
@@ -145,7 +147,7 @@ def _call(fn: Callable[..., T], *args, **kwargs) -> T:
     try:
         return fn(*args, **kwargs)
     except (OperationalError, InterfaceError):
-        retry = RETRY_LOST and reused and _connection_lost()
+        retry = GUARDS.retry_lost and reused and _connection_lost()
         _close_quietly()
         if not retry:
             raise
