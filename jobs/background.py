@@ -29,7 +29,7 @@ FINAL = {"completed", "incomplete", "failed", "cancelled"}
 
 
 async def submit(call: ProxyCall, body: dict) -> None:
-    p = call.prepared
+    p = call.admission
     assert p is not None
     if body.get("stream"):
         await call.record(Outcome(status=UsageRecord.Status.FAILED_UPSTREAM, error="background stream not sent"))

@@ -72,7 +72,7 @@ class _Refused:
     request_id: str
     model_name: str
     started: float = field(default_factory=time.monotonic)
-    prepared: object | None = None
+    admission: object | None = None
 
 
 async def submit(req: Request, key: ApiKey, sub: Submission) -> None:

@@ -66,7 +66,7 @@ class _Call(Protocol):
     @property
     def started(self) -> float: ...  # time.monotonic() when the request arrived
     @property
-    def prepared(self) -> object | None: ...  # set once admitted
+    def admission(self) -> object | None: ...  # set once admitted
     @property
     def model_name(self) -> str: ...
 
@@ -142,7 +142,7 @@ refusals = Buffer()
 def note(call: _Call, exc: CapgateError) -> None:
     """The gateway answered `call` with `exc`. Never raises, never does I/O."""
     try:
-        if GUARDS.skip_admitted and call.prepared is not None:
+        if GUARDS.skip_admitted and call.admission is not None:
             return
         raw_key = call.req.api_key()
         if not raw_key:

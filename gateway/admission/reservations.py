@@ -33,7 +33,7 @@ from core.guards import Guards
 from core.money import MoneyError, usd_str, usd_to_nano
 from gateway.admission.bounds import Shape, shape_chat
 from gateway.admission.routing import authenticate, resolve_route, settle_rates
-from gateway.admission.service import reserve
+from gateway.admission.service import admit
 from gateway.admission.subjects import key_actor, payer
 from gateway.http.errors import GatewayError, bad_request
 from ledger.models import Reservation, UsageRecord
@@ -149,7 +149,7 @@ def create(*, raw_key: str | None, body: dict, headers: dict[str, str], owner_id
     )
     try:
         # Sized and admitted as the proxy sizes and admits, except that the caller makes the call.
-        prepared = reserve(
+        admission = admit(
             payer=who,
             request_id=request_id,
             model=model,
@@ -167,7 +167,7 @@ def create(*, raw_key: str | None, body: dict, headers: dict[str, str], owner_id
         if existing is None:
             raise
         return 200, view(existing)
-    return 201, view(prepared.reservation)
+    return 201, view(admission.reservation)
 
 
 def _caller(raw_key: str | None) -> ApiKey | ApiToken:

@@ -134,12 +134,12 @@ class _Answered:
     kind: str
     request_id: str = field(default_factory=proxy.new_request_id)
     started: float = field(default_factory=time.monotonic)
-    prepared: object | None = None  # the reservation API's admitted requests have their usage record
+    admission: object | None = None  # the reservation API's admitted requests have their usage record
     model_name: str = ""
 
 
 @openai_errors
-async def reserve(req: Request, match: re.Match[str]) -> None:
+async def create_reservation(req: Request, match: re.Match[str]) -> None:
     """POST /v1/reservations. Its refusals (402, 429) and other errors once the key is known go
     to the request log like the proxy's: noted in memory only (requestlog/buffer.py), so the
     admission path gains no write; the answer carries the id they are logged under."""

@@ -167,7 +167,7 @@ ROUTES: list[Route[Handler]] = [
     Route("POST", "/v1/responses/{response_id}/cancel", endpoints.stored("cancel")),
     Route("GET", "/v1/responses/{response_id}/input_items", endpoints.stored("input_items")),
     Route("GET", "/v1/models", endpoints.models),
-    Route("POST", "/v1/reservations", endpoints.reserve),
+    Route("POST", "/v1/reservations", endpoints.create_reservation),
     Route("POST", "/v1/reservations/{reservation_id:segment}/settle", endpoints.settle),
     Route("POST", "/v1/reservations/{reservation_id:segment}/release", endpoints.release),
 ]

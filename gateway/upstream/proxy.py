@@ -28,7 +28,7 @@ from core.money import usd_str
 from gateway.admission.bounds import SHAPERS, Shape, parse_json
 from gateway.admission.request_fields import collecting_unclassified
 from gateway.admission.routing import TRANSLATED, target_format
-from gateway.admission.service import Prepared, Target, admit_call
+from gateway.admission.service import Admission, Target, admit_call
 from gateway.http import metrics
 from gateway.http.errors import GatewayError, render
 from gateway.http.request import ClientGone, Request
@@ -75,7 +75,7 @@ class ProxyCall:
 
     Its public interface, for the modules that take part in a call (gateway/upstream/streams.py,
     the jobs app's background responses); nothing outside this module uses a `_name` of it:
-    - read only: `req`, `kind`, `flavor`, `request_id`, `model_name`, `shape`, `prepared` (the
+    - read only: `req`, `kind`, `flavor`, `request_id`, `model_name`, `shape`, `admission` (its
       admission, once admitted), `client_stream_options`;
     - what a target is sent: `format_of`, `upstream_body`, `headers_for`, `upstream_tag`;
     - how long an upstream call may take: `until_client_leaves` (cancelled when the client
@@ -91,7 +91,7 @@ class ProxyCall:
         self.flavor = "anthropic" if kind == "messages" else "openai"
         self.request_id = new_request_id()
         self.started = time.monotonic()
-        self.prepared: Prepared | None = None
+        self.admission: Admission | None = None
         self.text_tokens = 0  # the input bound, told to in-process providers (transport.Call)
         self.client_stream_options: dict = {}
         self.shape: Shape | None = None
@@ -103,7 +103,7 @@ class ProxyCall:
 
     def capgate_headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"x-capgate-request-id", self.request_id.encode())]
-        p = self.prepared
+        p = self.admission
         if p is not None:  # admitted: what it reserved, and the room left under its tightest cap
             headers.append((b"x-capgate-reserved-usd", usd_str(p.worst_nano).encode()))
             # The prompt tokens that worst case reserves and how they were bounded (exact count or bytes).
@@ -145,7 +145,7 @@ class ProxyCall:
         bg = runtime.background
         admitting = time.monotonic()
         try:
-            _key, self.prepared = await runtime.db(
+            _key, self.admission = await runtime.db(
                 admit_call,
                 raw_key=self.req.api_key(),
                 shape=shape,
@@ -188,8 +188,8 @@ class ProxyCall:
         assert shape is not None
         self.text_tokens = shape.text_tokens
         self.shape = shape
-        if self.prepared is not None and self.prepared.unclassified:
-            metrics.count_unclassified(self.kind, self.prepared.unclassified)
+        if self.admission is not None and self.admission.unclassified:
+            metrics.count_unclassified(self.kind, self.admission.unclassified)
         if self.kind == "responses" and body.get("background") is True and _background is not None:
             return await _background(self, body)
         options = body.get("stream_options")
@@ -203,9 +203,9 @@ class ProxyCall:
             # A bug after admission: the call may have gone out, so it is charged at its worst case
             # now rather than holding the room until expiry. If the outcome was already recorded,
             # this record is a no-op (the first record of a request id wins).
-            assert self.prepared is not None
+            assert self.admission is not None
             await self.record(
-                Outcome(status="estimated", cost_nano=self.prepared.worst_nano, error="internal error after admission")
+                Outcome(status="estimated", cost_nano=self.admission.worst_nano, error="internal error after admission")
             )
             raise
 
@@ -238,7 +238,7 @@ class ProxyCall:
             assert isinstance(self.translated, Translated)
             body, patch = self.translated.body, self.translated.shape.patch
         out = {**body, **patch, "model": ad.model_id(target)}
-        p = self.prepared
+        p = self.admission
         assert p is not None
         if p.inject_max_output is not None:
             if kind == "chat":
@@ -252,7 +252,7 @@ class ProxyCall:
         return out
 
     async def forward(self, body: dict, stream: bool) -> None:
-        p = self.prepared
+        p = self.admission
         assert p is not None
         last = Attempt(kind="not_billed", status=502, error="no connection was tried")
         for target in p.targets:
@@ -364,7 +364,7 @@ class ProxyCall:
         state = response_state(response)
         if state is None or (self.shape is not None and self.shape.stored is False):
             return
-        p = self.prepared
+        p = self.admission
         assert p is not None
         response_id, conversation_id, context = state
         try:
@@ -382,8 +382,8 @@ class ProxyCall:
             log.warning("could not remember response %s: database unavailable", response_id)
 
     def seconds_left(self) -> float:
-        assert self.prepared is not None
-        return max(self.prepared.reservation.deadline_at.timestamp() - time.time(), 0.001)
+        assert self.admission is not None
+        return max(self.admission.reservation.deadline_at.timestamp() - time.time(), 0.001)
 
     def upstream_tag(self, target: Target) -> dict:
         """The upstream call's request extensions: whose slot it takes, and what an in-process
@@ -397,7 +397,7 @@ class ProxyCall:
     ) -> Outcome:
         """The record of a call `target` answered (gateway/upstream/outcomes.py `served`): priced
         from `usage`, or at the worst case with `error` when the provider reported none."""
-        p = self.prepared
+        p = self.admission
         assert p is not None
         return outcomes.served(
             target=target,
@@ -419,7 +419,7 @@ class ProxyCall:
         from ledger.recording import RecordRejected
         from ledger.spool import append
 
-        p = self.prepared
+        p = self.admission
         assert p is not None
         outcome = Outcome(
             **{

@@ -66,7 +66,7 @@ async def relay(call: ProxyCall, target: Target, events, response: httpx.Respons
     """Relay SSE events to the client until the stream ends, the client leaves, the
     upstream drops, or the request's hard lifetime runs out; then record once. A target of the
     other format is billed from its own events and relayed in the endpoint's (gateway/translate/)."""
-    p = call.prepared
+    p = call.admission
     assert p is not None
     kind = call.format_of(target)
     tracker = adapter(target).stream_usage(kind)
