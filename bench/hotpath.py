@@ -52,6 +52,7 @@ def main() -> None:
     django.setup()
     from django.db import connection
 
+    # Imported after django.setup(): these import models, which need the app registry.
     from catalog.pricing import Usage
     from gateway.admission.bounds import SHAPERS
     from gateway.admission.service import admit_call

@@ -20,8 +20,9 @@ from ledger.admission import (
     hand_to_job,
     matching_budgets,
 )
+from ledger.drain import drain
 from ledger.models import Budget, Reservation
-from ledger.recording import Outcome, RecordRejected, record
+from ledger.recording import Outcome, RecordRejected, record, release
 from tenants.models import ApiKey
 
 # Removal tests: tests/jobs/test_batches.py, tests/capcheck/test_jobs_scenario.py.
@@ -124,7 +125,6 @@ def start_job(
 def settle_submission(*, reservation: Reservation, outcome: Outcome) -> None:
     """A submission that did not become a job: recorded like a live request (failed_upstream
     when the provider refused it, estimated when the outcome is unknown) and drained."""
-    from ledger.drain import drain
 
     try:
         record(reservation=reservation, outcome=outcome)
@@ -182,8 +182,6 @@ def request_cancel(*, job_id: int) -> None:
         state=Job.State.CANCELLING, cancel_requested_at=now, next_poll_at=now
     )
     if not GUARDS.keep_hold_on_cancel:  # what the guard prevents: settling on the cancel request alone
-        from ledger.recording import release
-
         job = Job.objects.get(pk=job_id)
         reservation = Reservation.objects.filter(request_id=job.request_id).first()
         if reservation is not None:

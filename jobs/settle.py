@@ -31,7 +31,9 @@ from catalog.pricing import (
 )
 from core.guards import Guards
 from jobs.models import Job
+from jobs.service import keep_result_files
 from ledger.admission import renew_jobs
+from ledger.drain import drain
 from ledger.models import Reservation, UsageRecord
 from ledger.recording import Outcome, RecordRejected, correct_estimate, record
 
@@ -127,7 +129,6 @@ def _provider_model(job: Job, report: Report) -> str:
 def _apply(request_id: str, outcome: Outcome) -> None:
     """Record the job's outcome once: through its reservation while it has one, else (expiry
     charged it already) as the one correction of the `estimated` record."""
-    from ledger.drain import drain
 
     reservation = Reservation.objects.filter(request_id=request_id).first()
     if reservation is not None:
@@ -144,7 +145,6 @@ def _apply(request_id: str, outcome: Outcome) -> None:
 
 def apply_report(*, job_id: int, report: Report, now: datetime | None = None) -> str:
     """Apply one poll's report to a job. Returns the job's state after."""
-    from jobs.service import keep_result_files
 
     now = now or timezone.now()
     job = Job.objects.select_related("model", "connection").get(pk=job_id)

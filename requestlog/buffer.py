@@ -175,7 +175,7 @@ def flush() -> int:
     On a database error the batch goes back into the buffer, and the error propagates."""
     from django.db import DatabaseError
 
-    from requestlog.services import write_refusals
+    from requestlog.services import write_refusals  # requestlog.services imports this module
 
     items = refusals.take()
     if not items:

@@ -36,6 +36,7 @@ from gateway.admission.routing import authenticate, resolve_route, settle_rates
 from gateway.admission.service import admit
 from gateway.admission.subjects import key_actor, payer
 from gateway.http.errors import GatewayError, bad_request
+from ledger.drain import drain
 from ledger.models import Reservation, UsageRecord
 from ledger.recording import Outcome, note_conflict, record, release
 from tenants.audit import Actor, audit
@@ -323,7 +324,6 @@ def settle(*, raw_key: str | None, reservation_id: str, body: dict) -> tuple[int
     )
     if GUARDS.record_conflicts_apart and rec.status == UsageRecord.Status.SERVED and rec.cost_nano != cost:
         return _settled_before(rec, cost)  # a concurrent settle of this reservation won
-    from ledger.drain import drain
 
     drain(request_ids=[rec.request_id])
     rec.refresh_from_db()

@@ -40,8 +40,10 @@ from gateway.upstream import continuations, outcomes, runtime, streams, transpor
 from gateway.upstream.recorder import recorder
 from gateway.upstream.streams import NOT_BILLED, Attempt
 from gateway.upstream.transport import client
+from ledger.admission import disown
 from ledger.errors import BudgetExceeded, BudgetUnavailable
-from ledger.recording import Outcome
+from ledger.recording import Outcome, RecordRejected
+from ledger.spool import append
 from requestlog import buffer as request_log
 
 log = logging.getLogger("capgate.gateway")
@@ -415,9 +417,6 @@ class ProxyCall:
     async def record(self, outcome: Outcome, target: Target | None = None) -> None:
         """Insert the usage record (group commit with the records of other requests finishing
         meanwhile, gateway/upstream/recorder.py); if the database is down, spool it to disk (fsync'd)."""
-        from ledger.admission import disown
-        from ledger.recording import RecordRejected
-        from ledger.spool import append
 
         p = self.admission
         assert p is not None
