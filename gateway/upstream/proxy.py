@@ -24,6 +24,7 @@ from django.db import DatabaseError
 from alerts.alerts import note_refusal
 from catalog.pricing import Usage
 from core.errors import CapgateError
+from core.guards import Guards
 from core.money import usd_str
 from gateway.admission.bounds import SHAPERS, Shape, parse_json
 from gateway.admission.request_fields import collecting_unclassified
@@ -47,6 +48,11 @@ from ledger.spool import append
 from requestlog import buffer as request_log
 
 log = logging.getLogger("capgate.gateway")
+# Removal test: tests/gateway/test_record_rejected.py.
+GUARDS = Guards(
+    disown_rejected="a reservation whose record the database refuses for good is disowned, so it "
+    "lapses with its lease rather than being renewed by this process until its hard deadline",
+)
 
 
 # Background responses (`background: true`) are provider jobs: admitted here like any response,
@@ -436,7 +442,7 @@ class ProxyCall:
             # with its lease and expiry charges it at its worst case — the safe direction — rather
             # than this process renewing it until its hard deadline. (A request from a slice has
             # no row of its own: its part stays in the slice, charged with it.)
-            if p.reservation.slice_id is None:
+            if p.reservation.slice_id is None and GUARDS.disown_rejected:
                 try:
                     await runtime.db(disown, request_id=p.reservation.request_id, lane="settle")
                 except DatabaseError:
