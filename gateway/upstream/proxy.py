@@ -83,8 +83,9 @@ class ProxyCall:
 
     Its public interface, for the modules that take part in a call (gateway/upstream/streams.py,
     the jobs app's background responses); nothing outside this module uses a `_name` of it:
-    - read only: `req`, `kind`, `flavor`, `request_id`, `model_name`, `shape`, `admission` (its
-      admission, once admitted), `client_stream_options`;
+    - read only: `req`, `kind`, `flavor`, `request_id`, `started`, `model_name`, `shape`,
+      `admission` (once admitted), `client_stream_options` (what the request log's `note` reads
+      is among these);
     - what a target is sent: `format_of`, `upstream_body`, `headers_for`, `upstream_tag`;
     - how long an upstream call may take: `until_client_leaves` (cancelled when the client
       leaves) and `seconds_left` (until the request's hard deadline);
