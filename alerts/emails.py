@@ -14,6 +14,7 @@ from django.core.mail import EmailMultiAlternatives, get_connection
 from django.template.loader import render_to_string
 from django.urls import reverse
 
+from alerts.alert_models import AlertChannel
 from alerts.models import AlertEvent
 from core.money import format_usd
 from ledger.models import Budget
@@ -33,7 +34,6 @@ def format_percent(spent_nano: int, amount_nano: int) -> str:
 def recipients_for(budget: Budget) -> list[str]:
     """The budget's own recipients, else the organization's owners; plus the addresses of the
     organization's enabled email channels. One message to all of them."""
-    from alerts.alert_models import AlertChannel
 
     chosen = [r.strip() for r in budget.recipients or [] if isinstance(r, str) and "@" in r]
     if not chosen:

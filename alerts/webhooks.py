@@ -28,7 +28,9 @@ from django.conf import settings
 from django.db.models import F, Q
 from django.utils import timezone
 
+from alerts import emails
 from alerts.alert_models import AlertChannel, AlertDelivery
+from alerts.models import AlertEvent
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +62,6 @@ def create_deliveries(*, event_ids: list[int]) -> None:
         return
     from django.db import transaction
 
-    from alerts.models import AlertEvent
-
     rows = []
     now = timezone.now()
     for event_id, org_id in AlertEvent.objects.filter(id__in=event_ids).values_list("id", "organization_id"):
@@ -89,7 +89,7 @@ def create_deliveries(*, event_ids: list[int]) -> None:
 
 
 def _queue(delivery_id: int) -> None:
-    from alerts.tasks import send_alert_webhook
+    from alerts.tasks import send_alert_webhook  # alerts.tasks imports this module (WebhookFailed)
 
     try:
         with send_alert_webhook.app.connection_for_write(transport_options={"max_retries": 0}) as conn:
@@ -100,7 +100,6 @@ def _queue(delivery_id: int) -> None:
 
 def payload(delivery: AlertDelivery) -> dict:
     """The body: capgate's event JSON, or Slack's {"text": ...}."""
-    from alerts import emails
 
     event = delivery.event
     rendered = emails.render_alert(event)
@@ -134,6 +133,8 @@ def payload(delivery: AlertDelivery) -> dict:
 
 
 async def _post(url: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
+    # Against the layers (the contract's one ignored import, docs/architecture.md): the gateway's
+    # transport checks the address at connect time; imported only when a webhook is sent.
     from gateway.upstream.transport import GuardedTransport
 
     timeout = settings.CAPGATE.get("WEBHOOK_TIMEOUT", 10.0)
@@ -154,7 +155,7 @@ def deliver(*, delivery_id: int, now: datetime | None = None) -> str:
        help); else pending with the next attempt time, raising WebhookFailed so the task
        retries — or failed when attempts run out.
     """
-    from gateway.upstream.transport import DestinationRefused
+    from gateway.upstream.transport import DestinationRefused  # against the layers: see _post
 
     now = now or timezone.now()
     claimable = Q(status=Status.PENDING) | Q(status=Status.SENDING, claimed_at__lt=now - CLAIM_TTL)
@@ -212,7 +213,7 @@ def deliver(*, delivery_id: int, now: datetime | None = None) -> str:
 
 
 def _refused(exc: BaseException) -> bool:
-    from gateway.upstream.transport import DestinationRefused
+    from gateway.upstream.transport import DestinationRefused  # against the layers: see _post
 
     seen: BaseException | None = exc
     while seen is not None:  # httpx wraps httpcore's error

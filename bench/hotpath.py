@@ -52,6 +52,7 @@ def main() -> None:
     django.setup()
     from django.db import connection
 
+    # Imported after django.setup(): these import models, which need the app registry.
     from catalog.pricing import Usage
     from gateway.admission.bounds import SHAPERS
     from gateway.admission.service import admit_call
@@ -84,7 +85,7 @@ def main() -> None:
     with connection.execute_wrapper(counting):
         for _ in range(args.requests):
             shape = step("shape", partial(SHAPERS["chat"], json.loads(json.dumps(BODY)), headers))
-            _key, prepared = step(
+            _key, admission = step(
                 "admit_call",
                 partial(
                     admit_call,
@@ -104,10 +105,10 @@ def main() -> None:
                 status="served",
                 cost_nano=1000,
                 usage=Usage(input_tokens=20, output_tokens=8),
-                connection_id=prepared.targets[0].connection.id,
+                connection_id=admission.targets[0].connection.id,
             )
-            step("record", partial(record, reservation=prepared.reservation, outcome=outcome))
-            slices.book.settled(prepared.reservation)
+            step("record", partial(record, reservation=admission.reservation, outcome=outcome))
+            slices.book.settled(admission.reservation)
             step("drain", partial(drain, limit=500))
             slices.book.retire_expired()  # the gateway does these two every 0.1 s, off the request path
             slices.book.give_back_pending()

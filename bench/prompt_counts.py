@@ -72,6 +72,7 @@ def cost_table() -> list[str]:
     import django
 
     django.setup()
+    # Imported after django.setup(): these import models, which need the app registry.
     from gateway.admission import tokens
     from gateway.admission.bounds import shape_chat
 
@@ -109,6 +110,7 @@ def _setup(modes: int) -> list[tuple[str, int, int]]:
     import django
 
     django.setup()
+    # Imported after django.setup(): these import models, which need the app registry.
     from catalog.models import Connection, Model, Provider, Route, RouteTarget
     from ledger.models import Budget
     from tenants.models import ApiKey, Organization, Project, hash_key
@@ -155,6 +157,7 @@ async def _burst(key: str, n: int) -> list[httpx.Response | BaseException]:
 
 
 def _settled(budget_id: int, timeout: float = 60.0) -> int:
+    # Imported here: this script sets Django up in main(), after this module is loaded.
     from ledger.models import Reservation, Window
 
     deadline = time.monotonic() + timeout
@@ -226,6 +229,7 @@ def burst_table(n: int, delay_ms: int) -> list[str]:
 
 def _bounds(budget_id: int) -> list[str]:
     """How each served call of the budget's organization had its prompt bounded."""
+    # Imported here: this script sets Django up in main(), after this module is loaded.
     from ledger.models import Budget, UsageRecord
 
     org_id = Budget.objects.get(id=budget_id).organization_id

@@ -148,6 +148,7 @@ def setup() -> None:
     import django
 
     django.setup()
+    # Imported after django.setup(): these import models, which need the app registry.
     from catalog.models import Connection, Model, Provider, Route, RouteTarget
     from ledger.models import Budget
     from tenants.models import ApiKey, Organization, Project, hash_key
@@ -175,6 +176,7 @@ def setup() -> None:
 
 def settled(run: str, timeout: float = 20.0) -> int:
     """Wait until every call of the run is settled; its recorded spend."""
+    # Imported here: this script sets Django up in main(), after this module is loaded.
     from ledger.models import Reservation, Window
 
     deadline = time.monotonic() + timeout

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
+from ledger.spool import spool_dir
+
 log = logging.getLogger("capgate.health")
 
 
@@ -60,8 +62,6 @@ def check_migrations() -> Check:
 
 
 def check_spool() -> Check:
-    from ledger.spool import spool_dir
-
     try:
         probe = spool_dir() / f".readyz-{uuid.uuid4().hex}"
         with open(probe, "wb") as fh:

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -44,6 +43,7 @@ from echo import batches as echo_batches
 from echo import provider as echo
 from gateway.admission.bounds import SHAPERS
 from gateway.http.errors import GatewayError, bad_request, error_body
+from gateway.http.routes import NoRoute, Route, RouteTable
 from gateway.providers import connection_url
 
 PREFIX = "capgate-echo:"
@@ -274,38 +274,39 @@ async def video_delete(call: _Call, video_id: str) -> Answer:
     return 200, {"id": video_id, "object": "video.deleted", "deleted": True}, "application/json"
 
 
-_ID = r"([A-Za-z0-9_\-]+)"
 Handler = Callable[..., Awaitable[Answer]]
-_TABLE: list[tuple[str, str, Handler]] = [
-    ("POST", r"/v1/files", file_create),
-    ("GET", rf"/v1/files/{_ID}", file_get),
-    ("GET", rf"/v1/files/{_ID}/content", file_content),
-    ("DELETE", rf"/v1/files/{_ID}", file_delete),
-    ("POST", r"/v1/batches", batch_create),
-    ("GET", rf"/v1/batches/{_ID}", batch_get),
-    ("POST", rf"/v1/batches/{_ID}/cancel", batch_get),  # finished already: answered unchanged
-    ("POST", r"/v1/messages/batches", message_batch_create),
-    ("GET", rf"/v1/messages/batches/{_ID}", message_batch_get),
-    ("POST", rf"/v1/messages/batches/{_ID}/cancel", message_batch_get),
-    ("GET", rf"/v1/messages/batches/{_ID}/results", message_batch_results),
-    ("POST", r"/v1/responses", response_create),
-    ("GET", rf"/v1/responses/{_ID}", response_get),
-    ("POST", rf"/v1/responses/{_ID}/cancel", response_get),
-    ("DELETE", rf"/v1/responses/{_ID}", response_delete),
-    ("POST", r"/v1/videos", video_create),
-    ("GET", rf"/v1/videos/{_ID}", video_get),
-    ("GET", rf"/v1/videos/{_ID}/content", video_content),
-    ("DELETE", rf"/v1/videos/{_ID}", video_delete),
-]
-ROUTES = [(verb, re.compile(pattern), handler) for verb, pattern, handler in _TABLE]
+# Declared like the gateway's own routes (gateway/http/routes.py); an id is any run of id characters.
+ROUTES: RouteTable[Handler] = RouteTable(
+    [
+        Route("POST", "/v1/files", file_create),
+        Route("GET", "/v1/files/{file_id:token}", file_get),
+        Route("GET", "/v1/files/{file_id:token}/content", file_content),
+        Route("DELETE", "/v1/files/{file_id:token}", file_delete),
+        Route("POST", "/v1/batches", batch_create),
+        Route("GET", "/v1/batches/{batch_id:token}", batch_get),
+        Route("POST", "/v1/batches/{batch_id:token}/cancel", batch_get),  # finished already: answered unchanged
+        Route("POST", "/v1/messages/batches", message_batch_create),
+        Route("GET", "/v1/messages/batches/{batch_id:token}", message_batch_get),
+        Route("POST", "/v1/messages/batches/{batch_id:token}/cancel", message_batch_get),
+        Route("GET", "/v1/messages/batches/{batch_id:token}/results", message_batch_results),
+        Route("POST", "/v1/responses", response_create),
+        Route("GET", "/v1/responses/{response_id:token}", response_get),
+        Route("POST", "/v1/responses/{response_id:token}/cancel", response_get),
+        Route("DELETE", "/v1/responses/{response_id:token}", response_delete),
+        Route("POST", "/v1/videos", video_create),
+        Route("GET", "/v1/videos/{video_id:token}", video_get),
+        Route("GET", "/v1/videos/{video_id:token}/content", video_content),
+        Route("DELETE", "/v1/videos/{video_id:token}", video_delete),
+    ]
+)
 
 
 def _route(method: str, path: str) -> tuple[Handler, tuple[str, ...]]:
-    for verb, pattern, handler in ROUTES:
-        match = pattern.fullmatch(path)
-        if verb == method and match:
-            return handler, match.groups()
-    raise GatewayError(f"echo has no endpoint {method} {path}", code="unknown_url", status=404)
+    try:
+        route, match = ROUTES.resolve(method, path)
+    except NoRoute:
+        raise GatewayError(f"echo has no endpoint {method} {path}", code="unknown_url", status=404) from None
+    return route.handler, match.groups()
 
 
 _stores: dict[asyncio.AbstractEventLoop, aioredis.Redis] = {}

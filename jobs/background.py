@@ -29,7 +29,7 @@ FINAL = {"completed", "incomplete", "failed", "cancelled"}
 
 
 async def submit(call: ProxyCall, body: dict) -> None:
-    p = call.prepared
+    p = call.admission
     assert p is not None
     if body.get("stream"):
         await call.record(Outcome(status=UsageRecord.Status.FAILED_UPSTREAM, error="background stream not sent"))
@@ -86,7 +86,7 @@ async def submit(call: ProxyCall, body: dict) -> None:
             )
         )
         return await call.req.respond(
-            resp.status_code if resp.status_code >= 400 else 502, resp.content, call._headers()
+            resp.status_code if resp.status_code >= 400 else 502, resp.content, call.capgate_headers()
         )
     response_id = data["id"]
     # Owned by this organization from now on, with a context bound a continuation can use before
@@ -107,7 +107,7 @@ async def submit(call: ProxyCall, body: dict) -> None:
     if data.get("status") in FINAL:
         usage = usage_responses(data)
         await call.record(
-            call._served(target, usage, str(data.get("model") or ""))
+            call.served_outcome(target, usage, str(data.get("model") or ""))
             if usage is not None
             else Outcome(
                 status=UsageRecord.Status.FAILED_UPSTREAM,
@@ -132,4 +132,4 @@ async def submit(call: ProxyCall, body: dict) -> None:
             )
         except DatabaseError:
             log.exception("jobs: background response %s not recorded; its hold lapses to worst case", response_id)
-    await call.req.respond(200, json.dumps(data).encode(), call._headers())
+    await call.req.respond(200, json.dumps(data).encode(), call.capgate_headers())

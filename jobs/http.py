@@ -1,4 +1,4 @@
-"""The job endpoints under /v1, plugged into the gateway's router (gateway/http/app.py ROUTES).
+"""The job endpoints under /v1, registered in the gateway's route table (gateway/http/routes.py).
 
 Each handler authenticates, finds what the organization owns (anyone else's id is 404, as if
 it did not exist), and proxies to the connection that holds it. Submissions admit the job's
@@ -14,18 +14,20 @@ from collections.abc import Awaitable, Callable, Iterable
 
 from django.db import DatabaseError
 
+from alerts.alerts import note_refusal
 from core.errors import CapgateError
 from gateway import billing
 from gateway.admission.routing import authenticate
 from gateway.http.errors import GatewayError, bad_request, render
 from gateway.http.request import ClientGone, Request
+from gateway.http.routes import Handler as RouteHandler
+from gateway.http.routes import Route, register
 from gateway.upstream import proxy, runtime
 from ledger.errors import BudgetExceeded, BudgetUnavailable
 from tenants.models import ApiKey
 
 log = logging.getLogger("capgate.jobs")
 Handler = Callable[[Request, ApiKey, re.Match[str]], Awaitable[None]]
-_ID = r"([A-Za-z0-9_\-]{1,200})"
 
 
 def endpoint(flavor: str) -> Callable[[Handler], Callable[[Request, re.Match[str]], Awaitable[None]]]:
@@ -41,7 +43,11 @@ def endpoint(flavor: str) -> Callable[[Handler], Callable[[Request, re.Match[str
                 return
             except CapgateError as exc:
                 if isinstance(exc, BudgetExceeded):
-                    proxy._note_refusal(exc, tipped_by={"key": (req.api_key() or "")[:12], "model": "job"})
+                    runtime.run_soon(
+                        note_refusal,
+                        window_id=exc.window_id,
+                        tipped_by={"key": (req.api_key() or "")[:12], "model": "job"},
+                    )
                 await error(req, exc, flavor)
             except DatabaseError:
                 log.exception("jobs: database unavailable")
@@ -71,34 +77,38 @@ def upstream_failed(exc: Exception) -> GatewayError:
     return GatewayError(f"Upstream failed: {type(exc).__name__}", code="upstream_error", status=502)
 
 
-def install() -> None:
-    """Register the job routes with the gateway (called once, from JobsConfig.ready)."""
-    from gateway.http import app
+def routes() -> list[Route[RouteHandler]]:
+    """The job endpoints, as the gateway's route table declares routes."""
+    # Imported here: each of these modules imports this one (`endpoint`, `error`).
     from jobs import batches, files, message_batches, videos
 
-    if app.ROUTES:
-        return
-    for method, path, handler in (
-        ("POST", r"/v1/files", files.upload),
-        ("GET", r"/v1/files", files.list_files),
-        ("GET", rf"/v1/files/{_ID}", files.retrieve),
-        ("DELETE", rf"/v1/files/{_ID}", files.delete),
-        ("GET", rf"/v1/files/{_ID}/content", files.content),
-        ("POST", r"/v1/batches", batches.create),
-        ("GET", r"/v1/batches", batches.list_batches),
-        ("GET", rf"/v1/batches/{_ID}", batches.retrieve),
-        ("POST", rf"/v1/batches/{_ID}/cancel", batches.cancel),
-        ("POST", r"/v1/messages/batches", message_batches.create),
-        ("GET", r"/v1/messages/batches", message_batches.list_batches),
-        ("GET", rf"/v1/messages/batches/{_ID}", message_batches.retrieve),
-        ("POST", rf"/v1/messages/batches/{_ID}/cancel", message_batches.cancel),
-        ("GET", rf"/v1/messages/batches/{_ID}/results", message_batches.results),
-        ("POST", r"/v1/videos", videos.create),
-        ("GET", rf"/v1/videos/{_ID}", videos.retrieve),
-        ("GET", rf"/v1/videos/{_ID}/content", videos.content),
-        ("DELETE", rf"/v1/videos/{_ID}", videos.delete),
-    ):
-        app.ROUTES.append((method, re.compile(f"^{path}$"), handler))
+    return [
+        Route("POST", "/v1/files", files.upload),
+        Route("GET", "/v1/files", files.list_files),
+        Route("GET", "/v1/files/{file_id}", files.retrieve),
+        Route("DELETE", "/v1/files/{file_id}", files.delete),
+        Route("GET", "/v1/files/{file_id}/content", files.content),
+        Route("POST", "/v1/batches", batches.create),
+        Route("GET", "/v1/batches", batches.list_batches),
+        Route("GET", "/v1/batches/{batch_id}", batches.retrieve),
+        Route("POST", "/v1/batches/{batch_id}/cancel", batches.cancel),
+        Route("POST", "/v1/messages/batches", message_batches.create, flavor="anthropic"),
+        Route("GET", "/v1/messages/batches", message_batches.list_batches, flavor="anthropic"),
+        Route("GET", "/v1/messages/batches/{batch_id}", message_batches.retrieve, flavor="anthropic"),
+        Route("POST", "/v1/messages/batches/{batch_id}/cancel", message_batches.cancel, flavor="anthropic"),
+        Route("GET", "/v1/messages/batches/{batch_id}/results", message_batches.results, flavor="anthropic"),
+        Route("POST", "/v1/videos", videos.create),
+        Route("GET", "/v1/videos/{video_id}", videos.retrieve),
+        Route("GET", "/v1/videos/{video_id}/content", videos.content),
+        Route("DELETE", "/v1/videos/{video_id}", videos.delete),
+    ]
+
+
+def install() -> None:
+    """Register the job routes with the gateway's route table and the background-response
+    hand-off with the proxy (once, from JobsConfig.ready: a second registration is refused)."""
+    # Imported here: jobs.background imports the proxy, which is loaded once apps are ready.
     from jobs import background
 
-    proxy.BACKGROUND = background.submit
+    register(*routes())
+    proxy.register_background(background.submit)

@@ -17,6 +17,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from core.guards import Guards
 from gateway.providers import usage_anthropic, usage_openai, usage_responses
 from jobs.models import Job
 from jobs.settle import Report, apply_report
@@ -44,9 +45,11 @@ def backoff(polls: int) -> timedelta:
     return min(first * (2 ** min(max(polls - 1, 0), 20)), last)
 
 
-# Guard point (its removal test in tests/jobs/test_poll.py): a claim skips jobs another beat
-# holds and moves each claimed job's next poll forward, so two beats never poll one job twice.
-CLAIM_EXCLUSIVE = True
+# Removal test: tests/jobs/test_poll.py.
+GUARDS = Guards(
+    claim_exclusive="a claim skips jobs another beat holds and moves each one's next poll forward: "
+    "two beats never poll one job at once",
+)
 
 
 def claim(*, now: datetime | None = None, limit: int | None = None) -> list[Job]:
@@ -57,7 +60,7 @@ def claim(*, now: datetime | None = None, limit: int | None = None) -> list[Job]
     )
     with transaction.atomic():
         jobs = list(
-            Job.objects.select_for_update(skip_locked=CLAIM_EXCLUSIVE, of=("self",))
+            Job.objects.select_for_update(skip_locked=GUARDS.claim_exclusive, of=("self",))
             .select_related("connection")
             .filter(due, next_poll_at__lte=now)
             .order_by("next_poll_at")[:limit]
@@ -65,7 +68,7 @@ def claim(*, now: datetime | None = None, limit: int | None = None) -> list[Job]
         for job in jobs:
             job.polls += 1
             job.last_polled_at = now
-            job.next_poll_at = now + backoff(job.polls) if CLAIM_EXCLUSIVE else job.next_poll_at
+            job.next_poll_at = now + backoff(job.polls) if GUARDS.claim_exclusive else job.next_poll_at
         Job.objects.bulk_update(jobs, ["polls", "last_polled_at", "next_poll_at"])
     return jobs
 

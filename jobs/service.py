@@ -9,6 +9,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from core.guards import Guards
 from gateway.admission.subjects import creating_run_budget, payer
 from gateway.http.errors import GatewayError
 from jobs.models import Job, JobFile
@@ -19,16 +20,17 @@ from ledger.admission import (
     hand_to_job,
     matching_budgets,
 )
+from ledger.drain import drain
 from ledger.models import Budget, Reservation
-from ledger.recording import Outcome, RecordRejected, record
+from ledger.recording import Outcome, RecordRejected, record, release
 from tenants.models import ApiKey
 
-# Guard points (each has a removal test in tests/jobs/): the worst case is admitted at
-# submission, and the reservation then moves to the job.
-ADMIT_AT_SUBMISSION = True
-HAND_TO_JOB = True
-# ... and a cancel request never releases the hold (the provider may already have billed).
-KEEP_HOLD_ON_CANCEL = True
+# Removal tests: tests/jobs/test_batches.py, tests/capcheck/test_jobs_scenario.py.
+GUARDS = Guards(
+    admit_at_submission="a job's whole worst case is admitted at submission, before the provider sees it",
+    hand_to_job="once the provider accepts a job, its reservation moves to the job and outlives the request",
+    keep_hold_on_cancel="a cancel never releases the job's hold: the provider may already have billed",
+)
 
 
 def not_found(what: str, ident: str, param: str) -> GatewayError:
@@ -61,7 +63,7 @@ def admit_job(
                 code=refused_code,
                 status=402,
             )
-        worst = worst_nano if ADMIT_AT_SUBMISSION else 0
+        worst = worst_nano if GUARDS.admit_at_submission else 0
         return admit(
             request=AdmissionRequest(
                 subject=subject,
@@ -115,7 +117,7 @@ def start_job(
             deadline_at=deadline,
             next_poll_at=now + settings.CAPGATE["JOB_POLL_FIRST"],
         )
-        if HAND_TO_JOB:
+        if GUARDS.hand_to_job:
             hand_to_job(request_id=reservation.request_id, job_id=job.provider_job_id, deadline_at=deadline, now=now)
     return job
 
@@ -123,7 +125,6 @@ def start_job(
 def settle_submission(*, reservation: Reservation, outcome: Outcome) -> None:
     """A submission that did not become a job: recorded like a live request (failed_upstream
     when the provider refused it, estimated when the outcome is unknown) and drained."""
-    from ledger.drain import drain
 
     try:
         record(reservation=reservation, outcome=outcome)
@@ -180,9 +181,7 @@ def request_cancel(*, job_id: int) -> None:
     Job.objects.filter(pk=job_id, state=Job.State.LIVE).update(
         state=Job.State.CANCELLING, cancel_requested_at=now, next_poll_at=now
     )
-    if not KEEP_HOLD_ON_CANCEL:  # what the guard prevents: settling on the cancel request alone
-        from ledger.recording import release
-
+    if not GUARDS.keep_hold_on_cancel:  # what the guard prevents: settling on the cancel request alone
         job = Job.objects.get(pk=job_id)
         reservation = Reservation.objects.filter(request_id=job.request_id).first()
         if reservation is not None:

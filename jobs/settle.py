@@ -29,16 +29,22 @@ from catalog.pricing import (
     rates_for,
     video_nano,
 )
+from core.guards import Guards
 from jobs.models import Job
+from jobs.service import keep_result_files
 from ledger.admission import renew_jobs
+from ledger.drain import drain
 from ledger.models import Reservation, UsageRecord
 from ledger.recording import Outcome, RecordRejected, correct_estimate, record
 
 log = logging.getLogger("capgate.jobs")
 Status = UsageRecord.Status
 
-# Guard point (tests/jobs: its removal test): a live job's hold is renewed on every poll.
-RENEW_LEASES = True
+# Removal tests: tests/jobs/test_batches.py, tests/capcheck/test_mixed_batch_scenario.py.
+GUARDS = Guards(
+    renew_leases="a live job's hold is renewed on every poll, so it never lapses while the job runs",
+    price_each_line="each batch line is priced at its own model, not every line at the job's first",
+)
 
 
 @dataclass
@@ -66,11 +72,6 @@ def _total(usages: list[Usage]) -> Usage:
     )
 
 
-# Guard point (its removal tests: tests/capcheck/test_mixed_batch_scenario.py): each batch line
-# is priced at its own model. Without it every line is priced at the job's (the first line's).
-PRICE_EACH_LINE = True
-
-
 def _batch_cost(job: Job, report: Report) -> tuple[int, str]:
     """A batch's cost: each line's usage at the batch price of the model that line ran on
     (`Job.line_models`, else the job's one model). A line whose custom_id the batch did not
@@ -89,7 +90,7 @@ def _batch_cost(job: Job, report: Report) -> tuple[int, str]:
     total = 0
     for i, usage in enumerate(report.usages):
         custom_id = report.line_ids[i] if i < len(report.line_ids) else ""
-        mid = job.line_models.get(custom_id) if job.line_models and PRICE_EACH_LINE else job.model.id
+        mid = job.line_models.get(custom_id) if job.line_models and GUARDS.price_each_line else job.model.id
         if mid is None:
             unknown += 1
             mid = priciest
@@ -128,7 +129,6 @@ def _provider_model(job: Job, report: Report) -> str:
 def _apply(request_id: str, outcome: Outcome) -> None:
     """Record the job's outcome once: through its reservation while it has one, else (expiry
     charged it already) as the one correction of the `estimated` record."""
-    from ledger.drain import drain
 
     reservation = Reservation.objects.filter(request_id=request_id).first()
     if reservation is not None:
@@ -145,7 +145,6 @@ def _apply(request_id: str, outcome: Outcome) -> None:
 
 def apply_report(*, job_id: int, report: Report, now: datetime | None = None) -> str:
     """Apply one poll's report to a job. Returns the job's state after."""
-    from jobs.service import keep_result_files
 
     now = now or timezone.now()
     job = Job.objects.select_related("model", "connection").get(pk=job_id)
@@ -155,7 +154,7 @@ def apply_report(*, job_id: int, report: Report, now: datetime | None = None) ->
         return job.state
     if report.kind == "alive":
         held = Reservation.objects.filter(request_id=job.request_id).exists()
-        if held and RENEW_LEASES and job.state in (Job.State.LIVE, Job.State.CANCELLING):
+        if held and GUARDS.renew_leases and job.state in (Job.State.LIVE, Job.State.CANCELLING):
             renew_jobs(request_ids=[job.request_id], now=now)
         elif not held and job.state != Job.State.ESTIMATED:
             job.state = Job.State.ESTIMATED  # lapsed (deadline) and charged at worst case by expiry

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 from django.db import DatabaseError
 
+from alerts.alerts import note_refusal
 from catalog.models import Connection
 from core.errors import CapgateError
 from core.money import usd_str
@@ -71,7 +72,7 @@ class _Refused:
     request_id: str
     model_name: str
     started: float = field(default_factory=time.monotonic)
-    prepared: object | None = None
+    admission: object | None = None
 
 
 async def submit(req: Request, key: ApiKey, sub: Submission) -> None:
@@ -95,8 +96,9 @@ async def submit(req: Request, key: ApiKey, sub: Submission) -> None:
     except CapgateError as exc:
         # Refused before the provider saw it: a refusal row in the request log, like a request's.
         if isinstance(exc, BudgetExceeded):
-            proxy._note_refusal(
-                exc,
+            runtime.run_soon(
+                note_refusal,
+                window_id=exc.window_id,
                 tipped_by={
                     "request_id": request_id,
                     "key": (req.api_key() or "")[:12],

@@ -23,6 +23,7 @@ from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Least
 from django.utils import timezone
 
+from core.guards import Guards
 from ledger.errors import BudgetExceeded, BudgetUnavailable, SubjectGone
 from ledger.locks import ADMIT_WINDOW_LOCK
 from ledger.models import Budget, Reservation
@@ -110,10 +111,15 @@ def _refusal(ceilings: list[Ceiling], worst_nano: int) -> BudgetExceeded | None:
     )
 
 
-# Guard points. Production never changes these; the guard-removal tests do, to show that the
-# cap leaks without the row lock or without reading what others have reserved.
-LOCK_CLAUSE = ADMIT_WINDOW_LOCK  # the ledger's one window lock (ledger/locks.py)
-COUNT_RESERVED = True
+# Removal tests: tests/ledger/test_admission_races.py, tests/ledger/test_stale_budgets.py.
+GUARDS = Guards(
+    count_reserved="an admission counts what other requests already hold on each window, in its "
+    "unlocked read and in its statement",
+    check_stale_budgets="an admission that read its budgets before a blocking one was created or "
+    "edited reads them again, so the new budget's window holds it",
+)
+# The ledger's one window lock (ledger/locks.py); the row-lock removal test swaps the clause.
+LOCK_CLAUSE = ADMIT_WINDOW_LOCK
 RACE_DELAY_SECONDS = 0.0  # > 0 sleeps between the read and the write (race tests only)
 # Budgets edited or deleted while a request is admitted make it read them again. An edit still
 # committing is read again unchanged, and a burst of edits (an operator's script, `apply`) can
@@ -124,7 +130,6 @@ RACE_DELAY_SECONDS = 0.0  # > 0 sleeps between the read and the write (race test
 ADMIT_RETRY_SECONDS = 3.0
 RETRY_FIRST_SLEEP = 0.002
 RETRY_MAX_SLEEP = 0.05
-CHECK_STALE_BUDGETS = True  # refuse (and retry) an admission that read the budgets before an edit
 
 _ADMIT_SQL = f"""
 WITH ceilings AS (
@@ -179,9 +184,9 @@ def _admit_statement(params: dict) -> tuple[bool, list[Ceiling]]:
     held across a client round trip (or a Python thread waiting for the GIL)."""
     sql = _ADMIT_SQL.format(
         lock=LOCK_CLAUSE,
-        reserved="w.reserved_nano" if COUNT_RESERVED else "0",
+        reserved="w.reserved_nano" if GUARDS.count_reserved else "0",
         delay=f"pg_sleep({float(RACE_DELAY_SECONDS)})::text = ''" if RACE_DELAY_SECONDS else "true",
-        check_stale="" if CHECK_STALE_BUDGETS else "true OR",
+        check_stale="" if GUARDS.check_stale_budgets else "true OR",
     )
     try:
         with connection.cursor() as cursor:
@@ -273,7 +278,7 @@ def admit(*, request: AdmissionRequest) -> Admitted:
             continue  # a budget was deleted or reconfigured since it was read: read them again
         blocking_budgets = [b for b in budgets if b.mode == Budget.Mode.BLOCK]
         blocking = sorted(windows[b.id].id for b in blocking_budgets)
-        seen = [_ceiling(b, windows[b.id], count_reserved=COUNT_RESERVED) for b in blocking_budgets]
+        seen = [_ceiling(b, windows[b.id], count_reserved=GUARDS.count_reserved) for b in blocking_budgets]
         refusal = _refusal(seen, worst)
         if refusal is not None:
             raise refusal

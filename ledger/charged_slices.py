@@ -23,14 +23,16 @@ from collections.abc import Sequence
 from django.db import transaction
 from django.db.models import F
 
+from core.guards import Guards
 from ledger.locks import lock_windows, record_for_update
 from ledger.models import Reservation, UsageRecord, Window
 
 log = logging.getLogger(__name__)
 
-# Guard point: the tests set it to False to show the late records' true costs then never reach
-# the books (the estimate keeps every request at its worst case and the unused part besides).
-CORRECT = True
+# Removal test: tests/ledger/test_slice_charged.py.
+GUARDS = Guards(
+    correct="late records of a lapsed slice's requests correct its worst-case charge to their true costs",
+)
 
 
 def settle_charged_slices(*, carved: Sequence[Reservation], costs: dict[str, int], inserted: Sequence[str]) -> None:
@@ -45,7 +47,7 @@ def settle_charged_slices(*, carved: Sequence[Reservation], costs: dict[str, int
     if not gone:
         return
     unused = slices.book.charged(gone)
-    if not CORRECT:
+    if not GUARDS.correct:
         return
     fresh = set(inserted)
     for slice_id in gone:

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from catalog.models import Connection
 from catalog.pricing import Usage
+from core.guards import Guards
 from ledger.carving import CARVE_SQL, carve, carve_params
 from ledger.charged_slices import settle_charged_slices
 from ledger.drain import drain
@@ -116,10 +117,13 @@ def record(*, reservation: Reservation, outcome: Outcome, keep_late_report: bool
     return result
 
 
-# Guard point: a batch the database refuses as a whole (one record's subject deleted in flight,
-# a constraint) is written again one record at a time, so one bad record cannot take the
-# others down with it. The tests set it to False to show the batch's records are then lost.
-SPLIT_REFUSED_BATCH = True
+# Removal tests: tests/ledger/test_record_batch.py, tests/gateway/test_admin_actions.py.
+GUARDS = Guards(
+    split_refused_batch="a batch the database refuses as a whole is written again record by record, "
+    "so one bad record cannot lose the others",
+    detach_deleted_subjects="a record whose subject was deleted in flight is kept with the reference "
+    "cleared, not lost with its spend",
+)
 
 
 def record_many(
@@ -148,7 +152,7 @@ def record_many(
         carved = [r for *_, r in todo if r.slice_id is not None and not r.carved]
         inserted = _insert([row for _, row, _, _ in todo], carved=carved)
     except IntegrityError:
-        if not SPLIT_REFUSED_BATCH:
+        if not GUARDS.split_refused_batch:
             raise
         for i, row, outcome, reservation in todo:
             out[i] = _record_one(row, outcome, reservation, keep_late_report)
@@ -262,16 +266,11 @@ def _is_foreign_key_violation(exc: IntegrityError) -> bool:
     return getattr(exc.__cause__, "sqlstate", None) == "23503"
 
 
-# Guard point: the tests set it to False to show that without it a record whose subject was
-# deleted in flight is lost, and its spend with it.
-DETACH_DELETED_SUBJECTS = True
-
-
 def _detach_deleted(row: UsageRecord) -> bool:
     """Clear references to subjects (and the connection) deleted since admission, keeping each
     one's id and name frozen in `row.subject`. False if nothing was missing or the organization
     itself is gone (then there is nothing left to charge)."""
-    if not DETACH_DELETED_SUBJECTS:
+    if not GUARDS.detach_deleted_subjects:
         return False
     if not Organization.objects.filter(pk=row.organization_id).exists():
         return False

@@ -56,6 +56,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
+from core.guards import Guards
 from ledger.admission import AdmissionRequest, Admitted, Ceiling, admit
 from ledger.carving import (
     NOTIFY_CHANNEL,
@@ -75,24 +76,24 @@ from ledger.scopes import CHARGED_COLUMNS
 
 log = logging.getLogger(__name__)
 
-# Guard points (tests/ledger/test_slices.py removes each and shows the cap leak): a request is
-# admitted from a slice only if the slice still holds its worst case, and the check and the
-# decrement happen under the book's lock. RACE_DELAY_SECONDS > 0 sleeps between the two (race
-# tests only), so concurrent admissions overlap the way a missing lock would need every time.
-CHECK_AVAILABLE = True
-LOCKED = True
+# Removal tests: tests/ledger/test_slices.py, tests/ledger/test_slice_recall.py,
+# tests/gateway/test_slices_http.py.
+GUARDS = Guards(
+    check_available="a request is admitted from a slice only if the slice still holds its worst case",
+    locked="a slice's check and its decrement happen under the book's lock",
+    write_unblocked="a request from a slice of no blocking ceiling gets its own row at admission, so "
+    "a cap created while it is in flight carries it",
+    wait_for_recall="a refusal that live slices' holds on its window would cover waits for them to be "
+    "given back, and is admitted",
+    read_room_with_holds="whether a refusal is worth waiting for reads the window's room and its "
+    "slices' holds in one snapshot (a give-back between two reads would refuse room that is free)",
+)
+# RACE_DELAY_SECONDS > 0 sleeps between a slice's check and its decrement (race tests only), so
+# concurrent admissions overlap the way a missing lock would need every time.
 RACE_DELAY_SECONDS = 0.0
-# Guard point: a request from a slice of no blocking ceiling gets its own row at admission, so a
-# cap created while it is in flight carries it (tests/ledger/test_slices.py removes it).
-WRITE_UNBLOCKED = True
-# Guard point: a refusal that live slices' holds on its window would cover waits for them to be
-# recalled, at most RECALL_WAIT_SECONDS, polling every RECALL_POLL_SECONDS (a give-back takes one
-# statement per slice; each process's listener does it within milliseconds of the NOTIFY).
-WAIT_FOR_RECALL = True
-# Whether a refusal is worth waiting for is read as the window's room and its slices' holds in
-# one snapshot, not the refusal's (older) room plus holds read later: a give-back in between would
-# move room out of the holds into a room the sum no longer counts, and refuse room that is free.
-READ_ROOM_WITH_HOLDS = True
+# A refusal waits for recalled parts at most RECALL_WAIT_SECONDS, polling every
+# RECALL_POLL_SECONDS (a give-back takes one statement per slice; each process's listener does it
+# within milliseconds of the NOTIFY).
 RECALL_WAIT_SECONDS = 1.0
 RECALL_POLL_SECONDS = 0.02
 # A request finding its key's slice being taken waits for it, at most this long a round.
@@ -168,7 +169,7 @@ class Book:
         now = request.now or timezone.now()
         taken: Admitted | None = None
         mine: threading.Event | None = None  # set: this thread takes the key's next slice
-        lock = self._lock if LOCKED else nullcontext()
+        lock = self._lock if GUARDS.locked else nullcontext()
         # One thread per key takes the next slice; the others wait for it (a burst on a cold
         # key would otherwise take one slice per thread, or fall back to one admission each).
         for _round in range(TAKE_ROUNDS):
@@ -206,7 +207,7 @@ class Book:
         the row is refused (a blocking budget appeared, or the slice was charged by expiry), the
         slice admits no more and the request is admitted afresh."""
         reservation = admitted.reservation
-        if reservation.slice_id is None or reservation.amount_nano == 0 or not WRITE_UNBLOCKED:
+        if reservation.slice_id is None or reservation.amount_nano == 0 or not GUARDS.write_unblocked:
             return admitted
         with self._lock:
             s = self._all.get(reservation.slice_id)
@@ -251,11 +252,11 @@ class Book:
             return admitted
 
     def _worth_waiting(self, exc: BudgetExceeded, worst: int, deadline: float) -> bool:
-        if not WAIT_FOR_RECALL or exc.window_id is None or time.monotonic() >= deadline:
+        if not GUARDS.wait_for_recall or exc.window_id is None or time.monotonic() >= deadline:
             return False
         try:
             self.give_back_pending()  # this process's own recalled parts, now
-            if not READ_ROOM_WITH_HOLDS:
+            if not GUARDS.read_room_with_holds:
                 return exc.remaining_nano + slices_hold(window_id=exc.window_id) >= worst
             return recallable_room(window_id=exc.window_id) >= worst
         except DatabaseError:
@@ -263,7 +264,7 @@ class Book:
             return False
 
     def _fits(self, s: Slice, worst: int) -> bool:
-        if not s.blocking or not CHECK_AVAILABLE:
+        if not s.blocking or not GUARDS.check_available:
             return True
         return s.available >= worst
 

@@ -28,6 +28,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
 from catalog.pricing import Usage
+from core.guards import Guards
 from ledger.models import Reservation
 from ledger.recording import Outcome, record
 from ledger.scopes import CHARGED_COLUMNS
@@ -96,10 +97,11 @@ def pending() -> list[Path]:
 # Test hook: seconds a replayer waits after claiming a file, before reading it (the replayer
 # race tests widen the window in which a second replayer could take the same file).
 RACE_DELAY_SECONDS = 0.0
-# Guard point: a replayer holds an exclusive lock on the file it replays from claim to unlink,
-# and takes a file only if it gets that lock at once. The tests set it to False to show two
-# replayers then share a file (its records written back twice, or one replayer failing).
-LOCK_CLAIMS = True
+# Removal test: tests/ledger/test_spool_replayers.py.
+GUARDS = Guards(
+    lock_claims="a replayer holds an exclusive lock on its spool file from claim to unlink, and takes "
+    "a file only if it gets the lock at once: two replayers never share a file",
+)
 
 
 def replay() -> int:
@@ -131,7 +133,7 @@ def _claim(path: Path) -> _Claimed | None:
     except FileNotFoundError:
         return None  # another replayer finished it
     try:
-        if LOCK_CLAIMS:
+        if GUARDS.lock_claims:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
             if not _still_at(fh, path):
                 raise BlockingIOError("claimed and finished meanwhile")

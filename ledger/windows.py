@@ -33,6 +33,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from core.guards import Guards
 from ledger.locks import lock_reservations_table, lock_windows, windows_for_delete
 from ledger.models import Budget, Hold, Window
 from ledger.periods import period_bounds
@@ -40,9 +41,10 @@ from ledger.scopes import subject_filter, usage_sql
 
 Bounds = dict[int, tuple[datetime, datetime | None]]
 
-# Guard point: the tests set it to False to show that without carrying live holds a new window
-# under-counts the requests in flight, and the cap leaks by their worst cases.
-CARRY_HOLDS = True
+# Removal test: tests/gateway/test_admin_actions.py.
+GUARDS = Guards(
+    carry_holds="a window created mid-period carries the live holds of its scope, so requests in flight stay counted",
+)
 
 
 def _subject(budget: Budget) -> Any:
@@ -118,10 +120,10 @@ def create_windows(*, budgets: Sequence[Budget], bounds: Bounds) -> None:
         with transaction.atomic():
             # Run budgets are created by their run's own first call, before it admits: no
             # request of the run can hold a stale list, so they skip the table lock.
-            if CARRY_HOLDS and any(b.scope != Budget.Scope.RUN for b in carried):
+            if GUARDS.carry_holds and any(b.scope != Budget.Scope.RUN for b in carried):
                 lock_reservations_table()
             for b in carried:
-                _create(b, bounds[b.id], carry=CARRY_HOLDS)
+                _create(b, bounds[b.id], carry=GUARDS.carry_holds)
 
 
 def _create(budget: Budget, bounds: tuple[datetime, datetime | None], *, carry: bool) -> None:

@@ -29,6 +29,7 @@ from django.utils import timezone
 from prometheus_client import Counter
 
 from core.errors import CapgateError
+from core.guards import Guards
 from ledger.errors import BudgetExceeded
 from tenants.models import hash_key
 
@@ -40,9 +41,10 @@ DROPPED = Counter(
     ["reason"],
 )
 
-# Guard: an admitted request already has its row (its usage record). Noting it too would log
-# the request twice. Tests switch it off to show that (tests/requestlog/test_gateway_log.py).
-SKIP_ADMITTED = True
+# Removal tests: tests/requestlog/test_gateway_log.py.
+GUARDS = Guards(
+    skip_admitted="an admitted request is not noted: its usage record is its row, so it is logged once",
+)
 
 
 class _Request(Protocol):
@@ -64,7 +66,7 @@ class _Call(Protocol):
     @property
     def started(self) -> float: ...  # time.monotonic() when the request arrived
     @property
-    def prepared(self) -> object | None: ...  # set once admitted
+    def admission(self) -> object | None: ...  # set once admitted
     @property
     def model_name(self) -> str: ...
 
@@ -140,7 +142,7 @@ refusals = Buffer()
 def note(call: _Call, exc: CapgateError) -> None:
     """The gateway answered `call` with `exc`. Never raises, never does I/O."""
     try:
-        if SKIP_ADMITTED and call.prepared is not None:
+        if GUARDS.skip_admitted and call.admission is not None:
             return
         raw_key = call.req.api_key()
         if not raw_key:
@@ -173,7 +175,7 @@ def flush() -> int:
     On a database error the batch goes back into the buffer, and the error propagates."""
     from django.db import DatabaseError
 
-    from requestlog.services import write_refusals
+    from requestlog.services import write_refusals  # requestlog.services imports this module
 
     items = refusals.take()
     if not items:

@@ -12,6 +12,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from ledger.models import Budget
+from requestlog.buffer import DROPPED
 from requestlog.models import Refusal
 from tenants.models import ApiKey, EndCustomer
 
@@ -34,7 +35,6 @@ def write_refusals(*, items: Sequence[Pending]) -> int:
     4. If a subject was deleted between steps 1-2 and 3 (a foreign key refuses the batch),
        write the rows again with their optional references cleared.
     """
-    from requestlog.buffer import DROPPED
 
     keys = {
         k.key_hash: k

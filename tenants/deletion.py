@@ -9,6 +9,7 @@ from typing import Any
 
 from django.db import IntegrityError, OperationalError, models, transaction
 
+from core.guards import Guards
 from tenants.signals import subject_deleting
 
 # A deletion races the gateway: an admission inserting a reservation that names the subject takes
@@ -17,7 +18,11 @@ from tenants.signals import subject_deleting
 # nothing reserved); one that was already inserting finishes first and is collected. A deadlock
 # with an admission holding the subject's budget windows aborts one side; the deletion retries.
 DELETE_ATTEMPTS = 5
-LOCK_SUBJECTS_FOR_DELETE = True  # guard point: tests switch it off to show the race
+# Removal test: tests/tenants/test_delete_races.py.
+GUARDS = Guards(
+    lock_subjects_for_delete="a deletion locks the subject rows first, so an admission naming them "
+    "waits and then finds them gone",
+)
 
 
 def deleting(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -39,7 +44,7 @@ def deleting(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def lock_for_delete(model: type[models.Model], pks: Iterable[int]) -> None:
-    if LOCK_SUBJECTS_FOR_DELETE:
+    if GUARDS.lock_subjects_for_delete:
         list(
             model._default_manager.select_for_update()
             .filter(pk__in=list(pks))

@@ -20,6 +20,7 @@ from typing import Any
 
 from django.conf import settings
 
+from core import jsonlimits
 from gateway.admission import request_fields as fields
 from gateway.admission.tokens import Prompt
 from gateway.http.errors import bad_request
@@ -68,7 +69,6 @@ def _require_dict(body: Any) -> dict:
 def parse_json(raw: bytes) -> dict:
     # The one limited loader (config/jsonlimits.py): a deeply nested body is a 400, not a
     # RecursionError. The body's size is already bounded by MAX_BODY_BYTES (413) when read.
-    from core import jsonlimits
 
     try:
         return _require_dict(jsonlimits.loads(raw))

@@ -29,12 +29,14 @@ from django.conf import settings
 from django.db import IntegrityError
 
 from catalog.pricing import Usage, cost_nano
+from core.guards import Guards
 from core.money import MoneyError, usd_str, usd_to_nano
 from gateway.admission.bounds import Shape, shape_chat
 from gateway.admission.routing import authenticate, resolve_route, settle_rates
-from gateway.admission.service import reserve
+from gateway.admission.service import admit
 from gateway.admission.subjects import key_actor, payer
 from gateway.http.errors import GatewayError, bad_request
+from ledger.drain import drain
 from ledger.models import Reservation, UsageRecord
 from ledger.recording import Outcome, note_conflict, record, release
 from tenants.audit import Actor, audit
@@ -43,15 +45,12 @@ from tenants.services import authenticate_token
 
 # The reservation API's own fields: everything else in a chat-shaped body is the chat request.
 OWN_FIELDS = ("request_id", "ttl_seconds", "amount_usd")
-# Guard point: the tests set it to False to show that without it any key of the organization
-# can zero the cost of another request's proxied call.
-CHECK_OWNER = True
-
-# Guard point: a settle that loses a race with another settle of the same reservation at another
-# cost is answered 409 and kept apart from the record's reported cost. The tests set it to False
-# to show that without it the loser is told 200 and the audit then reports the request as drift on
-# every run.
-RECORD_CONFLICTS_APART = True
+# Removal tests: tests/gateway/test_admin_actions.py, tests/gateway/test_settle_conflicts.py.
+GUARDS = Guards(
+    check_owner="a reservation is settled or released only by its own key, never another request's",
+    record_conflicts_apart="a settle losing a race to another settle at another cost is 409, its cost "
+    "kept apart from the record's (else the loser is told 200 and the audit reports drift)",
+)
 
 MAX_USD = Decimal("1000000")
 
@@ -151,7 +150,7 @@ def create(*, raw_key: str | None, body: dict, headers: dict[str, str], owner_id
     )
     try:
         # Sized and admitted as the proxy sizes and admits, except that the caller makes the call.
-        prepared = reserve(
+        admission = admit(
             payer=who,
             request_id=request_id,
             model=model,
@@ -169,7 +168,7 @@ def create(*, raw_key: str | None, body: dict, headers: dict[str, str], owner_id
         if existing is None:
             raise
         return 200, view(existing)
-    return 201, view(prepared.reservation)
+    return 201, view(admission.reservation)
 
 
 def _caller(raw_key: str | None) -> ApiKey | ApiToken:
@@ -197,7 +196,7 @@ def _find(caller: ApiKey | ApiToken, reservation_id: str) -> tuple[Reservation |
     rec = UsageRecord.objects.filter(reservation_id=rid, organization_id=org_id).first()
     if reservation is None and rec is None:
         raise GatewayError("No such reservation.", code="reservation_not_found", status=404)
-    if CHECK_OWNER:
+    if GUARDS.check_owner:
         if reservation is not None:
             from_api, key_id = reservation.origin == Reservation.Origin.API, reservation.api_key_id
         else:
@@ -292,7 +291,7 @@ def _reported(body: dict, reservation: Reservation) -> tuple[int, Usage]:
 def _settled_before(rec: UsageRecord, cost: int) -> tuple[int, dict]:
     """A settle of a reservation already settled: the same cost again returns the first result;
     another cost is a conflict — 409 to this caller, kept once on the record, never applied."""
-    if rec.cost_nano == cost or not RECORD_CONFLICTS_APART:
+    if rec.cost_nano == cost or not GUARDS.record_conflicts_apart:
         return 200, record_view(rec)
     note_conflict(record_id=rec.pk, cost_nano=cost)
     raise GatewayError(
@@ -321,11 +320,10 @@ def settle(*, raw_key: str | None, reservation_id: str, body: dict) -> tuple[int
     rec = record(
         reservation=reservation,
         outcome=Outcome(status="served", cost_nano=cost, usage=usage),
-        keep_late_report=not RECORD_CONFLICTS_APART,
+        keep_late_report=not GUARDS.record_conflicts_apart,
     )
-    if RECORD_CONFLICTS_APART and rec.status == UsageRecord.Status.SERVED and rec.cost_nano != cost:
+    if GUARDS.record_conflicts_apart and rec.status == UsageRecord.Status.SERVED and rec.cost_nano != cost:
         return _settled_before(rec, cost)  # a concurrent settle of this reservation won
-    from ledger.drain import drain
 
     drain(request_ids=[rec.request_id])
     rec.refresh_from_db()

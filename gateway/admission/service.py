@@ -2,11 +2,13 @@
 pays, size the worst case and admit it. Runs on the gateway's database threads
 (gateway/upstream/runtime.py).
 
-The proxy (`admit_call`) and the reservation API (gateway/admission/reservations.py) both admit through
-`reserve`: one place sizes a request (gateway/admission/sizing.py), applies the tenant's limits, creates a
-run's budget with its first admission, and admits. The steps live beside it by job:
-gateway/admission/routing.py (key and route lookups), gateway/admission/subjects.py (who pays: customer and run
-budgets), gateway/admission/sizing.py (pricing and the worst case).
+The proxy's `admit_call` (authenticate, route, resolve who pays, then
+`admit`) and the reservation API (gateway/admission/reservations.py) both go through `admit`, which
+gives an `Admission`: one place sizes a request (gateway/admission/sizing.py), applies the tenant's
+limits, creates a run's budget with its first admission, and admits it in the ledger. The steps
+live beside it by job: gateway/admission/routing.py (key and route lookups),
+gateway/admission/subjects.py (who pays: customer and run budgets), gateway/admission/sizing.py
+(pricing and the worst case).
 """
 
 from __future__ import annotations
@@ -22,15 +24,18 @@ from gateway.admission.routing import Target, authenticate, resolve_route
 from gateway.admission.sizing import Sized, Translation, bound_tokens, size
 from gateway.admission.subjects import Payer, creating_run_budget, payer
 from gateway.http.errors import GatewayError
+from ledger import admission as ledger_admission
 from ledger import slices
-from ledger.admission import AdmissionRequest, admit, matching_budgets
+from ledger.admission import AdmissionRequest, matching_budgets
 from ledger.errors import SubjectGone
 from ledger.models import Budget, Reservation
 from tenants.models import ApiKey
 
 
 @dataclass
-class Prepared:
+class Admission:
+    """An admitted request: its reservation, the targets it may be sent to, and what was sized."""
+
     reservation: Reservation
     targets: list[Target]
     worst_nano: int
@@ -44,7 +49,7 @@ class Prepared:
     translated: bool = False  # a target of the other format may be tried (gateway/translate/)
 
 
-def reserve(
+def admit(
     *,
     payer: Payer,
     request_id: str,
@@ -58,7 +63,7 @@ def reserve(
     origin: str = Reservation.Origin.GATEWAY,
     sliced: bool = False,
     translation: Translation | None = None,
-) -> Prepared:
+) -> Admission:
     """Size a request's worst case and admit it: the one way a request gets a reservation.
 
     The worst case is `amount_nano` when the caller states it (the reservation API's
@@ -70,7 +75,7 @@ def reserve(
     only a proxied call that settles in this process (not a provider job) may.
     """
     with creating_run_budget(payer):
-        return _prepare(
+        return _admit(
             payer=payer,
             request_id=request_id,
             model=model,
@@ -86,7 +91,7 @@ def reserve(
         )
 
 
-def _prepare(
+def _admit(
     *,
     payer: Payer,
     request_id: str,
@@ -100,7 +105,7 @@ def _prepare(
     origin: str,
     sliced: bool,
     translation: Translation | None = None,
-) -> Prepared:
+) -> Admission:
     budgets = matching_budgets(payer.subject)
     if shape is None:  # the caller states its worst case
         assert amount_nano is not None
@@ -133,9 +138,9 @@ def _prepare(
         lease=lease,
         origin=origin,
     )
-    admitted = slices.book.admit(request) if sliced else admit(request=request)
+    admitted = slices.book.admit(request) if sliced else ledger_admission.admit(request=request)
     remaining = min((c.remaining_nano for c in admitted.ceilings), default=None)
-    return Prepared(
+    return Admission(
         reservation=admitted.reservation,
         targets=sized.targets,
         worst_nano=sized.worst_nano,
@@ -167,7 +172,7 @@ def admit_call(
     healthy: object,
     sliced: bool = True,
     translation: Translation | None = None,
-) -> tuple[ApiKey, Prepared]:
+) -> tuple[ApiKey, Admission]:
     """Everything before the provider call, in one trip to a database thread:
     authenticate, validate, route, resolve customer and run, admit.
 
@@ -192,7 +197,7 @@ def admit_call(
             )
         who = payer(key=key, customer_id=customer_id, run_id=run_id, run_budget_usd=run_budget_usd)
         try:
-            prepared = reserve(
+            admission = admit(
                 payer=who,
                 request_id=request_id,
                 model=shape.model,
@@ -206,7 +211,7 @@ def admit_call(
             if attempt + 1 == SUBJECT_ATTEMPTS:
                 raise
             continue
-        return key, prepared
+        return key, admission
     raise AssertionError("unreachable")
 
 
@@ -216,4 +221,4 @@ SUBJECT_ATTEMPTS = 3
 
 
 # gateway/upstream/proxy.py imports these from here.
-__all__ = ["Prepared", "Target", "admit_call", "authenticate", "reserve"]
+__all__ = ["Admission", "Target", "admit", "admit_call", "authenticate"]

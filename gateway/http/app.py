@@ -8,169 +8,34 @@ still uses Django's ORM and settings, on a database thread pool (gateway/upstrea
 from __future__ import annotations
 
 import logging
-import re
-import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-
-from django.conf import settings
-from django.db import DatabaseError
 
 from core.errors import CapgateError
-from gateway.admission import count_tokens, reservations
-from gateway.admission.bounds import parse_json
-from gateway.admission.routing import authenticate, list_models
-from gateway.http import metrics, ops
+from gateway.http import metrics, ops, routes
 from gateway.http.errors import GatewayError, render
-from gateway.http.request import ClientGone, Request
-from gateway.upstream import proxy, runtime, transport
-from gateway.upstream.stored import handle_stored_response
-from ledger.errors import BudgetExceeded, BudgetUnavailable
-from requestlog import buffer as request_log
+from gateway.http.request import Request
+from gateway.http.routes import MethodNotAllowed, NoRoute
+from gateway.upstream import runtime, transport
 
 log = logging.getLogger("capgate.gateway")
-_RESERVATION = re.compile(r"^/v1/reservations/([^/]+)/(settle|release)$")
-_PROXIED = {
-    "/v1/chat/completions": "chat",
-    "/v1/messages": "messages",
-    "/v1/embeddings": "embeddings",
-    "/v1/responses": "responses",
-}
-_STORED_RESPONSE = re.compile(r"^/v1/responses/([A-Za-z0-9_\-]{1,200})(/cancel|/input_items)?$")
-_STORED_ACTIONS = {
-    ("GET", None): "get",
-    ("DELETE", None): "delete",
-    ("POST", "/cancel"): "cancel",
-    ("GET", "/input_items"): "input_items",
-}
-# Endpoints served by an app above the gateway (jobs/: files, batches, videos), registered by its
-# AppConfig.ready(): (method, full-path pattern, handler(request, match)).
-ROUTES: list[tuple[str, re.Pattern[str], Callable[[Request, re.Match[str]], Awaitable[None]]]] = []
 
 
 async def handle(req: Request) -> None:
-    path = req.path.rstrip("/")
-    kind = _PROXIED.get(path)
-    if kind is not None:
-        if req.method != "POST":
-            return await _error(
-                req,
-                GatewayError("Use POST.", code="method_not_allowed", status=405),
-                "anthropic" if kind == "messages" else "openai",
-            )
-        return await proxy.handle(req, kind)
-    if path == count_tokens.PATH and req.method == "POST":
-        return await count_tokens.handle(req)
-    for method, pattern, handler in ROUTES:
-        matched = pattern.match(path)
-        if matched is not None and req.method == method:
-            return await handler(req, matched)
-    stored = _STORED_RESPONSE.match(path)
-    if stored is not None and (req.method, stored.group(2)) in _STORED_ACTIONS:
-        return await handle_stored_response(req, stored.group(1), _STORED_ACTIONS[(req.method, stored.group(2))])
+    """Send the request to its route (gateway/http/routes.py); no route is 404, a proxied path
+    asked with another method 405 in its endpoint's shape."""
     try:
-        if path == "/v1/models" and req.method == "GET":
-            key = await runtime.db(authenticate, req.api_key())
-            names = await runtime.db(list_models, key=key)
-            return await req.json(
-                200,
-                {
-                    "object": "list",
-                    "data": [
-                        {"id": n, "object": "model", "created": 0, "owned_by": key.organization.slug} for n in names
-                    ],
-                },
-            )
-        if path == "/v1/reservations" and req.method == "POST":
-            return await _reserve(req)
-        match = _RESERVATION.match(path)
-        if match and req.method == "POST":
-            raw = await req.body(settings.CAPGATE["MAX_BODY_BYTES"])
-            if match.group(2) == "settle":
-                status, data = await runtime.db(
-                    reservations.settle,
-                    raw_key=req.api_key(),
-                    reservation_id=match.group(1),
-                    body=parse_json(raw or b"{}"),
-                    lane="settle",
-                )
-            else:
-                status, data = await runtime.db(
-                    reservations.release_reservation,
-                    raw_key=req.api_key(),
-                    reservation_id=match.group(1),
-                    lane="settle",
-                )
-            if runtime.background is not None:
-                runtime.background.kick_drain()
-            return await req.json(status, data)
-        raise GatewayError(f"No route for {req.method} {req.path}.", code="not_found", status=404)
-    except ClientGone:
-        return
-    except BudgetExceeded as exc:
-        proxy._note_refusal(exc)
-        return await _error(req, exc, "openai")
-    except CapgateError as exc:
-        return await _error(req, exc, "openai")
-    except DatabaseError:
-        log.exception("gateway: database unavailable")
-        return await _error(req, BudgetUnavailable("The database is unavailable; nothing was reserved."), "openai")
-
-
-@dataclass
-class _Answered:
-    """A request answered outside ProxyCall, as the request log's note() reads it."""
-
-    req: Request
-    kind: str
-    request_id: str = field(default_factory=proxy.new_request_id)
-    started: float = field(default_factory=time.monotonic)
-    prepared: object | None = None  # the reservation API's admitted requests have their usage record
-    model_name: str = ""
-
-
-async def _reserve(req: Request) -> None:
-    """POST /v1/reservations. Its refusals (402, 429) and other errors once the key is known go
-    to the request log like the proxy's: noted in memory only (requestlog/buffer.py), so the
-    admission path gains no write; the answer carries the id they are logged under."""
-    call = _Answered(req, "reservations")
-    try:
-        body: dict = parse_json(await req.body(settings.CAPGATE["MAX_BODY_BYTES"]))
-        call.model_name = str(body.get("model") or "") if isinstance(body, dict) else ""
-        bg = runtime.background
-        status, data = await runtime.db(
-            reservations.create,
-            raw_key=req.api_key(),
-            body=body,
-            headers=req.headers,
-            owner_id=bg.instance_id if bg else None,
+        route, match = routes.TABLE.resolve(req.method, req.path.rstrip("/"))
+    except MethodNotAllowed as refused:
+        allowed = refused.route
+        return await _error(
+            req,
+            GatewayError(f"Use {allowed.method}.", code="method_not_allowed", status=405),
+            allowed.flavor,
         )
-    except ClientGone:
-        return
-    except CapgateError as exc:
-        if isinstance(exc, BudgetExceeded):
-            h = req.headers
-            proxy._note_refusal(
-                exc,
-                tipped_by={
-                    "request_id": call.request_id,
-                    "key": (req.api_key() or "")[:12],
-                    "customer": h.get("x-capgate-customer", ""),
-                    "run": h.get("x-capgate-run", ""),
-                    "model": call.model_name[:200],
-                },
-            )
-        return await _logged_error(call, exc)
-    except DatabaseError:
-        log.exception("gateway: database unavailable")
-        return await _logged_error(call, BudgetUnavailable("The database is unavailable; nothing was reserved."))
-    await req.json(status, data)
-
-
-async def _logged_error(call: _Answered, exc: CapgateError) -> None:
-    request_log.note(call, exc)
-    status, headers, body = render(exc, flavor="openai")
-    await call.req.respond(status, body, [*headers, (b"x-capgate-request-id", call.request_id.encode())])
+    except NoRoute:
+        return await _error(
+            req, GatewayError(f"No route for {req.method} {req.path}.", code="not_found", status=404), "openai"
+        )
+    await route.handler(req, match)
 
 
 class InternalError(GatewayError):

@@ -37,7 +37,10 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
+from alerts.models import AlertDelivery, AlertEvent
 from core.money import nano_to_usd
+from ledger.models import Reservation, UsageRecord
+from ledger.spool import pending, spool_dir
 
 log = logging.getLogger("capgate.metrics")
 
@@ -169,15 +172,11 @@ def _state_rows() -> dict[str, Any]:
     from django.db.models import Count, Sum
     from django.utils import timezone
 
-    from alerts.models import AlertEvent
-    from ledger.models import Reservation, UsageRecord
-
     now = timezone.now()
     outbox = UsageRecord.objects.filter(applied=False)
     oldest = outbox.order_by("id").values_list("created_at", flat=True).first()
     live = list(Reservation.objects.values("organization__slug").annotate(n=Count("id"), held=Sum("amount_nano")))
     alerts = list(AlertEvent.objects.values("status").annotate(n=Count("id")))
-    from alerts.models import AlertDelivery
 
     deliveries = list(AlertDelivery.objects.values("status").annotate(n=Count("id")))
     return {
@@ -191,7 +190,6 @@ def _state_rows() -> dict[str, Any]:
 
 def _spool_lines() -> tuple[int, int]:
     """Records waiting in this host's spool, and files in its dead letter."""
-    from ledger.spool import pending, spool_dir
 
     waiting = 0
     for path in pending():

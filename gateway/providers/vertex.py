@@ -33,6 +33,7 @@ from catalog.kinds import VERTEX_SCOPES as SCOPES
 from catalog.kinds import service_account_key
 from gateway.providers.anthropic import beta_headers
 from gateway.providers.base import Adapter, UpstreamRequest, register
+from gateway.upstream.transport import client
 
 if TYPE_CHECKING:
     from gateway.admission.routing import Target
@@ -53,7 +54,6 @@ class _LoopRequest(transport.Request):
         self.loop = loop
 
     def __call__(self, url, method="GET", body=None, headers=None, timeout=None, **kwargs):  # type: ignore[override]
-        from gateway.upstream.transport import client
 
         future = asyncio.run_coroutine_threadsafe(
             client().request(method, url, content=body, headers=headers, timeout=timeout or _TOKEN_TIMEOUT),

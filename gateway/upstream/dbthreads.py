@@ -9,12 +9,14 @@ import logging
 import select
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import TypeVar
 
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection
+
+from core.guards import Guards
 
 log = logging.getLogger("capgate.gateway")
 T = TypeVar("T")
@@ -55,6 +57,21 @@ def executor(lane: str = "admit") -> ThreadPoolExecutor:
         return _executors[lane]
 
 
+def run_soon(fn: Callable[..., object], /, *, lane: str = "settle", **kwargs: object) -> None:
+    """Run `fn(**kwargs)` on a database thread of `lane` without waiting for it, for work the
+    answer does not depend on (a refusal's alert). Its error is logged, never raised here."""
+
+    def done(future: Future) -> None:
+        error = None if future.cancelled() else future.exception()
+        if error is not None:
+            log.error("%s failed", getattr(fn, "__qualname__", fn), exc_info=error)
+
+    try:
+        executor(lane).submit(fn, **kwargs).add_done_callback(done)
+    except RuntimeError:  # the lane is shut down: the process is stopping
+        log.exception("%s not run: the %s lane is shut down", getattr(fn, "__qualname__", fn), lane)
+
+
 # How often the connection pool tries to reconnect while the database is away. psycopg_pool
 # backs off exponentially (1 s, 2 s, 4 s, ...), so after a 20 s outage its next attempt could be
 # 15 s after the database was back, every admission meanwhile timing out of the pool with 503.
@@ -71,11 +88,11 @@ def reconnect_steadily() -> None:
     AttemptWithBackoff.DELAY_BACKOFF = 1.0
 
 
-# Guard points (tests/faults/test_db_threads.py removes each and shows a request failing on a
-# connection the restart killed): a held connection that looks dead is dropped before use, and
-# one that turns out dead in use costs one failed attempt, retried at once on a fresh one.
-DROP_DEAD_HELD = True
-RETRY_LOST = True
+# Removal tests: tests/faults/test_db_threads.py (a request failing on a connection a restart killed).
+GUARDS = Guards(
+    drop_dead_held="a held connection that looks dead is dropped before use",
+    retry_lost="a call that finds its held connection dead in use is retried once, at once, on a fresh one",
+)
 
 
 def _close_quietly() -> None:
@@ -96,7 +113,7 @@ def _held_connection_usable() -> bool:
     raw = connection.connection
     if raw is None:
         return False
-    if not DROP_DEAD_HELD:
+    if not GUARDS.drop_dead_held:
         return True
     try:
         if raw.closed or raw.broken:
@@ -130,7 +147,7 @@ def _call(fn: Callable[..., T], *args, **kwargs) -> T:
     try:
         return fn(*args, **kwargs)
     except (OperationalError, InterfaceError):
-        retry = RETRY_LOST and reused and _connection_lost()
+        retry = GUARDS.retry_lost and reused and _connection_lost()
         _close_quietly()
         if not retry:
             raise

@@ -21,13 +21,15 @@ import httpx
 from django.conf import settings
 from django.db import DatabaseError
 
-from catalog.pricing import UnpricedFeature, UnpricedModel, Usage, cost_nano, rates_for
+from alerts.alerts import note_refusal
+from catalog.pricing import Usage
 from core.errors import CapgateError
+from core.guards import Guards
 from core.money import usd_str
 from gateway.admission.bounds import SHAPERS, Shape, parse_json
 from gateway.admission.request_fields import collecting_unclassified
 from gateway.admission.routing import TRANSLATED, target_format
-from gateway.admission.service import Prepared, Target, admit_call
+from gateway.admission.service import Admission, Target, admit_call
 from gateway.http import metrics
 from gateway.http.errors import GatewayError, render
 from gateway.http.request import ClientGone, Request
@@ -35,20 +37,36 @@ from gateway.providers import adapter, response_state
 from gateway.translate import Translated, client_headers_for, translate_request
 from gateway.translate import error as translated_error
 from gateway.translate import reply as translated_reply
-from gateway.upstream import continuations, runtime, streams, transport
+from gateway.upstream import continuations, outcomes, runtime, streams, transport
 from gateway.upstream.recorder import recorder
 from gateway.upstream.streams import NOT_BILLED, Attempt
 from gateway.upstream.transport import client
+from ledger.admission import disown
 from ledger.errors import BudgetExceeded, BudgetUnavailable
-from ledger.recording import Outcome
+from ledger.recording import Outcome, RecordRejected
+from ledger.spool import append
 from requestlog import buffer as request_log
 
 log = logging.getLogger("capgate.gateway")
+# Removal test: tests/gateway/test_record_rejected.py.
+GUARDS = Guards(
+    disown_rejected="a reservation whose record the database refuses for good is disowned, so it "
+    "lapses with its lease rather than being renewed by this process until its hard deadline",
+)
 
 
 # Background responses (`background: true`) are provider jobs: admitted here like any response,
 # then handed to the jobs app (jobs/background.py), which registers itself at startup.
-BACKGROUND: Callable[[ProxyCall, dict], Awaitable[None]] | None = None
+_background: Callable[[ProxyCall, dict], Awaitable[None]] | None = None
+
+
+def register_background(handler: Callable[[ProxyCall, dict], Awaitable[None]]) -> None:
+    """Hand every admitted background response to `handler` (the jobs app, once, from its
+    AppConfig.ready). A second registration is refused: a response has one owner."""
+    global _background
+    if _background is not None:
+        raise RuntimeError(f"background responses are already handed to {_background.__qualname__}")
+    _background = handler
 
 
 def new_request_id() -> str:
@@ -61,13 +79,28 @@ async def handle(req: Request, kind: str) -> None:
 
 
 class ProxyCall:
+    """One proxied request, from its body to its one usage record (`run`).
+
+    Its public interface, for the modules that take part in a call (gateway/upstream/streams.py,
+    the jobs app's background responses); nothing outside this module uses a `_name` of it:
+    - read only: `req`, `kind`, `flavor`, `request_id`, `started`, `model_name`, `shape`,
+      `admission` (once admitted), `client_stream_options` (what the request log's `note` reads
+      is among these);
+    - what a target is sent: `format_of`, `upstream_body`, `headers_for`, `upstream_tag`;
+    - how long an upstream call may take: `until_client_leaves` (cancelled when the client
+      leaves) and `seconds_left` (until the request's hard deadline);
+    - how it ends: `capgate_headers` (the answer's x-capgate-* headers), `served_outcome` (what
+      an answered call is charged), `record` (its one usage record), `remember_response` (a
+      stored response's context, for continuations), `fail` (an error in the endpoint's shape).
+    """
+
     def __init__(self, req: Request, kind: str):
         self.req = req
         self.kind = kind
         self.flavor = "anthropic" if kind == "messages" else "openai"
         self.request_id = new_request_id()
         self.started = time.monotonic()
-        self.prepared: Prepared | None = None
+        self.admission: Admission | None = None
         self.text_tokens = 0  # the input bound, told to in-process providers (transport.Call)
         self.client_stream_options: dict = {}
         self.shape: Shape | None = None
@@ -77,9 +110,9 @@ class ProxyCall:
         # format may be tried (gateway/translate/); an untranslatable request keeps its error.
         self.translated: dict[str, Translated | CapgateError] = {}
 
-    def _headers(self) -> list[tuple[bytes, bytes]]:
+    def capgate_headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"x-capgate-request-id", self.request_id.encode())]
-        p = self.prepared
+        p = self.admission
         if p is not None:  # admitted: what it reserved, and the room left under its tightest cap
             headers.append((b"x-capgate-reserved-usd", usd_str(p.worst_nano).encode()))
             # The prompt tokens that worst case reserves and how they were bounded (exact count or bytes).
@@ -92,7 +125,7 @@ class ProxyCall:
     async def fail(self, exc: CapgateError) -> None:
         request_log.note(self, exc)  # refused before admission: the log's row (admitted ones have a usage record)
         status, headers, body = render(exc, flavor=self.flavor)
-        await self.req.respond(status, body, headers + self._headers())
+        await self.req.respond(status, body, headers + self.capgate_headers())
 
     async def run(self) -> None:
         try:
@@ -107,7 +140,7 @@ class ProxyCall:
         try:
             body = self.body = parse_json(raw)
             self.model_name = str(body.get("model") or "") if isinstance(body, dict) else ""
-            background = self.kind == "responses" and body.get("background") is True and BACKGROUND is not None
+            background = self.kind == "responses" and body.get("background") is True and _background is not None
             # A background response is bounded like the same response in the foreground. What the
             # billing inventory does not list is decided once the budgets are known (gateway/admission/unclassified.py).
             with collecting_unclassified() as found:
@@ -121,7 +154,7 @@ class ProxyCall:
         bg = runtime.background
         admitting = time.monotonic()
         try:
-            _key, self.prepared = await runtime.db(
+            _key, self.admission = await runtime.db(
                 admit_call,
                 raw_key=self.req.api_key(),
                 shape=shape,
@@ -138,8 +171,9 @@ class ProxyCall:
             )
         except BudgetExceeded as exc:
             h = self.req.headers
-            _note_refusal(
-                exc,
+            runtime.run_soon(
+                note_refusal,
+                window_id=exc.window_id,
                 tipped_by={
                     "request_id": self.request_id,
                     "key": (self.req.api_key() or "")[:12],
@@ -163,10 +197,10 @@ class ProxyCall:
         assert shape is not None
         self.text_tokens = shape.text_tokens
         self.shape = shape
-        if self.prepared is not None and self.prepared.unclassified:
-            metrics.count_unclassified(self.kind, self.prepared.unclassified)
-        if self.kind == "responses" and body.get("background") is True and BACKGROUND is not None:
-            return await BACKGROUND(self, body)
+        if self.admission is not None and self.admission.unclassified:
+            metrics.count_unclassified(self.kind, self.admission.unclassified)
+        if self.kind == "responses" and body.get("background") is True and _background is not None:
+            return await _background(self, body)
         options = body.get("stream_options")
         self.client_stream_options = options if isinstance(options, dict) else {}
         try:
@@ -178,9 +212,9 @@ class ProxyCall:
             # A bug after admission: the call may have gone out, so it is charged at its worst case
             # now rather than holding the room until expiry. If the outcome was already recorded,
             # this record is a no-op (the first record of a request id wins).
-            assert self.prepared is not None
+            assert self.admission is not None
             await self.record(
-                Outcome(status="estimated", cost_nano=self.prepared.worst_nano, error="internal error after admission")
+                Outcome(status="estimated", cost_nano=self.admission.worst_nano, error="internal error after admission")
             )
             raise
 
@@ -216,7 +250,7 @@ class ProxyCall:
             assert isinstance(translated, Translated)
             body, patch = translated.body, translated.shape.patch
         out = {**body, **patch, "model": ad.model_id(target)}
-        p = self.prepared
+        p = self.admission
         assert p is not None
         if p.inject_max_output is not None:
             if kind == "chat":
@@ -230,7 +264,7 @@ class ProxyCall:
         return out
 
     async def forward(self, body: dict, stream: bool) -> None:
-        p = self.prepared
+        p = self.admission
         assert p is not None
         last = Attempt(kind="not_billed", status=502, error="no connection was tried")
         for target in p.targets:
@@ -241,7 +275,7 @@ class ProxyCall:
                 if stream:
                     attempt = await self.stream_attempt(target, up_body)
                 else:
-                    async with asyncio.timeout(self._seconds_left()):
+                    async with asyncio.timeout(self.seconds_left()):
                         attempt = await self.call_attempt(target, up_body)
             except TimeoutError:
                 attempt = Attempt(kind="unknown", error="request reached its maximum lifetime")
@@ -276,14 +310,14 @@ class ProxyCall:
             )
         await self.record(Outcome(status="failed_upstream", error=last.error or f"upstream status {last.status}"))
         if last.body and 400 <= last.status < 500 and last.status not in (401, 403):
-            return await self.req.respond(last.status, last.body, self._headers())
+            return await self.req.respond(last.status, last.body, self.capgate_headers())
         if last.body and last.status in (429, 500, 502, 503, 529):
-            return await self.req.respond(last.status, last.body, self._headers())
+            return await self.req.respond(last.status, last.body, self.capgate_headers())
         await self.fail(
             GatewayError(f"Upstream failed: {last.error or last.status}", code="upstream_error", status=502)
         )
 
-    async def _race_client(self, coro):
+    async def until_client_leaves(self, coro):
         """Run coro; if the client disconnects first, cancel it and raise ClientGone."""
         work = asyncio.ensure_future(coro)
         gone = asyncio.ensure_future(_wait_disconnect(self.req))
@@ -300,10 +334,10 @@ class ProxyCall:
     async def call_attempt(self, target: Target, up_body: dict) -> Attempt:
         try:
             # The adapter may fetch a credential first (a refused one is not billed either).
-            up = await self._race_client(
+            up = await self.until_client_leaves(
                 adapter(target).request(target, self.format_of(target), up_body, self.headers_for(target), stream=False)
             )
-            resp = await self._race_client(
+            resp = await self.until_client_leaves(
                 client().post(up.url, content=up.content, headers=up.headers, extensions=self.upstream_tag(target))
             )
         except NOT_BILLED as exc:
@@ -318,9 +352,9 @@ class ProxyCall:
         runtime.health.succeeded(target.connection.id)
         kind = self.format_of(target)
         usage, provider_model = adapter(target).usage_from_body(kind, data)  # billed from the target's own format
-        await self.record(self._served(target, usage, provider_model), target)
+        await self.record(self.served_outcome(target, usage, provider_model), target)
         if self.kind == "responses":
-            await self._remember(target, _loads(data))
+            await self.remember_response(target, _loads(data))
         if kind != self.kind:
             try:
                 data = translated_reply(
@@ -331,20 +365,20 @@ class ProxyCall:
                     GatewayError("The provider's answer could not be read.", code="upstream_error", status=502)
                 )
                 return Attempt(kind="done")
-        await self.req.respond(200, data, self._headers())
+        await self.req.respond(200, data, self.capgate_headers())
         return Attempt(kind="done")
 
     def headers_for(self, target: Target) -> dict[str, str]:
         """The client's headers an adapter may forward: none of the other format's."""
         return self.req.headers if self.format_of(target) == self.kind else client_headers_for(self.req.headers)
 
-    async def _remember(self, target: Target, response: object) -> None:
+    async def remember_response(self, target: Target, response: object) -> None:
         """Keep a relayed response's context size, so a continuation from it can be bounded
         (gateway/upstream/continuations.py). Not when the provider does not store it either."""
         state = response_state(response)
         if state is None or (self.shape is not None and self.shape.stored is False):
             return
-        p = self.prepared
+        p = self.admission
         assert p is not None
         response_id, conversation_id, context = state
         try:
@@ -361,9 +395,9 @@ class ProxyCall:
             # Safe direction: a continuation from an unknown id is refused under a cap.
             log.warning("could not remember response %s: database unavailable", response_id)
 
-    def _seconds_left(self) -> float:
-        assert self.prepared is not None
-        return max(self.prepared.reservation.deadline_at.timestamp() - time.time(), 0.001)
+    def seconds_left(self) -> float:
+        assert self.admission is not None
+        return max(self.admission.reservation.deadline_at.timestamp() - time.time(), 0.001)
 
     def upstream_tag(self, target: Target) -> dict:
         """The upstream call's request extensions: whose slot it takes, and what an in-process
@@ -372,56 +406,21 @@ class ProxyCall:
             connection=target.connection, client_headers=self.req.headers, input_tokens=self.text_tokens
         )
 
-    def _served(
+    def served_outcome(
         self, target: Target, usage: Usage | None, provider_model: str, error: str = "no usage reported"
     ) -> Outcome:
-        """The record of a call the provider answered, priced at the model actually called and
-        at the service tier the provider says served it."""
-        p = self.prepared
+        """The record of a call `target` answered (gateway/upstream/outcomes.py `served`): priced
+        from `usage`, or at the worst case with `error` when the provider reported none."""
+        p = self.admission
         assert p is not None
-        if usage is None:
-            return Outcome(
-                status="estimated",
-                cost_nano=p.worst_nano,
-                connection_id=target.connection.id,
-                provider_model=provider_model,
-                error=error,
-            )
-        requested = target.tier(self.shape.service_tier if self.shape else None)
-        # The speed the provider says it served at; without one, the speed asked for (a fast
-        # request falling back to standard is billed at standard, and the usage says so).
-        speed = usage.speed or (self.shape.speed if self.shape else None)
-        notes = list(usage.unpriced)
-        try:
-            try:
-                rates = rates_for(
-                    model=target.model,
-                    connection=target.connection,
-                    tier=usage.service_tier or requested,
-                    speed=speed,
-                )
-            except UnpricedFeature as exc:
-                notes.append(f"unpriced {exc.feature}")
-                rates = rates_for(model=target.model, connection=target.connection, tier=requested)
-            cost = cost_nano(usage=usage, rates=rates)
-            if usage.web_search_requests and rates.web_search_per_use is None:
-                notes.append("unpriced web search")
-            if usage.cache_write_1h_tokens and rates.cache_write_1h is None:
-                notes.append("unpriced 1-hour cache writes")
-        except (UnpricedModel, UnpricedFeature):  # unpriced traffic allowed through: cost unknown
-            cost = 0
-            notes.append("unpriced model")
-        if notes and p.governed:
-            # A paid feature we cannot price is never dropped: charged no less than the worst
-            # case reserved for it, and the record says what it was.
-            cost = max(cost, p.worst_nano)
-        return Outcome(
-            status="served",
-            cost_nano=cost,
+        return outcomes.served(
+            target=target,
             usage=usage,
-            connection_id=target.connection.id,
-            provider_model=provider_model or target.model.name,
-            error=("unpriced usage: " + "; ".join(notes)) if notes else "",
+            provider_model=provider_model,
+            error=error,
+            worst_nano=p.worst_nano,
+            governed=p.governed,
+            shape=self.shape,
         )
 
     async def stream_attempt(self, target: Target, up_body: dict) -> Attempt:
@@ -430,11 +429,8 @@ class ProxyCall:
     async def record(self, outcome: Outcome, target: Target | None = None) -> None:
         """Insert the usage record (group commit with the records of other requests finishing
         meanwhile, gateway/upstream/recorder.py); if the database is down, spool it to disk (fsync'd)."""
-        from ledger.admission import disown
-        from ledger.recording import RecordRejected
-        from ledger.spool import append
 
-        p = self.prepared
+        p = self.admission
         assert p is not None
         outcome = Outcome(
             **{
@@ -452,7 +448,7 @@ class ProxyCall:
             # with its lease and expiry charges it at its worst case — the safe direction — rather
             # than this process renewing it until its hard deadline. (A request from a slice has
             # no row of its own: its part stays in the slice, charged with it.)
-            if p.reservation.slice_id is None:
+            if p.reservation.slice_id is None and GUARDS.disown_rejected:
                 try:
                     await runtime.db(disown, request_id=p.reservation.request_id, lane="settle")
                 except DatabaseError:
@@ -498,17 +494,3 @@ async def _wait_disconnect(req: Request) -> None:
         message = await req.receive()
         if message["type"] == "http.disconnect":
             return
-
-
-def _note_refusal(exc: BudgetExceeded, tipped_by: dict | None = None) -> None:
-    """Let alerts know a ceiling refused (first refusal per window emails). Never raises."""
-    try:
-        from alerts import alerts
-
-        note = getattr(alerts, "note_refusal", None)
-        if note is not None:
-            asyncio.get_running_loop().run_in_executor(
-                runtime.executor("settle"), lambda: note(window_id=exc.window_id, tipped_by=tipped_by)
-            )
-    except Exception:  # alerts must never break the request path
-        log.exception("could not note refusal")

@@ -1,6 +1,6 @@
 """Process-wide gateway machinery: upstream connection health, and the background loops started
 with the ASGI app (heartbeat, micro-batch drain, spool replay, request log flush). The database
-threads (`db`, `executor`) are gateway/upstream/dbthreads.py's, re-exported here for the callers."""
+threads (`db`, `executor`, `run_soon`) are gateway/upstream/dbthreads.py's, re-exported here for the callers."""
 
 from __future__ import annotations
 
@@ -11,8 +11,22 @@ import time
 from django.conf import settings
 from django.db import DatabaseError
 
+from gateway.admission import tokens
 from gateway.upstream import transport
-from gateway.upstream.dbthreads import close_thread_connections, db, executor, warm_thread_connections  # noqa: F401  (re-exported)
+from gateway.upstream.dbthreads import (  # noqa: F401  (re-exported)
+    close_thread_connections,
+    db,
+    executor,
+    run_soon,
+    warm_thread_connections,
+)
+from gateway.upstream.recorder import recorder
+from ledger import slices
+from ledger.drain import drain, drain_all
+from ledger.instances import alive_ids, heartbeat, register, stop
+from ledger.spool import pending, replay
+from ratelimits.services import drop_idle_redis
+from requestlog import buffer as request_log
 
 log = logging.getLogger("capgate.gateway")
 
@@ -64,9 +78,6 @@ class Background:
         self._wake.set()
 
     async def start(self) -> None:
-        from gateway.admission import tokens
-        from ledger.instances import register
-
         # Off the event loop and not awaited: requests are served meanwhile, and one needing an
         # exact count before the load ends waits on the encoding's lock only for the rest of it.
         self.tokenizers = asyncio.get_running_loop().run_in_executor(None, tokens.warm)
@@ -89,11 +100,6 @@ class Background:
         ]
 
     async def stop(self) -> None:
-        from ledger import slices
-        from ledger.drain import drain_all
-        from ledger.instances import stop
-        from requestlog import buffer as request_log
-
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -112,8 +118,6 @@ class Background:
         # retried every HEARTBEAT_RETRY seconds after a failure rather than a whole interval: a
         # process says it is alive as soon as the database answers again (ledger/instances.py
         # measures a silence from the database's own start, so the outage itself is not counted).
-        from ledger import slices
-        from ledger.instances import alive_ids, heartbeat, register
 
         interval = settings.CAPGATE["HEARTBEAT_INTERVAL"].total_seconds()
         while True:
@@ -133,7 +137,6 @@ class Background:
         # Headroom slices (ledger/slices.py): retire the ones past their time or period, and give
         # their unused parts back to the windows, off the request path. A return the database
         # refuses now is tried again next round; until then the room stays held (never lost).
-        from ledger import slices
 
         while True:
             await asyncio.sleep(SLICE_TICK_SECONDS)
@@ -151,8 +154,6 @@ class Background:
         # connection; a lost notification costs utilization, not the cap).
         import psycopg
 
-        from ledger import slices
-
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(conninfo(), autocommit=True) as conn:
@@ -167,7 +168,6 @@ class Background:
     async def _drain(self) -> None:
         # Woken by each recorded response; waits one interval so that a burst settles in one
         # batch (one lock per hot ceiling per batch), then drains until the outbox is empty.
-        from ledger.drain import drain
 
         while True:
             try:
@@ -186,7 +186,6 @@ class Background:
         # Idle pooled Redis sockets are closed every REDIS_IDLE_DROP_SECONDS (the next call
         # reconnects): after a Redis restart, the ones no call happens to reuse would otherwise sit
         # half-closed (CLOSE-WAIT) for as long as the process lives.
-        from ratelimits.services import drop_idle_redis
 
         while True:
             await asyncio.sleep(settings.CAPGATE["REDIS_IDLE_DROP_SECONDS"])
@@ -199,7 +198,6 @@ class Background:
     async def _request_log(self) -> None:
         # Refusals noted in memory (requestlog/buffer.py) go to the database here, one INSERT per
         # interval, off the admitting threads; if the database is down they wait (bounded).
-        from requestlog import buffer as request_log
 
         interval = settings.CAPGATE["REQUEST_LOG_FLUSH_SECONDS"]
         while True:
@@ -217,8 +215,6 @@ class Background:
         # Records parked in memory (gateway/upstream/recorder.py) and spooled to disk (ledger/spool.py)
         # go to the outbox once the database answers. Nothing ends this loop but cancellation:
         # any other failure is logged and the next round tries again.
-        from gateway.upstream.recorder import recorder
-        from ledger.spool import pending, replay
 
         while True:
             await asyncio.sleep(REPLAY_INTERVAL)

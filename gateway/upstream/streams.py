@@ -38,13 +38,13 @@ async def stream_attempt(call: ProxyCall, target: Target, up_body: dict) -> Atte
     upstream_client = client()
     try:
         # The adapter may fetch a credential first (a refused one is not billed either).
-        up = await call._race_client(
+        up = await call.until_client_leaves(
             adapter(target).request(target, call.format_of(target), up_body, call.headers_for(target), stream=True)
         )
         request = upstream_client.build_request(
             "POST", up.url, content=up.content, headers=up.headers, extensions=call.upstream_tag(target)
         )
-        response = await call._race_client(upstream_client.send(request, stream=True))
+        response = await call.until_client_leaves(upstream_client.send(request, stream=True))
     except NOT_BILLED as exc:
         return Attempt(kind="failover", error=f"{type(exc).__name__}: {exc}")
     except httpx.HTTPError as exc:
@@ -66,7 +66,7 @@ async def relay(call: ProxyCall, target: Target, events, response: httpx.Respons
     """Relay SSE events to the client until the stream ends, the client leaves, the
     upstream drops, or the request's hard lifetime runs out; then record once. A target of the
     other format is billed from its own events and relayed in the endpoint's (gateway/translate/)."""
-    p = call.prepared
+    p = call.admission
     assert p is not None
     kind = call.format_of(target)
     tracker = adapter(target).stream_usage(kind)
@@ -75,7 +75,7 @@ async def relay(call: ProxyCall, target: Target, events, response: httpx.Respons
         stream_translator(client=call.kind, upstream=kind, wants_usage=wants_usage) if kind != call.kind else None
     )
     ending = "completed"
-    deadline = call._seconds_left()
+    deadline = call.seconds_left()
 
     async def pump() -> None:
         async for event in events:
@@ -94,11 +94,11 @@ async def relay(call: ProxyCall, target: Target, events, response: httpx.Respons
             await call.req.send({"type": "http.response.body", "body": raw + b"\n\n", "more_body": True})
 
     await call.req.start(
-        200, [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *call._headers()]
+        200, [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *call.capgate_headers()]
     )
     try:
         async with asyncio.timeout(deadline):
-            await call._race_client(pump())
+            await call.until_client_leaves(pump())
     except ClientGone:
         ending = "client disconnected mid-stream"
     except TimeoutError:
@@ -114,13 +114,13 @@ async def relay(call: ProxyCall, target: Target, events, response: httpx.Respons
     # Usage that arrived is the provider's final word even if the client left afterwards.
     usage = tracker.usage
     await call.record(
-        call._served(target, usage, tracker.model, error=ending)
+        call.served_outcome(target, usage, tracker.model, error=ending)
         if usage is not None
         else Outcome(status="estimated", cost_nano=p.worst_nano, connection_id=target.connection.id, error=ending),
         target,
     )
     if call.kind == "responses" and tracker.response is not None:
-        await call._remember(target, tracker.response)
+        await call.remember_response(target, tracker.response)
     if ending != "client disconnected mid-stream":
         try:
             await call.req.send({"type": "http.response.body", "body": b"", "more_body": False})

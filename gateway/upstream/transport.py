@@ -35,6 +35,7 @@ from httpx_aiohttp import AiohttpTransport
 
 from catalog.destinations import allowed_networks, refusal_reason
 from core.errors import CapgateError
+from gateway.http import metrics
 
 if typing.TYPE_CHECKING:
     from catalog.models import Connection
@@ -369,8 +370,6 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         owner: tuple[int, int] | None, sent: float, *, status: int | None = None, error: BaseException | None = None
     ) -> None:
         if owner is not None:  # a tenant's upstream call (not, say, an alert webhook)
-            from gateway.http import metrics
-
             metrics.observe_upstream(
                 connection_id=owner[1], seconds=time.monotonic() - sent, status=status, error=error
             )

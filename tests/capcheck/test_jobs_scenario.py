@@ -30,7 +30,7 @@ def test_jobs_scenario_holds_the_four_properties(gateway):
 
 
 def test_jobs_scenario_fails_without_admission_at_submission(gateway, monkeypatch):
-    monkeypatch.setattr(service, "ADMIT_AT_SUBMISSION", False)
+    monkeypatch.setattr(service.GUARDS, "admit_at_submission", False)
     out, error = capcheck(gateway, "--scenario", "jobs", "--concurrency", "40", "--cap-usd", "0.30")
     assert error is not None
     assert "-> FAIL" in out and "P1" in out

@@ -36,7 +36,7 @@ def test_mixed_model_batches_are_recorded_at_the_providers_bill(gateway, slices_
 
 
 def test_priced_at_the_first_lines_model_the_books_fail(gateway, monkeypatch):
-    monkeypatch.setattr(settle, "PRICE_EACH_LINE", False)
+    monkeypatch.setattr(settle.GUARDS, "price_each_line", False)
     out, error = capcheck(gateway, *ARGS)
     assert error is not None
     assert "-> FAIL" in out and "the provider billed" in out

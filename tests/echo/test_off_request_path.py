@@ -16,7 +16,11 @@ from gateway.upstream import transport
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 REQUEST_PATH = [
+    "gateway/http/app.py",
+    "gateway/http/routes.py",
+    "gateway/http/endpoints.py",
     "gateway/upstream/proxy.py",
+    "gateway/upstream/outcomes.py",
     "gateway/upstream/streams.py",
     "gateway/upstream/stored.py",
     "gateway/upstream/runtime.py",

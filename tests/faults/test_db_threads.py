@@ -62,14 +62,14 @@ def test_the_first_call_after_a_restart_succeeds_on_a_fresh_connection(bare_clus
 
 def test_without_the_socket_check_a_dead_connection_costs_one_attempt_retried_at_once(bare_cluster, monkeypatch):
     # given: the held connection is not checked before use: the call finds it dead
-    monkeypatch.setattr(dbthreads, "DROP_DEAD_HELD", False)
+    monkeypatch.setattr(dbthreads.GUARDS, "drop_dead_held", False)
     # then: the call is retried at once on a fresh connection, and succeeds
     assert _after_a_restart(bare_cluster) == [1, 1]
 
 
 def test_removal_without_either_guard_the_first_call_after_a_restart_fails(bare_cluster, monkeypatch):
-    monkeypatch.setattr(dbthreads, "DROP_DEAD_HELD", False)
-    monkeypatch.setattr(dbthreads, "RETRY_LOST", False)
+    monkeypatch.setattr(dbthreads.GUARDS, "drop_dead_held", False)
+    monkeypatch.setattr(dbthreads.GUARDS, "retry_lost", False)
     first, second = _after_a_restart(bare_cluster)
     assert isinstance(first, DatabaseError)  # the request that met the dead connection
     assert second == 1  # the connection was dropped after failing: the next call reconnects

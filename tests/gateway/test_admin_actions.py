@@ -145,7 +145,7 @@ def test_another_key_cannot_settle_or_release_a_proxied_call(gateway, wired):
 
 def test_without_the_owner_check_the_calls_lose_their_cost_and_the_audit_sees_it(gateway, wired, monkeypatch):
     # given: the guard removed
-    monkeypatch.setattr(reservations, "CHECK_OWNER", False)
+    monkeypatch.setattr(reservations.GUARDS, "check_owner", False)
     # when
     served, attacks = _zero_in_flight_calls(gateway, wired)
     # then: the leak returns (served, recorded at zero) and the per-request audit flags each one
@@ -279,7 +279,7 @@ def test_a_timezone_change_carries_the_calls_in_flight(gateway, wired):
 
 
 def test_without_carrying_the_holds_a_timezone_change_overspends(gateway, wired, monkeypatch):
-    monkeypatch.setattr(budget_windows, "CARRY_HOLDS", False)
+    monkeypatch.setattr(budget_windows.GUARDS, "carry_holds", False)
     budget, served = _edit_mid_burst(gateway, wired, _change_timezone)
     budget.refresh_from_db()
     assert served == 10
@@ -341,7 +341,7 @@ def test_deleting_the_customer_and_project_in_flight_keeps_every_cost(gateway, w
 
 
 def test_without_detaching_deleted_subjects_the_records_are_lost(gateway, wired, settings, tmp_path, monkeypatch):
-    monkeypatch.setattr(recording, "DETACH_DELETED_SUBJECTS", False)
+    monkeypatch.setattr(recording.GUARDS, "detach_deleted_subjects", False)
     settings.CAPGATE = {**settings.CAPGATE, "DATA_DIR": str(tmp_path)}
     slow_echo(wired, delay_ms=1000)
     futures = burst(gateway, 3, **{"x-capgate-customer": "cust-2"})

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from django.utils import timezone
 
+from gateway.upstream import proxy
 from gateway.upstream.recorder import Recorder
-from ledger import admission
 from ledger.admission import disown, renew
 from ledger.instances import register
 from ledger.models import Reservation, UsageRecord
@@ -45,7 +45,7 @@ def test_a_refused_record_leaves_its_reservation_to_lapse_with_its_lease(gateway
 
 def test_removal_without_disowning_the_live_process_keeps_renewing_it(gateway, wired, monkeypatch):
     monkeypatch.setattr(Recorder, "record", _refused)
-    monkeypatch.setattr(admission, "disown", lambda **kw: False)
+    monkeypatch.setattr(proxy.GUARDS, "disown_rejected", False)
     assert _send(gateway).status_code == 200
     (held,) = Reservation.objects.all()
     assert held.owner_id is not None  # renewed by beat while this process lives, up to its deadline

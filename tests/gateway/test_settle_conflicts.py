@@ -112,7 +112,7 @@ def test_without_the_guard_the_losers_hear_200_and_the_audit_fails_every_run(
     gateway, wired, slices_mode, racing, monkeypatch
 ):
     # given: the guard removed
-    monkeypatch.setattr(reservations, "RECORD_CONFLICTS_APART", False)
+    monkeypatch.setattr(reservations.GUARDS, "record_conflicts_apart", False)
     wired.budget(amount="1")
     rid = _reserve(gateway)
     # when

@@ -126,7 +126,7 @@ def test_failures_and_streams_from_slices_each_get_their_row_and_nothing_is_left
 
 
 def test_without_the_slice_check_the_same_burst_overspends_the_cap(gateway, wired, sliced, monkeypatch):
-    monkeypatch.setattr(slices, "CHECK_AVAILABLE", False)
+    monkeypatch.setattr(slices.GUARDS, "check_available", False)
     budget, worst, answers = _burst(gateway, wired, calls=15)
     deadline = time.monotonic() + 10  # the drain applies what was recorded
     while UsageRecord.objects.filter(applied=False).exists() and time.monotonic() < deadline:

@@ -84,7 +84,7 @@ def test_batch_over_the_remaining_budget_is_refused_at_submission(gateway, jobs_
 
 
 def test_submission_admission_removal_lets_it_through(gateway, jobs_org, upstream, monkeypatch):
-    monkeypatch.setattr(service, "ADMIT_AT_SUBMISSION", False)
+    monkeypatch.setattr(service.GUARDS, "admit_at_submission", False)
     client = oa(gateway)
     f = upload(client, 3)
     _budget(jobs_org, "0.10")
@@ -131,13 +131,13 @@ def test_batch_is_counted_past_the_request_lease(gateway, jobs_org, upstream):
 
 
 def test_lease_renewal_removal_lets_the_hold_lapse(gateway, jobs_org, upstream, monkeypatch):
-    monkeypatch.setattr(settle, "RENEW_LEASES", False)
+    monkeypatch.setattr(settle.GUARDS, "renew_leases", False)
     with pytest.raises(AssertionError, match="hold gone"):
         _long_batch(gateway, jobs_org, upstream)
 
 
 def test_hand_to_job_removal_leaves_the_hold_with_the_request(gateway, jobs_org, upstream, monkeypatch):
-    monkeypatch.setattr(service, "HAND_TO_JOB", False)
+    monkeypatch.setattr(service.GUARDS, "hand_to_job", False)
     with pytest.raises(AssertionError):
         _long_batch(gateway, jobs_org, upstream)
 
@@ -164,7 +164,7 @@ def test_cancelled_after_billing_is_charged_what_was_billed(gateway, jobs_org, u
 
 
 def test_no_release_on_cancel_removal_undercharges(gateway, jobs_org, upstream, monkeypatch):
-    monkeypatch.setattr(service, "KEEP_HOLD_ON_CANCEL", False)
+    monkeypatch.setattr(service.GUARDS, "keep_hold_on_cancel", False)
     with pytest.raises(AssertionError):
         _cancelled_after_billing(gateway, jobs_org, upstream)
 

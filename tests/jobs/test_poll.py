@@ -54,7 +54,7 @@ def test_two_polls_at_once_ask_about_a_job_once(gateway, jobs_org, upstream):
 
 
 def test_claim_guard_removal_polls_twice(gateway, jobs_org, upstream, monkeypatch):
-    monkeypatch.setattr(poll, "CLAIM_EXCLUSIVE", False)
+    monkeypatch.setattr(poll.GUARDS, "claim_exclusive", False)
     with pytest.raises(AssertionError):
         _polled_once(gateway, jobs_org, upstream)
 

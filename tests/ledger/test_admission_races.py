@@ -64,7 +64,7 @@ def test_without_the_row_lock_the_cap_leaks(acme, monkeypatch):
 
 def test_without_the_reservation_read_the_cap_leaks(acme, monkeypatch):
     # given: the lock kept, but admission ignores what others have reserved
-    monkeypatch.setattr(admission, "COUNT_RESERVED", False)
+    monkeypatch.setattr(admission.GUARDS, "count_reserved", False)
     # when
     budget, admitted, _ = _exact_fit(acme, n=60)
     # then

@@ -74,7 +74,7 @@ def test_a_key_deleted_in_flight_does_not_lose_the_batch(acme):
 
 def test_without_splitting_a_refused_batch_one_bad_record_loses_them_all(acme, monkeypatch):
     # given: the guard removed
-    monkeypatch.setattr(recording, "SPLIT_REFUSED_BATCH", False)
+    monkeypatch.setattr(recording.GUARDS, "split_refused_batch", False)
     doomed = acme.add_key("doomed")
     reservations = _admitted(acme, 2) + _admitted(acme, 1, key=doomed) + _admitted(acme, 2)
     ApiKey.objects.filter(pk=doomed.pk).delete()

@@ -85,7 +85,7 @@ def test_the_late_record_corrects_the_slice_estimate_to_its_true_cost_once(acme,
 def test_removal_without_the_correction_the_slice_stays_charged_whole(acme, book, monkeypatch):
     from ledger import charged_slices
 
-    monkeypatch.setattr(charged_slices, "CORRECT", False)
+    monkeypatch.setattr(charged_slices.GUARDS, "correct", False)
     budget, *_ = _charged_under_a_live_process(acme, book)
     drain_all()
     assert _slice_estimate().cost_nano == 20 * WORST

@@ -140,7 +140,7 @@ def test_a_request_under_a_new_narrower_budget_waits_for_the_slices_it_carried_a
 
 
 def test_without_waiting_for_the_recall_the_same_request_is_refused_with_room_left(acme, monkeypatch):
-    monkeypatch.setattr(slices, "WAIT_FOR_RECALL", False)
+    monkeypatch.setattr(slices.GUARDS, "wait_for_recall", False)
     book_a, in_flight, budget, outcome, _waited, _listener = _run(acme, delay=2.0)
     # then: refused, though the key's requests hold only $0.02 of its $0.10
     assert isinstance(outcome, BudgetExceeded)
@@ -166,7 +166,7 @@ def test_a_give_back_between_the_refusal_and_the_wait_check_still_admits(acme, m
     """A's listener gives its part back in the instant between B's refusal and B's check of
     whether waiting is worth it. The room moved from the slices' holds into the window: read
     together it is still there; the refusal's older room plus the holds read afterwards miss it."""
-    monkeypatch.setattr(slices, "READ_ROOM_WITH_HOLDS", one_snapshot)
+    monkeypatch.setattr(slices.GUARDS, "read_room_with_holds", one_snapshot)
     monkeypatch.setattr(slices, "RECALL_WAIT_SECONDS", 5.0)
     book_a, _owner_a, in_flight = _other_process_holds_a_slice(acme)
     _narrower_budget(acme)

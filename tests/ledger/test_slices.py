@@ -188,7 +188,7 @@ def test_concurrent_processes_never_admit_past_the_cap(acme):
 
 def test_without_the_slice_check_the_cap_leaks(acme, monkeypatch):
     # given: a slice admits whatever it is asked, not only what it holds
-    monkeypatch.setattr(slices, "CHECK_AVAILABLE", False)
+    monkeypatch.setattr(slices.GUARDS, "check_available", False)
     budget = acme.budget(amount="1")
     owners = [register().id for _ in range(3)]
     books = [Book() for _ in owners]
@@ -200,7 +200,7 @@ def test_without_the_slice_check_the_cap_leaks(acme, monkeypatch):
 
 def test_without_the_books_lock_concurrent_takes_overdraw_a_slice(acme, monkeypatch):
     # given: one process whose slice is checked and decremented without its lock, the gap widened
-    monkeypatch.setattr(slices, "LOCKED", False)
+    monkeypatch.setattr(slices.GUARDS, "locked", False)
     monkeypatch.setattr(slices, "RACE_DELAY_SECONDS", 0.05)
     acme.budget(amount="1")
     owner = register().id
@@ -381,7 +381,7 @@ def test_a_request_reading_budgets_before_a_cap_committed_is_admitted_afresh(acm
 
 def test_without_their_rows_requests_of_a_zero_slice_escape_a_cap_created_mid_flight(acme, monkeypatch):
     # the guard removed: requests of a zero slice have no row until recorded
-    monkeypatch.setattr(slices, "WRITE_UNBLOCKED", False)
+    monkeypatch.setattr(slices.GUARDS, "write_unblocked", False)
     book, owner, cap, in_flight = _in_flight_then_capped(acme, switch=False)
     # then: the new window starts empty and admits past the cap
     admitted = book.admit(_request(acme, owner, _matching(acme)))

@@ -105,7 +105,7 @@ def test_two_replayers_with_the_database_up_land_each_record_once(spooled, widen
 
 def test_removal_without_the_claim_lock_two_replayers_share_a_file(spooled, widened, monkeypatch):
     # given: replayers that claim by rename alone, without holding a lock on the file
-    monkeypatch.setattr(spool, "LOCK_CLAIMS", False)
+    monkeypatch.setattr(spool.GUARDS, "lock_claims", False)
     # when: both replay together, a few times over (the database is down, so each round leaves
     # the records on disk for the next): the race needs both to look at the file in the same
     # window, which a loaded machine's scheduling can miss in any one round

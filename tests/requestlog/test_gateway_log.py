@@ -114,7 +114,7 @@ def test_an_admitted_request_that_fails_upstream_is_logged_once(gateway, wired, 
 
 def test_guard_removed_an_admitted_failure_would_be_logged_twice(gateway, wired, monkeypatch):
     # given: the guard that skips admitted calls, removed
-    monkeypatch.setattr(buffer, "SKIP_ADMITTED", False)
+    monkeypatch.setattr(buffer.GUARDS, "skip_admitted", False)
     wired.budget(amount="1")
     # when
     r = httpx.post(

@@ -84,7 +84,7 @@ def test_deleting_a_customer_while_its_request_is_admitted_never_fails_or_leaves
 
 
 def test_without_the_subject_lock_the_deletion_fails_on_the_in_flight_reservation(acme, monkeypatch):
-    monkeypatch.setattr(deletion, "LOCK_SUBJECTS_FOR_DELETE", False)
+    monkeypatch.setattr(deletion.GUARDS, "lock_subjects_for_delete", False)
     monkeypatch.setattr(deletion, "DELETE_ATTEMPTS", 1)
     customer = EndCustomer.objects.create(project=acme.project, external_id="c1")
     result = _race(acme, customer)
