@@ -116,7 +116,7 @@ def _prepare(
         )
         if proxied:  # the caller of the reservation API makes the call: its traffic is its own
             assert sized.shape is not None
-            shapes = [s for s in (sized.shape, sized.translated) if s is not None]
+            shapes = sized.bodies()
             enforce_limits(
                 key=payer.key,
                 customer=payer.customer,
@@ -144,8 +144,8 @@ def _prepare(
         budgets=sized.budgets,
         remaining_nano=remaining - sized.worst_nano if remaining is not None else None,
         input_bound=sized.input_bound,
-        # Per sampling pass, before images; the larger of the two bodies when translated.
-        input_tokens=max((s.text_tokens for s in (sized.shape, sized.translated) if s is not None), default=0),
+        # Per sampling pass, before images; the larger of the bodies the targets are sent as.
+        input_tokens=max((s.text_tokens for s in sized.bodies()), default=0),
         unclassified=unclassified.labels(sized.shape) if sized.shape else [],
         translated=sized.translated is not None,
     )
