@@ -110,8 +110,8 @@ NOT_PROMPT = {
 _TEXT_KEYS = ("role", "name", "content")
 _CHAT_PARTS = ("text",)
 _RESPONSES_PARTS = ("input_text", "output_text")
-# Responses items rendered as a message whose text is one field: (the header's role, that field).
-# A message item names its own role.
+# Responses items rendered as a message whose text is one field, by type, with that field. A
+# message item names its role; a tool's output is framed as a message from the tool.
 _TEXT_ITEMS = {"message": "content", "function_call_output": "output", "custom_tool_call_output": "output"}
 
 _lock = threading.Lock()

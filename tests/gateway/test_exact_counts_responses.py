@@ -187,6 +187,20 @@ def test_a_field_an_operator_classed_as_tokens_keeps_its_byte_bound():
     assert _count({**base, "prompt_cache_key": "x" * 500}) == _count(base)
 
 
+def test_the_count_leaves_out_only_fields_the_inventory_lists_as_not_prompt():
+    # every name the count leaves out is an inventory field, and what it keeps as bytes beside
+    # the counted text is exactly the prompt-side JSON: tools and formats
+    from gateway import billing
+
+    for kind, names in tokens.NOT_PROMPT.items():
+        fields = billing.FIELDS[kind]
+        assert names <= set(fields), names - set(fields)
+        assert {k for k, e in fields.items() if e.cls != billing.FREE and k not in names} == {
+            "chat": {"tools", "functions", "response_format"},
+            "responses": {"tools", "text"},
+        }[kind]
+
+
 def test_guard_removal_a_count_without_framing_is_below_the_bill():
     # the framing per item is what makes the count an upper bound on a body of many short items
     body = {"input": [{"role": "user", "content": "ok"}, {"role": "assistant", "content": "ok"}] * 20}
