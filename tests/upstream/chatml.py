@@ -92,7 +92,7 @@ def responses_messages(body: dict[str, Any]) -> dict[str, Any]:
     if isinstance(body.get("instructions"), str):
         messages.append({"role": "developer", "content": body["instructions"]})
     raw = body.get("input")
-    items = [{"role": "user", "content": raw}] if isinstance(raw, str) else list(raw or [])
+    items: list[Any] = [{"role": "user", "content": raw}] if isinstance(raw, str) else list(raw or [])
     names = {i.get("call_id"): i.get("name") for i in items if isinstance(i, dict) and "name" in i}
     for item in items:
         kind = item.get("type", "message")
