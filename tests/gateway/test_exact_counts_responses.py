@@ -370,6 +370,35 @@ def test_guard_removal_responses_bounded_by_bytes_leave_most_of_the_cap_unspent(
     assert set(UsageRecord.objects.values_list("input_bound", flat=True)) == {"bytes"}
 
 
+def test_a_continuation_reserves_its_count_plus_the_context_it_continues(gateway, capped, upstream):
+    # given a first response relayed through capgate (stored), billed as the provider renders it
+    upstream.control(count_prompt="o200k_base", completion_tokens="max")
+    first = httpx.post(
+        f"{gateway.url}/v1/responses",
+        json={**BODY, "store": True},
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=30,
+    )
+    assert first.status_code == 200, first.text
+    wait_settled()
+    earlier = TRUE_PROMPT + MAX_TOKENS  # what the provider adds back: that response's input and output
+    # when the next turn continues it
+    body = {
+        "model": "gpt-test",
+        "input": "And then?",
+        "max_output_tokens": MAX_TOKENS,
+        "previous_response_id": first.json()["id"],
+    }
+    r = httpx.post(f"{gateway.url}/v1/responses", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    # then its count covers the new input and the whole earlier context, which the provider bills
+    # (counted without it, the turn would reserve 10 tokens for a bill of ~2,750)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-capgate-input-bound"] == "exact"
+    billed = r.json()["usage"]["input_tokens"]
+    assert billed == chatml.responses_prompt_tokens(body, "o200k_base") + earlier
+    assert int(r.headers["x-capgate-reserved-input-tokens"]) == _count(body) + earlier >= billed
+
+
 # --- /v1/messages sent to an OpenAI-format model: counted on the chat body it is sent as ----------
 
 MESSAGES_BODY = {
