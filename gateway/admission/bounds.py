@@ -249,6 +249,7 @@ def shape_responses(body: dict, headers: dict[str, str] | None = None) -> Shape:
         patch=patch,
         context_ref=context_ref,
         stored=body.get("store") is not False,
+        prompt=Prompt(kind="responses", billed=billed, overhead=tools.overhead),
     )
 
 

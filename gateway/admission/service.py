@@ -121,7 +121,7 @@ def _admit(
         )
         if proxied:  # the caller of the reservation API makes the call: its traffic is its own
             assert sized.shape is not None
-            shapes = [sized.shape, *sized.translated.values()]
+            shapes = sized.bodies()
             enforce_limits(
                 key=payer.key,
                 customer=payer.customer,
@@ -149,10 +149,8 @@ def _admit(
         budgets=sized.budgets,
         remaining_nano=remaining - sized.worst_nano if remaining is not None else None,
         input_bound=sized.input_bound,
-        # Per sampling pass, before images; the largest of the bodies when translated.
-        input_tokens=max(
-            (s.text_tokens for s in (sized.shape, *sized.translated.values()) if s is not None), default=0
-        ),
+        # Per sampling pass, before images; the larger of the bodies the targets are sent as.
+        input_tokens=max((s.text_tokens for s in sized.bodies()), default=0),
         unclassified=unclassified.labels(sized.shape) if sized.shape else [],
         translated=bool(sized.translated),
     )

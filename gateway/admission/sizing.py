@@ -56,6 +56,17 @@ class Sized:
     # any is tried.
     translated: dict[str, Shape] = dataclasses.field(default_factory=dict)
 
+    def bodies(self) -> list[Shape]:
+        """The shapes the targets are sent as: the request's own for its format's targets, each
+        translated one for its format's (rate limits and the reserved input read these)."""
+        if self.shape is None:
+            return []
+        kind = self.shape.kind
+        formats = {target_format(kind, t.connection) or kind for t in self.targets}
+        sent = [self.shape] if kind in formats else []
+        sent += [body for fmt, body in self.translated.items() if fmt in formats]
+        return sent or [self.shape]
+
 
 # The formats an output ceiling is always sent in (the catalog's maximum when nothing else sets one).
 CEILING_REQUIRED = frozenset({"messages", "converse"})
@@ -185,8 +196,9 @@ def _needs_room_read(shape: Shape, priced: list[_Priced]) -> bool:
 def _exact_prompt(
     shape: Shape, priced: list[_Priced], tightest: Ceiling | None, *, governed: bool
 ) -> tuple[Shape, str]:
-    """The shape with its prompt counted exactly where the count pays (`_count_pays`). The
-    count is the largest over the targets' encodings, and replaces the byte bound only below it."""
+    """The shape with its prompt counted exactly where the count pays (`_count_pays`) for the
+    targets it bounds. The count is the largest over the targets' encodings, and replaces the
+    byte bound only below it."""
     if not _count_pays(shape, priced, tightest, governed=governed):
         return shape, "bytes"
     assert shape.prompt is not None
@@ -200,6 +212,36 @@ def _exact_prompt(
     if exact >= shape.text_tokens:
         return shape, "bytes"
     return dataclasses.replace(shape, text_tokens=exact), "exact"
+
+
+def _bodies(
+    shape: Shape, translated: dict[str, Shape], priced: list[_Priced]
+) -> list[tuple[str, Shape, list[_Priced]]]:
+    """Each body the request may be sent as, by format, with the priced targets it bounds: the
+    request's own for its format's targets, each translated one for its format's."""
+    by_format: dict[str, list[_Priced]] = {}
+    for p in priced:
+        by_format.setdefault(target_format(shape.kind, p.target.connection) or shape.kind, []).append(p)
+    shapes = {shape.kind: shape, **translated}
+    return [(fmt, shapes[fmt], targets) for fmt, targets in by_format.items() if fmt in shapes]
+
+
+def _exact_prompts(
+    shape: Shape, translated: dict[str, Shape], priced: list[_Priced], tightest: Ceiling | None, *, governed: bool
+) -> tuple[Shape, dict[str, Shape], str]:
+    """Every body counted where its count pays (`_exact_prompt`): a Messages request whose
+    targets are OpenAI-format models with a known tokenizer is counted on the chat body it is
+    sent as. "exact" when every body a priced target is sent was counted."""
+    bounds = []
+    translated = dict(translated)
+    for fmt, body, targets in _bodies(shape, translated, priced):
+        counted, bound = _exact_prompt(body, targets, tightest, governed=governed)
+        bounds.append(bound)
+        if fmt == shape.kind:
+            shape = counted
+        else:
+            translated[fmt] = counted
+    return shape, translated, "exact" if bounds and all(b == "exact" for b in bounds) else "bytes"
 
 
 def _affordable_output(
@@ -301,14 +343,16 @@ def size(
        Not proxied: the caller's, else the catalog maximum (nothing can be sent upstream).
     4. The worst case is the largest over every target the request could fail over to, each
        bounded on the body it is sent: a target of the other format on the translated body
-       (`translation`, asked for only then; bytes bound it, never an exact count).
+       (`translation`, asked for only then), each body counted exactly where its targets'
+       tokenizers are known (`_exact_prompts`).
     """
     blocking = any(b.mode == Budget.Mode.BLOCK for b in budgets)
     if shape.context_ref is not None:
         earlier = continuations.context_tokens(organization_id=key.organization_id, ref=shape.context_ref)
         if earlier is None and blocking:
             raise continuations.unknown_context(shape.context_ref)
-        shape = dataclasses.replace(shape, text_tokens=shape.text_tokens + (earlier or 0))
+        prompt = shape.prompt and dataclasses.replace(shape.prompt, overhead=shape.prompt.overhead + (earlier or 0))
+        shape = dataclasses.replace(shape, text_tokens=shape.text_tokens + (earlier or 0), prompt=prompt)
     shape = unclassified.decide(shape=shape, organization_id=key.organization_id, blocking=blocking)
     translated, targets = _translate(shape, targets, translation)
 
@@ -347,11 +391,9 @@ def size(
 
     # One unlocked read of the tightest ceiling, shared by the exact count and the output ceiling.
     affords = proxied and shape.max_output is None
-    countable = not translated and _needs_room_read(shape, priced)
+    countable = any(_needs_room_read(body, ps) for _, body, ps in _bodies(shape, translated, priced))
     tightest = headroom(budgets=budgets) if governed and (affords or countable) else None
-    shape, input_bound = (
-        _exact_prompt(shape, priced, tightest, governed=governed) if not translated else (shape, "bytes")
-    )
+    shape, translated, input_bound = _exact_prompts(shape, translated, priced, tightest, governed=governed)
     cap = _catalog_max_output(targets)
     inject = None
     if shape.max_output is not None:

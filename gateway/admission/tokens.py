@@ -2,16 +2,25 @@
 
 The byte bound (gateway/admission/bounds.py) stays the rule; this count replaces it only for a model the
 catalog maps to an encoding (`Model.tokenizer`), and only when the byte bound would refuse or
-take a large share of the tightest ceiling's room (gateway/admission/service.py). It stays an upper bound:
+take a large share of the tightest ceiling's room (gateway/admission/sizing.py). It stays an upper bound:
 
 - Message text (role, name, string content, text parts) is tokenized with the model's encoding,
   plus the chat format's framing as OpenAI documents it (its cookbook "How to count tokens with
   tiktoken", checked there against the API's usage): 3 tokens per message, 1 per name, 3 priming
   the reply. Each text part of a list content gets a margin (PART_MARGIN_TOKENS): how parts are
   joined is not documented, and joining can add a token at the seam.
+- The Responses API renders its input into the same format: `instructions` as a system (or
+  developer) message, a string `input` as one user message, message items as messages, and a
+  tool's output (function_call_output, custom_tool_call_output) as a message whose text is the
+  output. The same framing reproduces what OpenAI's own count (POST /v1/responses/input_tokens)
+  answers: 13 for the input "Hello, how are you?". A call the model made (function_call,
+  custom_tool_call), a reasoning item (its encrypted_content cannot be read locally) and any
+  other item keep their byte bound, with a message's framing each.
 - Everything else the provider may render into the prompt (tools, functions, response_format,
-  tool calls, any other message field) keeps its byte bound: its compact JSON's UTF-8 bytes.
-  Fields the billing inventory classes as free or output-side are not prompt text.
+  text.format, tool calls, an item's ids and status, any field an operator classed as tokens)
+  keeps its byte bound: its compact JSON's UTF-8 bytes. Only the fields NOT_PROMPT names (the
+  billing inventory's free fields, output ceilings, prices, earlier context bounded on its own)
+  are left out.
 - Images keep the model's image bound and tool-use overheads their fixed amounts (the caller
   adds those, as for the byte bound).
 
@@ -39,6 +48,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 
 from catalog.models import Model
+from gateway import billing
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +66,53 @@ TOKENS_PER_NAME = 1
 TOKENS_PER_REPLY = 3  # every reply is primed with <|start|>assistant<|message|>
 # Undocumented: how a list content's text parts are joined. Per part, for a joiner and a seam.
 PART_MARGIN_TOKENS = 2
-# Chat fields whose content the provider renders into the prompt (beside messages); the rest
-# of the body is free or bounds output (gateway/billing/live.py).
-PROMPT_FIELDS = ("tools", "functions", "response_format")
+# Body fields that are not prompt text, beside those the billing inventory classes as free
+# (gateway/billing/live.py): the counted text itself, output ceilings, prices, and earlier context
+# the sizing bounds on its own. Every other field present keeps its byte bound, so a field added
+# later, or one an operator classes as tokens, is never left out of the count.
+NOT_PROMPT = {
+    "chat": frozenset(
+        {
+            "model",
+            "messages",
+            "max_tokens",
+            "max_completion_tokens",
+            "n",
+            "prediction",  # bounded as output (bounds.shape_chat)
+            "reasoning_effort",
+            "verbosity",
+            "service_tier",
+            "audio",
+            "modalities",
+            "web_search_options",
+            "moderation",
+        }
+    ),
+    "responses": frozenset(
+        {
+            "model",
+            "input",
+            "instructions",
+            "max_output_tokens",
+            "reasoning",
+            "previous_response_id",  # the earlier context, added by the sizing
+            "conversation",
+            "truncation",
+            "background",
+            "background_options",
+            "service_tier",
+            "prompt",
+            "context_management",
+            "moderation",
+        }
+    ),
+}
 _TEXT_KEYS = ("role", "name", "content")
+_CHAT_PARTS = ("text",)
+_RESPONSES_PARTS = ("input_text", "output_text")
+# Responses items rendered as a message whose text is one field, by type, with that field. A
+# message item names its role; a tool's output is framed as a message from the tool.
+_TEXT_ITEMS = {"message": "content", "function_call_output": "output", "custom_tool_call_output": "output"}
 
 _lock = threading.Lock()
 _loaded: dict[str, Any] = {}
@@ -144,13 +197,93 @@ class Prompt:
     """What an exact count needs from a request body, kept by reference: the work is done
     only when a count is asked for (most requests never need one)."""
 
-    kind: str  # chat | embeddings
-    billed: dict  # chat: the body with image payloads stripped; embeddings: {"input": [...]}
-    overhead: int = 0  # fixed tokens beside the text (tool-use overheads)
+    kind: str  # chat | responses | embeddings
+    # chat, responses: the body with image payloads stripped (responses: `input` as a list of
+    # items); embeddings: {"input": [...]}
+    billed: dict
+    overhead: int = 0  # fixed tokens beside the text (tool-use overheads, earlier context)
 
 
 def _bytes(value: Any) -> int:
     return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+
+
+def _side(kind: str, body: dict) -> dict:
+    """The body's fields beside its counted text that keep their byte bound."""
+    fields = billing.FIELDS[kind]
+    return {
+        k: v
+        for k, v in body.items()
+        if v is not None and k not in NOT_PROMPT[kind] and not (k in fields and fields[k].cls == billing.FREE)
+    }
+
+
+def _content(content: Any, n: Any, parts: tuple[str, ...]) -> int:
+    """A message's content: a string as its tokens; text parts as theirs plus a margin each; any
+    other part (an image's stripped stub, a refusal) and any other key of a part as bytes."""
+    if isinstance(content, str):
+        return len(n(content))
+    if not isinstance(content, list):
+        return _bytes(content) if content is not None else 0
+    total = 0
+    for part in content:
+        text = part.get("text") if isinstance(part, dict) and part.get("type") in parts else None
+        if isinstance(text, str):
+            rest = {k: v for k, v in part.items() if k not in ("type", "text")}
+            total += len(n(text)) + PART_MARGIN_TOKENS + (_bytes(rest) if rest else 0)
+        else:
+            total += _bytes(part) + PART_MARGIN_TOKENS  # an image's payload is stripped
+    return total
+
+
+def _role(role: Any, n: Any) -> int:
+    return len(n(role)) if isinstance(role, str) else _bytes(role)
+
+
+def _chat(body: dict, n: Any) -> int:
+    total = TOKENS_PER_REPLY
+    extra = _side("chat", body)
+    if extra:
+        total += _bytes(extra)
+    for message in body["messages"]:
+        total += TOKENS_PER_MESSAGE + _role(message["role"], n)
+        name = message.get("name")
+        if name is not None:
+            total += TOKENS_PER_NAME + (len(n(name)) if isinstance(name, str) else _bytes(name))
+        total += _content(message.get("content"), n, _CHAT_PARTS)
+        rest = {k: v for k, v in message.items() if k not in _TEXT_KEYS}
+        if rest:
+            total += _bytes(rest)
+    return total
+
+
+def _responses(body: dict, n: Any) -> int:
+    total = TOKENS_PER_REPLY
+    extra = _side("responses", body)
+    if extra:
+        total += _bytes(extra)
+    instructions = body.get("instructions")
+    if instructions is not None:
+        # A system message, or a developer message for a reasoning model: the longer role.
+        total += TOKENS_PER_MESSAGE + max(len(n("system")), len(n("developer")))
+        total += len(n(instructions)) if isinstance(instructions, str) else _bytes(instructions)
+    for item in body["input"]:
+        kind = item.get("type", "message")
+        field = _TEXT_ITEMS.get(kind) if isinstance(kind, str) else None
+        total += TOKENS_PER_MESSAGE
+        if kind == "message":
+            total += _role(item.get("role"), n)
+        else:
+            total += max(len(n("assistant")), len(n("tool")))  # the header of a call or its output
+        if field is not None:
+            total += _content(item.get(field), n, _RESPONSES_PARTS)
+        # The type of an item counted here only picks the framing counted above; every other
+        # key (ids, status, a call's id) and every other item (a call's name and arguments, a
+        # reasoning item) keeps its bytes.
+        rest = {k: v for k, v in item.items() if k not in ("role", field) and (field is None or k != "type")}
+        if rest:
+            total += _bytes(rest)
+    return total
 
 
 def count(prompt: Prompt, enc: Any) -> int:
@@ -161,29 +294,6 @@ def count(prompt: Prompt, enc: Any) -> int:
         for item in prompt.billed["input"]:
             total += len(n(item)) if isinstance(item, str) else (len(item) if isinstance(item, list) else 1)
         return total + prompt.overhead
-    body = prompt.billed
-    total = TOKENS_PER_REPLY + prompt.overhead
-    extra = {k: body[k] for k in PROMPT_FIELDS if body.get(k) is not None}
-    if extra:
-        total += _bytes(extra)
-    for message in body["messages"]:
-        total += TOKENS_PER_MESSAGE + len(n(message["role"]))
-        name = message.get("name")
-        if name is not None:
-            total += TOKENS_PER_NAME + (len(n(name)) if isinstance(name, str) else _bytes(name))
-        content = message.get("content")
-        if isinstance(content, str):
-            total += len(n(content))
-        elif isinstance(content, list):
-            for part in content:
-                text = part.get("text") if isinstance(part, dict) and part.get("type") == "text" else None
-                if isinstance(text, str) and set(part) <= {"type", "text"}:
-                    total += len(n(text)) + PART_MARGIN_TOKENS
-                else:
-                    total += _bytes(part) + PART_MARGIN_TOKENS  # an image's payload is stripped
-        elif content is not None:
-            total += _bytes(content)
-        rest = {k: v for k, v in message.items() if k not in _TEXT_KEYS}
-        if rest:
-            total += _bytes(rest)
-    return total
+    if prompt.kind == "responses":
+        return _responses(prompt.billed, n) + prompt.overhead
+    return _chat(prompt.billed, n) + prompt.overhead

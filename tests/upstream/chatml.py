@@ -78,3 +78,49 @@ def prompt_tokens(body: dict[str, Any], encoding: str, joiner: str = "\n") -> in
     enc = markup(encoding)
     text, side = render(body, joiner)
     return len(enc.encode(text, allowed_special=set(_SPECIALS))) + (len(enc.encode_ordinary(side)) if side else 0)
+
+
+def responses_messages(body: dict[str, Any]) -> dict[str, Any]:
+    """A Responses body as the chat conversation the provider renders, with the prompt-side JSON
+    (tools, the text format) beside it: `instructions` as a developer message, a string input
+    as a user message, a call the model made as an assistant message addressed to the tool
+    (`assistant to=functions.{name}`, its arguments as the text), and the call's output as a
+    message from the tool (`functions.{name} to=assistant`). A reasoning item is billed as its
+    summary and its encrypted content read as text (what the provider decrypts is no longer
+    than that); any other item as its JSON."""
+    messages: list[dict[str, Any]] = []
+    if isinstance(body.get("instructions"), str):
+        messages.append({"role": "developer", "content": body["instructions"]})
+    raw = body.get("input")
+    items: list[Any] = [{"role": "user", "content": raw}] if isinstance(raw, str) else list(raw or [])
+    names = {i.get("call_id"): i.get("name") for i in items if isinstance(i, dict) and "name" in i}
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "message":
+            content = item.get("content")
+            if isinstance(content, list):
+                content = [{"type": "text", "text": p["text"]} for p in content if isinstance(p.get("text"), str)]
+            messages.append({"role": item["role"], "content": content})
+        elif kind in ("function_call", "custom_tool_call"):
+            text = item.get("arguments") if kind == "function_call" else item.get("input")
+            messages.append({"role": f"assistant to=functions.{item['name']}", "content": text})
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            output = item.get("output")
+            if isinstance(output, list):
+                output = [{"type": "text", "text": p["text"]} for p in output if isinstance(p.get("text"), str)]
+            role = f"functions.{names.get(item.get('call_id'), 'tool')} to=assistant"
+            messages.append({"role": role, "content": output})
+        elif kind == "reasoning":
+            summary = "".join(s.get("text", "") for s in item.get("summary") or [])
+            messages.append({"role": "assistant", "content": summary + (item.get("encrypted_content") or "")})
+        else:
+            messages.append({"role": "assistant", "content": _json(item)})
+    side = {k: body[k] for k in ("tools",) if body.get(k) is not None}
+    if isinstance(body.get("text"), dict) and body["text"].get("format") is not None:
+        side["response_format"] = body["text"]["format"]
+    return {"messages": messages, **side}
+
+
+def responses_prompt_tokens(body: dict[str, Any], encoding: str, joiner: str = "\n") -> int:
+    """What the provider bills as input tokens for a Responses body (before earlier context)."""
+    return prompt_tokens(responses_messages(body), encoding, joiner)

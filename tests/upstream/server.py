@@ -57,8 +57,8 @@ DEFAULTS: dict[str, Any] = {
     "thoughts_tokens": 0,  # thinking tokens counted in total_tokens only, as Gemini reports them
     "cached_tokens": 0,  # chat: of the prompt, read from the cache (prompt_tokens_details.cached_tokens)
     "cache_write_tokens": 0,  # Converse: cacheWriteInputTokens reported
-    # "o200k_base" | "cl100k_base": chat prompt_tokens counted like the provider (tests/upstream/
-    # chatml.py) instead of the fixed prompt_tokens knob.
+    # "o200k_base" | "cl100k_base": chat prompt_tokens and Responses input_tokens counted like the
+    # provider (tests/upstream/chatml.py) instead of the fixed prompt_tokens knob.
     "count_prompt": "",
     # Jobs (batches, background responses, videos; tests/upstream/jobs.py): a job created while
     # this is on completes on its first status read, as the echo provider's jobs do.
@@ -428,7 +428,12 @@ async def _responses(ex: _Exchange) -> None:
         else 0
     )
     earlier = STORED_RESPONSES.get(str(body.get("previous_response_id")), 0)
-    context = knobs["prompt_tokens"] + earlier + searches * knobs["search_result_tokens"]
+    prompt = knobs["prompt_tokens"]
+    if knobs["count_prompt"]:
+        from tests.upstream import chatml
+
+        prompt = chatml.responses_prompt_tokens(body, knobs["count_prompt"])
+    context = prompt + earlier + searches * knobs["search_result_tokens"]
     input_tokens, output = context * (searches + 1), _completion_tokens(knobs, body)
     rid = f"resp_{uuid.uuid4().hex[:24]}"
     if body.get("store") is not False:
