@@ -133,6 +133,7 @@ def codex_body(size: int, tools: bool = True) -> dict:
 
 
 def _timed(prompt, enc, runs: int) -> tuple[int, float]:
+    # Imported here: this script sets Django up in main(), after this module is loaded.
     from gateway.admission import tokens
 
     times = []
@@ -321,6 +322,7 @@ def burst_table(n: int, delay_ms: int) -> list[str]:
 
 
 def _shape(endpoint: str, name: str):
+    # Imported here: this script sets Django up in main(), after this module is loaded.
     from gateway.admission.bounds import shape_chat, shape_responses
 
     return (shape_responses if endpoint == "responses" else shape_chat)(_body(endpoint, name))
@@ -332,6 +334,7 @@ def _byte_bound(endpoint: str, name: str) -> int:
 
 def _counted(endpoint: str, name: str) -> int:
     """What the gateway reserves for the prompt: the count, with the fixed tool-use overhead."""
+    # Imported here: this script sets Django up in main(), after this module is loaded.
     from gateway.admission import tokens
 
     return tokens.count(_shape(endpoint, name).prompt, tokens.encoding(ENCODING))

@@ -11,6 +11,7 @@ from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
 from typing import cast
 
 from catalog.models import Connection, Model
+from core.guards import Guards
 from core.money import NANO_PER_USD
 
 # USD per 1M tokens -> nano-USD per token: * 1e9 / 1e6.
@@ -129,10 +130,13 @@ def speed_multiplier(model: Model, speed: str | None) -> Decimal:
     return cast(Decimal, model.fast_mode_multiplier)
 
 
-# Guard point (its removal tests: tests/gateway/test_vertex.py, test_bedrock.py): a target's list
-# rates carry the premium its provider bills for where the connection runs. Without it a regional
-# Vertex or Bedrock call reserves and records Claude at the global price, 10% below the bill.
-PRICE_REGIONAL_PREMIUM = True
+# Removal tests: tests/gateway/test_vertex.py, test_bedrock.py.
+GUARDS = Guards(
+    price_regional_premium=(
+        "a target's list rates carry the premium its provider bills where the connection runs; without it a "
+        "regional Vertex or Bedrock call reserves and records Claude at the global price, 10% below the bill"
+    ),
+)
 
 # Vertex AI and Bedrock bill Claude Sonnet 4.5 and every later Claude model 10% above their global
 # price anywhere else: Vertex on any location but `global` (a region such as us-east5, or a
@@ -156,7 +160,7 @@ def _claude_with_premium(model_id: str) -> bool:
 def location_multiplier(*, model: Model, connection: Connection | None) -> Decimal:
     """What the provider adds to the list price for where this connection sends the request: the
     regional premium on the Claude models that carry it, else 1."""
-    if not PRICE_REGIONAL_PREMIUM or connection is None or connection.kind not in ("vertex", "bedrock"):
+    if not GUARDS.price_regional_premium or connection is None or connection.kind not in ("vertex", "bedrock"):
         return Decimal(1)
     sent = connection.provider_model_id(model.name).lower()
     if connection.kind == "vertex":

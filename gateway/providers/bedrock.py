@@ -40,6 +40,7 @@ from django.conf import settings
 
 from catalog.kinds import aws_keys
 from catalog.pricing import Usage
+from core.guards import Guards
 from gateway.providers.anthropic import beta_headers
 from gateway.providers.base import Adapter, UpstreamRequest, register
 from gateway.providers.sse import SSEEvent
@@ -53,11 +54,13 @@ BEDROCK_VERSION = "bedrock-2023-05-31"
 EVENT_STREAM = "application/vnd.amazon.eventstream"
 
 
-# Guard point (its removal test: tests/gateway/test_bedrock.py): a connection without its own keys
-# is signed with the gateway's credential chain only where the operator lends it. Without it a
-# tenant's keyless connection (one saved while lending was on, or written past the save check)
-# spends the operator's AWS account.
-LEND_ONLY_WHERE_ALLOWED = True
+# Removal test: tests/gateway/test_bedrock.py.
+GUARDS = Guards(
+    lend_only_where_allowed=(
+        "a connection without its own keys is signed with the gateway's credential chain only where the operator "
+        "lends it; without it a tenant's keyless connection spends the operator's AWS account"
+    ),
+)
 
 
 class CredentialsMissing(httpx.ConnectError):
@@ -96,7 +99,7 @@ class Bedrock(Adapter):
         keys = aws_keys(target.connection.plain_secret)
         if keys is not None:
             return Credentials(keys["access_key_id"], keys["secret_access_key"], keys.get("session_token") or None)
-        if LEND_ONLY_WHERE_ALLOWED and not settings.CAPGATE["BEDROCK_AMBIENT_CREDENTIALS"]:
+        if GUARDS.lend_only_where_allowed and not settings.CAPGATE["BEDROCK_AMBIENT_CREDENTIALS"]:
             raise CredentialsMissing("this Bedrock connection has no keys, and lending the gateway's own is off")
         # The chain may read files or ask the instance metadata service: off the event loop.
         found = await asyncio.to_thread(_frozen_chain, target.connection.options.get("profile") or None)

@@ -243,7 +243,7 @@ def test_ambient_guard_removed_signs_a_tenants_connection_with_the_operators_cre
     # operator's account.
     from gateway.providers import bedrock as adapter
 
-    monkeypatch.setattr(adapter, "LEND_ONLY_WHERE_ALLOWED", False)
+    monkeypatch.setattr(adapter.GUARDS, "lend_only_where_allowed", False)
     upstream.control(prompt_tokens=10, completion_tokens=5)
 
     reply = client(gateway).messages.create(model=keyless, max_tokens=20, messages=[{"role": "user", "content": "hi"}])
@@ -263,7 +263,7 @@ def test_a_geographic_profile_is_recorded_at_the_regional_price_and_global_at_th
     # ids of Claude Sonnet 4.5; AWS bills the us. one 10% above the global one
     from catalog import pricing
 
-    monkeypatch.setattr(pricing, "PRICE_REGIONAL_PREMIUM", premium)
+    monkeypatch.setattr(pricing.GUARDS, "price_regional_premium", premium)
     for geo in ("us", "global"):
         conn = create_connection(
             organization=wired.org,

@@ -233,7 +233,7 @@ def test_premium_guard_removed_lets_google_bill_a_blocking_cap_over(gateway, wir
     # the cap and is admitted, and Google bills what the regional endpoint costs.
     from catalog import pricing
 
-    monkeypatch.setattr(pricing, "PRICE_REGIONAL_PREMIUM", False)
+    monkeypatch.setattr(pricing.GUARDS, "price_regional_premium", False)
     route = _over_a_cap_the_premium_decides(wired, upstream)
     cap = 105_000_000
 
