@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gateway.providers.base import Adapter, joined_url, register
+from gateway.providers.gemini_native import NATIVE
 
 if TYPE_CHECKING:
     from catalog.models import Connection
@@ -29,8 +30,6 @@ class Gemini(Adapter):
         """A connection with `options.api: "native"` speaks generateContent; otherwise the
         OpenAI-compatible endpoint."""
         if connection.options.get("api") == "native":
-            from gateway.providers.gemini_native import NATIVE
-
             return NATIVE
         return self
 
