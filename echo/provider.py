@@ -24,6 +24,7 @@ class Echo(Adapter):
     transport, echo/transport.py, answers the call; registered in EchoConfig.ready)."""
 
     endpoints = frozenset({"chat", "messages", "embeddings", "responses", "videos"})
+    jobs = frozenset({"batches", "message_batches", "background"})  # each in Redis (echo/jobs.py)
 
 
 def max_output(body: dict) -> Any:

@@ -14,6 +14,7 @@ import logging
 import httpx
 from django.db import DatabaseError
 
+from gateway import providers
 from gateway.http.errors import GatewayError
 from gateway.providers import usage_responses
 from gateway.upstream import continuations, runtime
@@ -42,7 +43,8 @@ async def submit(call: ProxyCall, body: dict) -> None:
             )
         )
     target = next((t for t in p.targets if runtime.health.ok(t.connection.id)), p.targets[0])
-    if target.connection.kind not in ("openai", "echo"):
+    adapter = providers.adapter_for(target.connection.kind)
+    if adapter is None or "background" not in adapter.jobs:
         await call.record(Outcome(status=UsageRecord.Status.FAILED_UPSTREAM, error="background not supported here"))
         return await call.fail(
             GatewayError(

@@ -22,6 +22,7 @@ from django.conf import settings
 from catalog.models import Connection
 from catalog.pricing import UnpricedFeature, UnpricedModel, batch_rates, rates_for, worst_case_nano
 from core.errors import CapgateError
+from gateway import providers
 from gateway.admission.bounds import SHAPERS, Shape, parse_json
 from gateway.admission.routing import Target, resolve_route
 from gateway.admission.sizing import _bound, _catalog_max_output, _default_output
@@ -56,16 +57,21 @@ class SizedLines:
         return dict(self.models) if len(set(self.models.values())) > 1 else {}
 
 
-# The batch APIs by connection kind: the provider's name and what its batches are called.
-_BATCH_APIS = {"openai": ("OpenAI", "batches"), "anthropic": ("Anthropic", "message batches")}
+# The batch APIs by the format their lines are in: the job API (gateway/providers/base.py
+# Adapter.jobs), the provider's name and what its batches are called.
+_BATCH_APIS = {
+    "openai": ("batches", "OpenAI", "batches"),
+    "anthropic": ("message_batches", "Anthropic", "message batches"),
+}
 
 
 def batch_connection(sized: SizedLines, kind: str) -> Connection:
-    """The connection a batch's lines route to, which runs the batch: one of `kind` ("openai" or
-    "anthropic", the batch API called), or echo, which answers both."""
+    """The connection a batch's lines route to, which runs the batch: one whose kind's adapter
+    runs that batch API (`kind` "openai" or "anthropic" names it)."""
     connection = sized.target.connection
-    if connection.kind not in (kind, "echo"):
-        provider, batches = _BATCH_APIS[kind]
+    api, provider, batches = _BATCH_APIS[kind]
+    adapter = providers.adapter_for(connection.kind)
+    if adapter is None or api not in adapter.jobs:
         raise bad_request(
             f"The model '{sized.route}' is not served by an {provider} connection; {batches} run on the "
             "provider's batch API.",

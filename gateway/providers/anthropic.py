@@ -22,6 +22,7 @@ def beta_headers(client_headers: dict[str, str]) -> dict[str, str]:
 
 class Anthropic(Adapter):
     endpoints = frozenset({"messages"})
+    jobs = frozenset({"message_batches"})
     default_base_url = "https://api.anthropic.com"
     counts_tokens = True
 

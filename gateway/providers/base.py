@@ -58,6 +58,10 @@ class Adapter:
     default_base_url = ""
     # Answers POST /v1/messages/count_tokens under the base URL (Anthropic's own endpoint).
     counts_tokens = False
+    # The provider job APIs a connection of this kind runs (jobs/): "batches" (OpenAI's),
+    # "message_batches" (Anthropic's), "background" (background responses). A job routed to a
+    # kind without its API is refused at submission.
+    jobs: frozenset[str] = frozenset()
     # The parameter an output ceiling chosen by the gateway is sent in, on the chat endpoint
     # (a connection's options.max_tokens_param overrides it: some servers know only max_tokens).
     max_tokens_param = "max_completion_tokens"

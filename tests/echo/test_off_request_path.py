@@ -26,7 +26,13 @@ REQUEST_PATH = [
     "gateway/upstream/runtime.py",
     "gateway/upstream/transport.py",
     "gateway/admission/limits.py",
+    "gateway/admission/routing.py",
+    "gateway/admission/sizing.py",
+    "gateway/admission/service.py",
     "jobs/upstream.py",
+    "jobs/sizing.py",
+    "jobs/background.py",
+    "jobs/submit.py",
 ]
 
 
