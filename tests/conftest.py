@@ -66,10 +66,11 @@ class Tenant:
 
 
 def make_tenant(slug: str) -> Tenant:
-    org = Organization.objects.create(name=slug.title(), slug=slug)
-    project = Project.objects.create(organization=org, name="Main", slug="main")
-    raw, prefix, digest = ApiKey.generate()
-    key = ApiKey.objects.create(organization=org, project=project, name="default", prefix=prefix, key_hash=digest)
+    with transaction.atomic():  # one commit, not one per row
+        org = Organization.objects.create(name=slug.title(), slug=slug)
+        project = Project.objects.create(organization=org, name="Main", slug="main")
+        raw, prefix, digest = ApiKey.generate()
+        key = ApiKey.objects.create(organization=org, project=project, name="default", prefix=prefix, key_hash=digest)
     return Tenant(org=org, project=project, key=key, keys=[key])
 
 
@@ -86,6 +87,17 @@ def outsider(db) -> Tenant:
 @pytest.fixture
 def alice(db):
     return get_user_model().objects.create_user("alice", "alice@example.com", "password")
+
+
+@pytest.fixture(scope="session")
+def db_threads(django_db_setup):
+    """The gateway's database threads (gateway/upstream/dbthreads.py, one set per process) keep
+    their connections from one test's server to the next (tests/gateway/conftest.py `gateway`);
+    closed at the session's end, before the test database is dropped."""
+    yield
+    from gateway.upstream import runtime
+
+    runtime.close_thread_connections()
 
 
 def window_of(budget: Budget) -> Window:
