@@ -121,6 +121,11 @@ SLOW = {
     "alerts/test_audit.py::test_manage_py_audit_exits_1_on_drift": "runs manage.py in a subprocess",
     "gateway/test_health_metrics.py::test_metrics_from_two_uvicorn_workers_count_both": "two uvicorn workers",
     "upstream/test_server.py::test_runs_as_a_module": "the fake upstream as its own process",
+    "deploy/test_wheel.py": "builds the wheel and installs it in a fresh environment",
+    "deploy/test_static_files.py": "collectstatic and Django processes under the production settings",
+    "pgbouncer/test_money_through_pgbouncer.py": "hundreds of admissions through the pooler, and a recall",
+    "gateway/test_exact_counts.py::test_fuzz_exact_count_never_below_what_the_tokenizer_bills": "300 generated prompts",
+    "gateway/test_echo_jobs.py::test_a_job_created_in_one_process_is_read_in_another": "a second Python process",
 }
 
 
