@@ -3,6 +3,7 @@ fake upstream on 127.0.0.1, and a tenant wired to both."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import socket
 import threading
@@ -30,10 +31,24 @@ def upstream():
     handle.stop()
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, noticing `should_exit` within 10 ms instead of its 100 ms tick (each
+    test's server stops once; the tick is most of its wait). The tick's other work runs as before
+    (the date header every 10 ticks)."""
+
+    async def main_loop(self) -> None:
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 1) % 864000
+            await asyncio.sleep(0.01)
+            should_exit = await self.on_tick(counter)
+
+
 @dataclass
 class LiveGateway:
     url: str
-    server: uvicorn.Server
+    server: _Server
     thread: threading.Thread
 
 
@@ -69,7 +84,7 @@ def gateway(transactional_db, upstream, settings, db_threads):
         runtime.close_thread_connections()
     _threads_opened_with = copy.deepcopy(connections.settings["default"])
     port = _free_port()
-    server = uvicorn.Server(
+    server = _Server(
         uvicorn.Config(
             application, host="127.0.0.1", port=port, lifespan="on", log_level="warning", timeout_graceful_shutdown=2
         )
@@ -80,7 +95,7 @@ def gateway(transactional_db, upstream, settings, db_threads):
     while not server.started:
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("capgate test server did not start")
-        time.sleep(0.02)
+        time.sleep(0.005)
     yield LiveGateway(url=f"http://127.0.0.1:{port}", server=server, thread=thread)
     server.should_exit = True
     thread.join(timeout=15)
