@@ -14,6 +14,7 @@ import pytest
 from django.db import connections
 
 from config.settings import pooling
+from gateway.upstream import runtime
 from tests.gateway.conftest import gateway, upstream, wired  # noqa: F401  (fixtures)
 from tests.ledger.conftest import slices_on  # noqa: F401  (fixture)
 
@@ -51,6 +52,9 @@ def pgbouncer(transactional_db, settings):
     try:
         yield console
     finally:
+        # The gateway's database threads keep their connections between tests (tests/gateway
+        # conftest.py): the ones through the pooler end here, with the pooler's settings.
+        runtime.close_thread_connections()
         connections.close_all()
         default.clear()
         default.update(direct)
