@@ -20,4 +20,27 @@ done < <(bash scripts/services.sh env)
 # well under a second and leaves no cache directory behind.
 .venv/bin/lint-imports --no-cache --no-logo
 .venv/bin/python manage.py makemigrations --check --dry-run >/dev/null
-exec .venv/bin/python -m pytest "$@"
+if [ "$#" -gt 0 ] || [ "${CAPGATE_TEST_LANES:-2}" = 1 ]; then
+  exec .venv/bin/python -m pytest "$@"
+fi
+# The whole suite in two lanes at once: the fault tests (real outages and restarts of private
+# PostgreSQL clusters, Redis servers and gateway processes: mostly waiting) beside everything else,
+# each lane on its own test database and Redis db, so neither sees the other's rows or keys. The
+# fault lane's report is printed after the main lane's; the suite fails if either does.
+# CAPGATE_TEST_LANES=1 runs it as one pytest.
+mkdir -p var
+faults_log=var/test-faults.log
+redis_base=${REDIS_URL%/*}
+redis_db=${REDIS_URL##*/}
+CAPGATE_TEST_DB="${CAPGATE_TEST_DB:-test_capgate}_faults" REDIS_URL="$redis_base/$(((redis_db + 1) % 16))" \
+  .venv/bin/python -m pytest -m faults -p no:cacheprovider >"$faults_log" 2>&1 &
+faults_pid=$!
+main_rc=0
+.venv/bin/python -m pytest -m "not faults" || main_rc=$?
+faults_rc=0
+wait "$faults_pid" || faults_rc=$?
+echo
+echo "=== the fault lane (pytest -m faults) ==="
+cat "$faults_log"
+echo "main lane: exit $main_rc; fault lane: exit $faults_rc"
+[ "$main_rc" = 0 ] && [ "$faults_rc" = 0 ]
