@@ -222,9 +222,31 @@ async def echo_stream(opts: dict, kind: str, body: dict, prompt_bound: int) -> A
                 },
                 "response.output_text.delta",
             )
+        # Each part and item closed before the response, as OpenAI streams them: clients build
+        # the answer from output_item.done (Codex shows nothing without it).
+        seq = chunks + 3
+        where = {"item_id": message["id"], "output_index": 0, "content_index": 0}
+        yield ev(
+            {
+                "type": "response.output_text.done",
+                "sequence_number": seq,
+                **where,
+                "text": text * chunks,
+                "logprobs": [],
+            },
+            "response.output_text.done",
+        )
+        yield ev(
+            {"type": "response.content_part.done", "sequence_number": seq + 1, **where, "part": message["content"][0]},
+            "response.content_part.done",
+        )
+        yield ev(
+            {"type": "response.output_item.done", "sequence_number": seq + 2, "output_index": 0, "item": message},
+            "response.output_item.done",
+        )
         final["output"] = [message, *final["output"][:-1]]  # the message first, as streamed
         yield ev(
-            {"type": "response.completed", "sequence_number": chunks + 3, "response": final},
+            {"type": "response.completed", "sequence_number": seq + 3, "response": final},
             "response.completed",
         )
         return

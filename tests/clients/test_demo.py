@@ -35,6 +35,10 @@ def test_claude_code_and_codex_run_on_the_demo_under_its_cap(gateway, demo, tmp_
     assert codex.returncode == 0, codex.output
     events = [json.loads(line) for line in codex.stdout.splitlines() if line.startswith("{")]
     assert any(e["type"] == "turn.completed" for e in events), codex.output
+    # and each shows echo's answer (Codex builds it from the stream's output_item.done)
+    assert claude.json()["result"].startswith("echo"), claude.output
+    messages = [e["item"]["text"] for e in events if e.get("item", {}).get("type") == "agent_message"]
+    assert messages and messages[-1].startswith("echo"), codex.output
     wait_settled()
     records = list(UsageRecord.objects.order_by("id"))
     assert [(r.status, r.model) for r in records] == [("served", "echo-1"), ("served", "echo-1")]
