@@ -2,7 +2,7 @@
 
 from django.db import migrations, models
 
-# The encodings of the OpenAI models in catalog/data/prices.json (issue 14); loading the catalog
+# The encodings of the OpenAI models in catalog/data/prices.json; loading the catalog
 # again does not overwrite existing models, so existing rows get theirs here.
 O200K = ("gpt-4o", "gpt-4o-mini", "gpt-4.1", "gpt-4.1-mini", "o3", "gpt-5", "gpt-5-mini", "gpt-5-nano")
 CL100K = ("text-embedding-3-small", "text-embedding-3-large")

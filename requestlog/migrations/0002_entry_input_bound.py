@@ -1,4 +1,4 @@
-"""The request log shows how each admitted request's prompt was bounded (issue 14): "exact" or
+"""The request log shows how each admitted request's prompt was bounded: "exact" or
 "bytes". A view can only gain columns at its end, so the column is appended."""
 
 import importlib

@@ -1,4 +1,4 @@
-"""The request log links a provider job to the request that submitted it (issue 13 §2): the
+"""The request log links a provider job to the request that submitted it: the
 usage record's `job_id`, appended at the view's end (a view can only gain columns there)."""
 
 import importlib
