@@ -15,8 +15,9 @@ from openai.types.responses import Response, ResponseCompletedEvent, ResponseStr
 from pydantic import TypeAdapter
 
 from catalog.models import Connection, Model
+from gateway.admission.bounds import shape_responses
 from gateway.models import StoredResponse
-from gateway.translate import ResponsesFromMessages, responses
+from gateway.translate import ResponsesFromMessages, responses, translate_request
 from ledger.models import Reservation, UsageRecord
 from tests.conftest import window_of
 from tests.gateway.conftest import KEY, wait_settled
@@ -375,3 +376,44 @@ def test_dropped_fields_are_left_out_of_the_target_body(gateway, wired, upstream
     body = upstream.last("/v1/messages")["body"]
     assert body["metadata"] == {"user_id": "user-7"}
     assert set(body) == {"model", "messages", "max_tokens", "metadata"}
+
+
+@pytest.mark.parametrize("guarded", [True, False], ids=["bound-on-translation", "removed"])
+def test_the_worst_case_is_the_translated_body(gateway, wired, upstream, monkeypatch, guarded):
+    # given: a Responses request whose messages translation is bigger (each call and its output
+    # becomes a block with its own framing), on a route whose only target speaks messages
+    if not guarded:  # the removal: the target bounded on the client's own body
+        from gateway.admission import sizing
+
+        def client_shape_only(shape, targets, translation):
+            translation("messages")  # still made (the proxy sends it), but not what the bound is taken from
+            return {}, targets
+
+        monkeypatch.setattr(sizing, "_translate", client_shape_only)
+    wired.budget(amount="5")
+    wired.route("claude-via-responses", wired.anthropic)
+    upstream.control(prompt_tokens=10, completion_tokens=5)
+    items: list[dict] = []
+    for i in range(40):
+        items.append({"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": '{"q": "x"}'})
+        items.append({"type": "function_call_output", "call_id": f"c{i}", "output": "ok"})
+    body = {
+        "model": "claude-via-responses",
+        "max_output_tokens": 100,
+        "input": [{"role": "user", "content": "go"}, *items],
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": False}],
+    }
+    own = shape_responses(body).text_tokens
+    translated = translate_request(kind="responses", body=body, headers={}).shape.text_tokens
+    assert translated > own  # the case the bound must follow
+    # when
+    r = httpx.post(gateway.url + "/v1/responses", headers={"authorization": f"Bearer {KEY}"}, json=body, timeout=30)
+    # then: the reservation covers the body the target was sent
+    assert r.status_code == 200, r.text
+    if not guarded:  # without the guard, the reservation falls short of it
+        assert int(r.headers["x-capgate-reserved-input-tokens"]) == own < translated
+        return
+    assert int(r.headers["x-capgate-reserved-input-tokens"]) == translated
+    reserved = Decimal(r.headers["x-capgate-reserved-usd"])
+    # at the most expensive input rate (the cache write, $18.75/M) plus 100 output tokens at $75/M
+    assert reserved == Decimal(translated * 18_750 + 100 * 75_000) / 10**9
