@@ -1,5 +1,6 @@
-"""Format translation: a request to /v1/chat/completions served by an Anthropic-format target,
-one to /v1/messages served by an OpenAI-format target, and either served by Gemini's native
+"""Format translation: a request to /v1/chat/completions (or a stateless one to /v1/responses)
+served by an Anthropic-format target, one to /v1/messages served by an OpenAI-format target,
+and either of the first two served by Gemini's native
 generateContent or a Bedrock Converse target (docs/billing.md, "Translation between formats";
 the per-field rules are
 gateway/billing/translation.py).

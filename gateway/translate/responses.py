@@ -81,7 +81,7 @@ def _arguments(item: dict, where: str) -> str:
 
 def _messages(body: dict) -> list[dict]:
     raw = body.get("input")
-    items = [{"role": "user", "content": raw}] if isinstance(raw, str) else raw
+    items: list = [{"role": "user", "content": raw}] if isinstance(raw, str) else raw if isinstance(raw, list) else []
     out: list[dict] = []
     instructions = body.get("instructions")
     if instructions:
