@@ -417,3 +417,32 @@ def test_the_worst_case_is_the_translated_body(gateway, wired, upstream, monkeyp
     reserved = Decimal(r.headers["x-capgate-reserved-usd"])
     # at the most expensive input rate (the cache write, $18.75/M) plus 100 output tokens at $75/M
     assert reserved == Decimal(translated * 18_750 + 100 * 75_000) / 10**9
+
+
+def test_a_target_that_cannot_take_the_request_is_left_out_of_the_failover_order(gateway, wired, upstream):
+    # given: an Anthropic target first and an OpenAI one second; `store: true` only OpenAI can keep
+    route = wired.route("claude-via-responses", wired.anthropic)
+    route.targets.create(connection=wired.openai, model=wired.model, position=1)
+    upstream.control(prompt_tokens=10, completion_tokens=5)
+    # when
+    response = _openai(gateway).responses.create(
+        model="claude-via-responses", input="hi", max_output_tokens=20, store=True
+    )
+    # then: served natively by the OpenAI target, the Anthropic one never called
+    assert response.output_text
+    assert upstream.last("/v1/responses")["body"]["store"] is True
+    assert upstream.stats()["by_path"] == {"/v1/responses": 1}
+    wait_settled()
+    assert UsageRecord.objects.get().connection_id == wired.openai.id
+
+
+def test_the_targets_error_reaches_the_client_in_the_responses_shape(gateway, wired, upstream):
+    wired.route("claude-via-responses", wired.anthropic)
+    upstream.control(fail="400")
+    with pytest.raises(openai.BadRequestError) as refused:
+        _openai(gateway).responses.create(model="claude-via-responses", input="hi", max_output_tokens=20)
+    error = refused.value.body
+    assert isinstance(error, dict) and error["type"] == "invalid_request_error" and error["message"]
+    assert upstream.stats()["by_path"] == {"/v1/messages": 1}
+    wait_settled()
+    assert UsageRecord.objects.get().status == "failed_upstream"
