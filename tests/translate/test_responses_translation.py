@@ -446,3 +446,34 @@ def test_the_targets_error_reaches_the_client_in_the_responses_shape(gateway, wi
     assert upstream.stats()["by_path"] == {"/v1/messages": 1}
     wait_settled()
     assert UsageRecord.objects.get().status == "failed_upstream"
+
+
+def test_an_error_event_is_the_responses_error_event():
+    translator = ResponsesFromMessages(request={})
+    start = {"type": "message_start", "message": {"id": "msg_1", "model": "claude", "usage": {"input_tokens": 7}}}
+    translator.feed(json.dumps(start).encode())
+    (frame,) = translator.feed(b'{"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}')
+    event = TypeAdapter(ResponseStreamEvent).validate_json(frame.split(b"\ndata: ", 1)[1])
+    assert (event.type, event.code, event.message, event.sequence_number) == (
+        "error",
+        "overloaded_error",
+        "Overloaded",
+        2,
+    )
+
+
+def test_a_stream_the_target_cuts_ends_without_completed_and_is_charged_its_worst_case(gateway, wired, upstream):
+    wired.route("claude-via-responses", wired.anthropic)
+    budget = wired.budget(amount="5")
+    # its events spaced out, so those before the drop reach the gateway on their own
+    upstream.control(prompt_tokens=10, completion_tokens=5, chunks=8, fail="drop_mid_stream", chunk_delay_ms=50)
+    events = _openai(gateway).responses.create(
+        model="claude-via-responses", input="hi", max_output_tokens=20, stream=True
+    )
+    kinds = [event.type for event in events]
+    # then: the client saw it broken, not completed, and the cap was charged the reservation
+    assert "response.completed" not in kinds and kinds[0] == "response.created"
+    wait_settled()
+    rec = UsageRecord.objects.get()
+    assert rec.status == "estimated" and rec.cost_nano > 0
+    assert window_of(budget).spent_nano == rec.cost_nano and window_of(budget).reserved_nano == 0
