@@ -22,6 +22,7 @@ from tenants.models import ApiKey, hash_key
 TRANSLATED: dict[str, tuple[str, ...]] = {
     "chat": ("messages", "converse", "gemini"),
     "messages": ("chat", "converse", "gemini"),
+    "responses": ("messages",),
 }
 
 

@@ -25,6 +25,8 @@ MESSAGES_TO_CONVERSE = ("messages", "converse")
 CHAT_TO_GEMINI = ("chat", "gemini")
 # Only the fields that do not go through the chat translation (it has no field for them).
 MESSAGES_TO_GEMINI = ("messages", "gemini")
+# The stateless Responses subset an Anthropic-format target answers faithfully.
+RESPONSES_TO_MESSAGES = ("responses", "messages")
 
 
 @dataclass(frozen=True)
@@ -440,6 +442,86 @@ DROPPED_BETAS: dict[str, str] = {
 }
 
 
+_NOT_KEPT = "the target keeps no response, so nothing earlier can be continued from"
+FIELDS[RESPONSES_TO_MESSAGES] = {
+    "model": _r(MAPPED, "the target's own model id"),
+    "input": _r(
+        MAPPED,
+        "a string is one user turn; message items become turns (input_text and output_text parts as text "
+        "blocks, input_image with an image URL as an image block: data URLs as base64 sources); "
+        "`function_call` items become `tool_use` blocks and `function_call_output` items `tool_result` "
+        "blocks. Refused: system or developer items after the conversation started, file, audio and "
+        "file-id image parts, reasoning items (the other model's own, possibly encrypted, reasoning), item "
+        "references, hosted-tool call items, call arguments that are not a JSON object",
+    ),
+    "instructions": _r(MAPPED, "`system` (before any system or developer input item)"),
+    "max_output_tokens": _r(MAPPED, "`max_tokens` (the output ceiling is always sent: Anthropic requires it)"),
+    "temperature": _r(MAPPED, "`temperature` from 0 to 1; above 1 (OpenAI's range goes to 2) it is refused"),
+    "top_p": _r(MAPPED, "`top_p`"),
+    "stream": _r(
+        MAPPED,
+        "`stream`; the answer is streamed as Responses events: response.created, response.in_progress, "
+        "response.output_item.added, response.content_part.added, response.output_text.delta (or "
+        "response.function_call_arguments.delta), the matching .done events, then response.completed "
+        "(response.incomplete at the output ceiling) with the usage",
+    ),
+    "stream_options": _r(DROPPED, "`include_obfuscation` pads events; the usage is always in the final event"),
+    "tools": _r(
+        MAPPED,
+        "function tools (`type: function`) become custom tools (`parameters` as `input_schema`), and need "
+        "`strict: false`: strict schema adherence, the Responses default, has no faithful equivalent. Hosted "
+        "tools (web search, file search, code interpreter, computer use, image generation, MCP), custom and "
+        "namespace tools are refused",
+    ),
+    "tool_choice": _r(
+        MAPPED, "auto -> auto, none -> none, required -> any, a named function -> the named tool; others refused"
+    ),
+    "parallel_tool_calls": _r(MAPPED, "false sets `disable_parallel_tool_use` on the tool choice"),
+    "user": _r(MAPPED, "`metadata.user_id`"),
+    "safety_identifier": _r(MAPPED, "`metadata.user_id`"),
+    "service_tier": _r(
+        MAPPED, "auto is left to the connection; default becomes standard_only; other tiers are refused"
+    ),
+    "store": _r(
+        MAPPED,
+        "false, or absent: the response is not stored (the answer says `store: false`; it cannot be "
+        "retrieved or continued from). true is refused: the target keeps nothing a later request could use",
+    ),
+    "text": _r(
+        MAPPED,
+        "`format` text is the default; a JSON object or schema format is refused (as chat's response_format "
+        "is), and so is a `verbosity`",
+    ),
+    "reasoning": _r(
+        REFUSED,
+        "effort levels do not map onto a thinking budget faithfully (as chat's reasoning_effort)" + _IGNORED_NONE,
+    ),
+    "include": _r(
+        MAPPED,
+        "`reasoning.encrypted_content` and the hosted-tool and input-image values are dropped (no reasoning, "
+        "hosted tool or stored input reaches the target, so there is nothing to include); "
+        "`message.output_text.logprobs` is refused (the target returns no log probabilities)",
+    ),
+    "truncation": _r(MAPPED, "disabled is the default; auto (dropping context from the middle) is refused"),
+    "max_tool_calls": _r(DROPPED, "bounds hosted-tool calls, and hosted tools are refused"),
+    "top_logprobs": _r(REFUSED, "the target returns no log probabilities; 0 is the same as absent"),
+    "metadata": _r(DROPPED, "labels for stored responses, which the target does not keep"),
+    "prompt_cache_key": _r(DROPPED, "a cache routing hint; without cache_control the target bills plain input"),
+    "prompt_cache_retention": _r(DROPPED, "OpenAI cache retention; the target caches only with cache_control"),
+    "prompt_cache_options": _r(DROPPED, "OpenAI cache options; the target caches only with cache_control"),
+    "client_metadata": _r(DROPPED, "client labels; the target neither answers nor bills by them"),
+    "previous_response_id": _r(REFUSED, _NOT_KEPT + " (capgate keeps a response's size, not its content)"),
+    "conversation": _r(REFUSED, _NOT_KEPT),
+    "background": _r(REFUSED, "background responses are OpenAI jobs"),
+    "background_options": _r(REFUSED, "background responses are OpenAI jobs"),
+    "prompt": _r(REFUSED, "a stored prompt template is OpenAI's; its content is not in the body"),
+    "context_management": _r(REFUSED, "OpenAI's server-side compaction has no equivalent"),
+    "moderation": _r(REFUSED, "no equivalent"),
+    "access_programs": _r(REFUSED, "no equivalent"),
+    "image": _r(REFUSED, "image generation settings: the target has no image output"),
+}
+
+
 def markdown() -> list[str]:
     """The translation section of docs/billing.md."""
     lines = [
@@ -449,7 +531,8 @@ def markdown() -> list[str]:
         "A route may list targets of either format: `/v1/chat/completions` reaches Anthropic-format targets",
         "and `/v1/messages` reaches OpenAI-format targets (OpenAI, Azure OpenAI, Gemini); both reach",
         "Bedrock connections that speak the Converse API (`options.api: converse`) and Gemini's native",
-        "generateContent (`options.api: native`). The request is",
+        "generateContent (`options.api: native`); `/v1/responses` reaches Anthropic-format targets for",
+        "its stateless subset. The request is",
         "translated before it is bounded, and the worst case is the translated body on the priciest target",
         "that may be tried; each attempt is priced and recorded at the model called. Usage is read from the",
         "target's own format (cache reads and writes, reasoning tokens) and the answer, its stream and its",
@@ -464,8 +547,19 @@ def markdown() -> list[str]:
         MESSAGES_TO_CONVERSE: "/v1/messages to Bedrock Converse",
         CHAT_TO_GEMINI: "/v1/chat/completions to Gemini generateContent",
         MESSAGES_TO_GEMINI: "/v1/messages to Gemini generateContent",
+        RESPONSES_TO_MESSAGES: "/v1/responses to Anthropic messages",
     }
     notes = {
+        RESPONSES_TO_MESSAGES: [
+            "",
+            "`/v1/responses` reaches an Anthropic-format target for the stateless subset that maps",
+            "faithfully. The answer is a Response (`object: response`): text blocks become `message` items,",
+            "`tool_use` blocks `function_call` items (the block id as `call_id`), `stop_reason` max_tokens",
+            "`status: incomplete` with `incomplete_details.reason: max_output_tokens` (refusal: content_filter),",
+            "and the usage `input_tokens` (cache reads and writes included, as",
+            "`input_tokens_details.cached_tokens` and `cache_write_tokens`) and `output_tokens`. Errors keep",
+            "OpenAI's shape.",
+        ],
         CHAT_TO_GEMINI: [
             "",
             'A `gemini` connection with `options.api: "native"` speaks Gemini\'s own API',

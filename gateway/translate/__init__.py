@@ -1,5 +1,6 @@
-"""Format translation: a request to /v1/chat/completions served by an Anthropic-format target,
-one to /v1/messages served by an OpenAI-format target, and either served by Gemini's native
+"""Format translation: a request to /v1/chat/completions (or a stateless one to /v1/responses)
+served by an Anthropic-format target, one to /v1/messages served by an OpenAI-format target,
+and either of the first two served by Gemini's native
 generateContent or a Bedrock Converse target (docs/billing.md, "Translation between formats";
 the per-field rules are
 gateway/billing/translation.py).
@@ -18,13 +19,14 @@ from dataclasses import dataclass
 
 from gateway.admission.bounds import SHAPERS, Shape
 from gateway.http.errors import bad_request
-from gateway.translate import from_converse, from_gemini, gemini
+from gateway.translate import from_converse, from_gemini, gemini, responses
 from gateway.translate.converse import from_chat, from_messages, shape_converse
 from gateway.translate.errors import Untranslatable
 from gateway.translate.from_converse import ChatFromConverse, MessagesFromConverse
 from gateway.translate.from_gemini import ChatFromGemini, MessagesFromGemini
 from gateway.translate.replies import error as _error
 from gateway.translate.replies import reply as _reply
+from gateway.translate.responses import ResponsesFromMessages
 from gateway.translate.streaming import ChatFromMessages, MessagesFromChat
 from gateway.translate.to_chat import to_chat
 from gateway.translate.to_messages import to_messages
@@ -36,6 +38,7 @@ __all__ = [
     "MessagesFromChat",
     "MessagesFromConverse",
     "MessagesFromGemini",
+    "ResponsesFromMessages",
     "Translated",
     "Untranslatable",
     "client_headers_for",
@@ -57,7 +60,7 @@ class Translated:
 
 
 # The format a request of each endpoint is translated to when no target format is named.
-_OTHER = {"chat": "messages", "messages": "chat"}
+_OTHER = {"chat": "messages", "messages": "chat", "responses": "messages"}
 
 
 def translate_request(*, kind: str, body: dict, headers: dict[str, str], target: str | None = None) -> Translated:
@@ -71,7 +74,9 @@ def translate_request(*, kind: str, body: dict, headers: dict[str, str], target:
         if target == "gemini":
             out = gemini.from_chat(body) if kind == "chat" else gemini.from_messages(body, headers)
             return Translated(kind=target, body=out, shape=gemini.shape_generate_content(out))
-        if kind == "chat":
+        if kind == "responses":
+            out, target = responses.to_messages_body(body), "messages"
+        elif kind == "chat":
             out, target = to_messages(body), "messages"
         else:
             out, target = to_chat(body, headers), "chat"
@@ -85,12 +90,23 @@ def translate_request(*, kind: str, body: dict, headers: dict[str, str], target:
 
 
 StreamTranslator = (
-    ChatFromMessages | MessagesFromChat | ChatFromConverse | MessagesFromConverse | ChatFromGemini | MessagesFromGemini
+    ChatFromMessages
+    | MessagesFromChat
+    | ChatFromConverse
+    | MessagesFromConverse
+    | ChatFromGemini
+    | MessagesFromGemini
+    | ResponsesFromMessages
 )
 
 
-def stream_translator(*, client: str, wants_usage: bool, upstream: str | None = None) -> StreamTranslator:
-    """The translator of a target's stream in the `upstream` format for a `client` endpoint."""
+def stream_translator(
+    *, client: str, wants_usage: bool, upstream: str | None = None, request: dict | None = None
+) -> StreamTranslator:
+    """The translator of a target's stream in the `upstream` format for a `client` endpoint
+    (`request`: the client's body, which a Response echoes)."""
+    if client == "responses":
+        return ResponsesFromMessages(request=request or {})
     if upstream == "converse":
         return ChatFromConverse(wants_usage=wants_usage) if client == "chat" else MessagesFromConverse()
     if upstream == "gemini":
@@ -98,8 +114,11 @@ def stream_translator(*, client: str, wants_usage: bool, upstream: str | None = 
     return ChatFromMessages(wants_usage=wants_usage) if client == "chat" else MessagesFromChat()
 
 
-def reply(data: bytes, *, upstream: str, client: str, model: str) -> bytes:
-    """A 200 body from a target speaking `upstream`, as the `client` endpoint answers."""
+def reply(data: bytes, *, upstream: str, client: str, model: str, request: dict | None = None) -> bytes:
+    """A 200 body from a target speaking `upstream`, as the `client` endpoint answers
+    (`request`: the client's body, which a Response echoes)."""
+    if client == "responses":
+        return responses.reply(data, model=model, request=request or {})
     if upstream == "converse":
         return from_converse.reply(data, client=client, model=model)
     if upstream == "gemini":

@@ -353,12 +353,12 @@ class ProxyCall:
         kind = self.format_of(target)
         usage, provider_model = adapter(target).usage_from_body(kind, data)  # billed from the target's own format
         await self.record(self.served_outcome(target, usage, provider_model), target)
-        if self.kind == "responses":
+        if self.kind == "responses" and kind == "responses":  # a translated answer is stored nowhere
             await self.remember_response(target, _loads(data))
         if kind != self.kind:
             try:
                 data = translated_reply(
-                    data, upstream=kind, client=self.kind, model=provider_model or target.model.name
+                    data, upstream=kind, client=self.kind, model=provider_model or target.model.name, request=self.body
                 )
             except (ValueError, TypeError, AttributeError):
                 await self.fail(

@@ -72,7 +72,9 @@ async def relay(call: ProxyCall, target: Target, events, response: httpx.Respons
     tracker = adapter(target).stream_usage(kind)
     wants_usage = call.client_stream_options.get("include_usage") is True
     translator = (
-        stream_translator(client=call.kind, upstream=kind, wants_usage=wants_usage) if kind != call.kind else None
+        stream_translator(client=call.kind, upstream=kind, wants_usage=wants_usage, request=call.body)
+        if kind != call.kind
+        else None
     )
     ending = "completed"
     deadline = call.seconds_left()
@@ -119,7 +121,7 @@ async def relay(call: ProxyCall, target: Target, events, response: httpx.Respons
         else Outcome(status="estimated", cost_nano=p.worst_nano, connection_id=target.connection.id, error=ending),
         target,
     )
-    if call.kind == "responses" and tracker.response is not None:
+    if call.kind == "responses" and kind == "responses" and tracker.response is not None:
         await call.remember_response(target, tracker.response)
     if ending != "client disconnected mid-stream":
         try:

@@ -110,10 +110,12 @@ def test_a_malformed_agent_field_is_a_400_naming_it_and_changes_nothing(gateway,
 
 
 def test_a_route_with_no_compatible_connection_is_a_final_400_not_an_overload(gateway, wired, upstream):
-    # a Responses call to a route served only by an Anthropic connection (Responses is not
+    # an embeddings call to a route served only by an Anthropic connection (embeddings are not
     # translated between formats): configuration, not an outage
     wired.route("gpt-test", wired.anthropic)
-    resp = _post(gateway, "/v1/responses", {})
+    resp = httpx.post(
+        gateway.url + "/v1/embeddings", json={"model": "gpt-test", "input": "hi"}, headers=AUTH, timeout=30
+    )
     assert resp.status_code == 400
     assert resp.json()["error"]["type"] == "invalid_request_error"  # not a 503, which SDKs retry
     assert resp.json()["error"]["code"] == "no_compatible_connection"

@@ -7,12 +7,20 @@ from __future__ import annotations
 import pytest
 
 from gateway import billing
-from gateway.billing.translation import CHAT_TO_MESSAGES, DROPPED, FIELDS, MESSAGES_TO_CHAT, REFUSED
+from gateway.billing.translation import (
+    CHAT_TO_MESSAGES,
+    DROPPED,
+    FIELDS,
+    MESSAGES_TO_CHAT,
+    REFUSED,
+    RESPONSES_TO_MESSAGES,
+)
 from gateway.translate import Untranslatable, translate_request
 
 BASE = {
     "chat": {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]},
     "messages": {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]},
+    "responses": {"model": "m", "max_output_tokens": 10, "input": "hi"},
 }
 # A value for each refused field that the target has no equivalent for.
 REFUSED_VALUES = {
@@ -39,6 +47,19 @@ REFUSED_VALUES = {
         "inference_geo": "us",
         "speed": "fast",
     },
+    "responses": {
+        "reasoning": {"effort": "high"},
+        "top_logprobs": 2,
+        "previous_response_id": "resp_1",
+        "conversation": "conv_1",
+        "background": True,
+        "background_options": {},
+        "prompt": {"id": "pmpt_1"},
+        "context_management": [{"type": "compaction"}],
+        "moderation": {},
+        "access_programs": {},
+        "image": {},
+    },
 }
 DROPPED_VALUES = {
     "chat": {
@@ -49,16 +70,26 @@ DROPPED_VALUES = {
         "prompt_cache_options": {},
     },
     "messages": {"diagnostics": {}, "cache_control": {"type": "ephemeral"}},
+    "responses": {
+        "stream_options": {"include_obfuscation": False},
+        "max_tool_calls": 3,
+        "metadata": {"a": "b"},
+        "prompt_cache_key": "k",
+        "prompt_cache_retention": "24h",
+        "prompt_cache_options": {},
+        "client_metadata": {"session": "s"},
+    },
 }
-DIRECTIONS = {"chat": CHAT_TO_MESSAGES, "messages": MESSAGES_TO_CHAT}
+DIRECTIONS = {"chat": CHAT_TO_MESSAGES, "messages": MESSAGES_TO_CHAT, "responses": RESPONSES_TO_MESSAGES}
+KINDS = ["chat", "messages", "responses"]
 
 
-@pytest.mark.parametrize("kind", ["chat", "messages"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_every_field_the_endpoint_accepts_has_a_translation_rule(kind):
     assert set(FIELDS[DIRECTIONS[kind]]) == set(billing.FIELDS[kind])
 
 
-@pytest.mark.parametrize("kind", ["chat", "messages"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_every_refused_field_is_refused_naming_it(kind, settings):
     refused = {name for name, rule in FIELDS[DIRECTIONS[kind]].items() if rule.how == REFUSED}
     assert refused == set(REFUSED_VALUES[kind]), "give each refused field a value to try"
@@ -68,7 +99,7 @@ def test_every_refused_field_is_refused_naming_it(kind, settings):
         assert err.value.param == name and err.value.status == 400
 
 
-@pytest.mark.parametrize("kind", ["chat", "messages"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_every_dropped_field_is_left_out(kind, settings):
     dropped = {name for name, rule in FIELDS[DIRECTIONS[kind]].items() if rule.how == DROPPED}
     assert dropped == set(DROPPED_VALUES[kind])
@@ -141,6 +172,10 @@ def test_adaptive_thinking_and_effort_become_reasoning_effort(settings):
         ("messages", {"messages": [{"role": "user", "content": [{"type": "tool_result", "content": 5}]}]}),
         ("messages", {"system": [{"type": "text", "text": "x"}, "y"]}),
         ("messages", {"context_management": {"edits": "all"}}),
+        ("responses", {"input": [5]}),
+        ("responses", {"input": [{"role": "user", "content": 5}]}),
+        ("responses", {"input": [{"type": "function_call_output", "call_id": "c", "output": [5]}]}),
+        ("responses", {"tools": [5]}),
     ],
 )
 def test_a_malformed_part_is_a_400_not_a_crash(kind, extra, settings):
