@@ -27,7 +27,7 @@ from gateway.billing.translation import (
     REFUSED,
 )
 from gateway.http.errors import bad_request
-from gateway.translate.errors import Untranslatable
+from gateway.translate.errors import Untranslatable, chat_functions
 
 _TARGET = "converse"
 # The image formats Converse takes, by media type.
@@ -192,16 +192,11 @@ def _chat_tools(body: dict) -> dict | None:
     tools = body.get("tools")
     if not tools:
         return None
-    specs = []
-    for i, tool in enumerate(tools if isinstance(tools, list) else []):
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(function, dict) or tool.get("type") != "function":
-            raise _chat_refuse(f"tools[{i}].type", "only function tools have an equivalent")
-        specs.append(
-            _tool_spec(
-                function.get("name"), function.get("description"), function.get("parameters"), function.get("strict")
-            )
-        )
+    # Converse keeps strict schemas (toolSpec.strict), so strict tools are carried, not refused.
+    specs = [
+        _tool_spec(f.get("name"), f.get("description"), f.get("parameters"), f.get("strict"))
+        for f in chat_functions(tools, _chat_refuse, strict=True)
+    ]
     config: dict = {"tools": specs}
     choice = body.get("tool_choice")
     if choice == "required":

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from gateway.http.errors import GatewayError
 
 FORMAT_NAMES = {
@@ -25,3 +28,18 @@ class Untranslatable(GatewayError):
         )
         self.field = field
         self.why = why
+
+
+def chat_functions(tools: Any, refuse: Callable[[str, str], Untranslatable], *, strict: bool = False) -> list[dict]:
+    """The `function` of each chat completions tool, in order, for a target format that has only
+    function tools: any other tool type is refused, and `strict: true` too unless the target keeps
+    strict schemas (`strict`), each naming the tool."""
+    functions = []
+    for i, tool in enumerate(tools if isinstance(tools, list) else []):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or tool.get("type") != "function":
+            raise refuse(f"tools[{i}].type", "only function tools have an equivalent")
+        if not strict and function.get("strict"):
+            raise refuse(f"tools[{i}].function.strict", "strict schema adherence has no faithful equivalent")
+        functions.append(function)
+    return functions

@@ -21,7 +21,7 @@ from gateway.admission.bounds import MAX_CHOICES, Shape
 from gateway.admission.request_fields import text_tokens
 from gateway.billing.translation import CHAT_TO_GEMINI, FIELDS, REFUSED
 from gateway.http.errors import bad_request
-from gateway.translate.errors import Untranslatable
+from gateway.translate.errors import Untranslatable, chat_functions
 from gateway.translate.to_chat import to_chat
 
 _RULES = FIELDS[CHAT_TO_GEMINI]
@@ -146,12 +146,7 @@ def _contents(messages: list) -> tuple[str | None, list[dict]]:
 
 def _tools(tools: Any) -> list[dict]:
     declarations = []
-    for i, tool in enumerate(tools if isinstance(tools, list) else []):
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(function, dict) or tool.get("type") != "function":
-            raise _refuse(f"tools[{i}].type", "only function tools have an equivalent")
-        if function.get("strict"):
-            raise _refuse(f"tools[{i}].function.strict", "strict schema adherence has no faithful equivalent")
+    for function in chat_functions(tools, _refuse):
         declaration: dict = {"name": function.get("name")}
         if function.get("description") is not None:
             declaration["description"] = function["description"]

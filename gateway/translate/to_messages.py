@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from gateway.billing.translation import CHAT_TO_MESSAGES, FIELDS, REFUSED
-from gateway.translate.errors import Untranslatable
+from gateway.translate.errors import Untranslatable, chat_functions
 
 _RULES = FIELDS[CHAT_TO_MESSAGES]
 _TARGET = "messages"
@@ -121,12 +121,7 @@ def _messages(messages: list) -> tuple[str | None, list[dict]]:
 
 def _tools(tools: Any) -> list[dict]:
     out = []
-    for i, tool in enumerate(tools if isinstance(tools, list) else []):
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(function, dict) or tool.get("type") != "function":
-            raise _refuse(f"tools[{i}].type", "only function tools have an equivalent")
-        if function.get("strict"):
-            raise _refuse(f"tools[{i}].function.strict", "strict schema adherence has no faithful equivalent")
+    for function in chat_functions(tools, _refuse):
         converted = {"name": function.get("name"), "input_schema": function.get("parameters") or {"type": "object"}}
         if function.get("description") is not None:
             converted["description"] = function["description"]
