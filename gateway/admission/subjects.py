@@ -96,6 +96,7 @@ def end_customer(*, key: ApiKey, external_id: str | None) -> EndCustomer | None:
                     period=project.default_customer_budget_period,
                     mode=project.default_customer_budget_mode,
                     amount_nano=project.default_customer_budget_nano,
+                    first_sight=True,
                 )
     return customer
 
@@ -153,6 +154,7 @@ def create_run_budget(*, key: ApiKey, run_id: str, amount_nano: int, explicit: b
                 mode=Budget.Mode.BLOCK,
                 amount_nano=amount_nano,
                 name=f"run {run_id}",
+                first_sight=True,
             )
     except IntegrityError:  # a concurrent first call created it: compare with that one
         existing = Budget.objects.get(organization_id=key.organization_id, scope=Budget.Scope.RUN, run_id=run_id)
