@@ -158,6 +158,8 @@ class Background:
         # themselves only while one came back within the lease. A dropped connection empties them.
         import psycopg
 
+        freshness = invalidation.freshness
+        fenced = False  # this listener vouches for the caches (and so empties them when it drops)
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(conninfo(), autocommit=True) as conn:
@@ -166,24 +168,25 @@ class Background:
                     while True:
                         # Only once this process is registered alive: budget edits wait out the
                         # lease only when some gateway process is (budgets/services.py).
-                        invalidation.freshness.enabled = (
-                            bool(settings.CAPGATE["CACHE_NOTIFY"]) and self.instance_id is not None
-                        )
-                        if invalidation.freshness.enabled:
-                            await conn.execute(
-                                "SELECT pg_notify(%s, %s)", [invalidation.CHANNEL, invalidation.freshness.fence()]
-                            )
+                        fenced = bool(settings.CAPGATE["CACHE_NOTIFY"]) and self.instance_id is not None
+                        if fenced:
+                            freshness.enabled = True
+                            await conn.execute("SELECT pg_notify(%s, %s)", [invalidation.CHANNEL, freshness.fence()])
                         async for note in conn.notifies(timeout=invalidation.fence_interval()):
                             if note.channel == invalidation.CHANNEL:
-                                invalidation.freshness.on_notification(note.payload)
+                                if settings.CAPGATE["CACHE_NOTIFY"]:  # off: lookups only expire
+                                    freshness.on_notification(note.payload)
                             elif slices.book.on_notification(note.payload):
                                 await db(slices.book.give_back_pending, lane="settle")
             except (psycopg.Error, DatabaseError, OSError):
-                invalidation.freshness.lost()
+                if fenced:
+                    freshness.lost()
                 log.warning("notifications: database unavailable; listening again in 2 s")
                 await asyncio.sleep(2.0)
             except BaseException:
-                invalidation.freshness.lost()
+                if fenced:
+                    freshness.lost()
+                    freshness.enabled = False
                 raise
 
     async def _drain(self) -> None:
