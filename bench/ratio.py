@@ -396,8 +396,9 @@ def profile(gateway: Service, seconds: int, workers: int) -> tuple[list[str], di
     if spy.returncode != 0 or not out.exists():
         raise RuntimeError(f"py-spy failed: {err.decode()[-2000:]}")
     busy, idled, tables = top_functions(out.read_text(), capgate_packages())
+    whom = "each worker" if workers > 1 else "the worker"
     return [
-        f"py-spy --nonblocking at 100 Hz, every thread of the worker, during a c=50 hot-per-run-cap cell ({seconds} s, "
+        f"py-spy --nonblocking at 100 Hz, every thread of {whom}, during a c=50 hot-per-run-cap cell ({seconds} s, "
         f"{cell['rps']:.0f} req/s under sampling): {busy} busy samples ({idled} of idle threads left out), "
         f"in {out.relative_to(ROOT)}.",
         "",
@@ -492,7 +493,8 @@ def measure(args: argparse.Namespace, started: list[Service]) -> None:
         f"= {share:.1%} | {'met' if share >= 0.10 else '**missed**'} |",
         f"| c=1 added p50 (one hot per-run cap) ≤ 2 ms | {hot1['p50']:.2f} − {ref1['p50']:.2f} = {added:.2f} ms | "
         f"{'met' if added <= 2 else '**missed**'} |",
-        f"| worker RSS after the run ≤ {RSS_TARGET_MIB} MiB | {rss_after:.0f} MiB (after startup {rss_started:.0f} MiB)"
+        f"| {'largest ' if args.workers > 1 else ''}worker RSS after the run ≤ {RSS_TARGET_MIB} MiB | "
+        f"{rss_after:.0f} MiB (after startup {rss_started:.0f} MiB)"
         f" | {'met' if rss_after <= RSS_TARGET_MIB else '**missed**'} |",
     ]
     slices = args.slices
