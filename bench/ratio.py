@@ -422,11 +422,10 @@ def uvicorn(app: str, port: int, workers: int = 1) -> list[str]:
     return args + ["--no-access-log", "--log-level", "warning"] + (["--workers", str(workers)] if workers > 1 else [])
 
 
-def measure(args: argparse.Namespace, started: list[Service]) -> None:
+def measure(args: argparse.Namespace, started: list[Service], nginx_dir: str) -> None:
     db, seconds = args.database, args.seconds
     load_start = loadavg()
     setup(db)
-    nginx_dir = tempfile.mkdtemp(prefix="capgate-ratio-nginx-")
     Path(nginx_dir, "nginx.conf").write_text(nginx_config(nginx_dir))
     conf = ["/usr/sbin/nginx", "-p", nginx_dir, "-c", f"{nginx_dir}/nginx.conf", "-e", f"{nginx_dir}/error.log"]
     started.append(Service("nginx", conf, dict(os.environ)))
@@ -538,11 +537,13 @@ def main() -> None:
     # A SIGTERM stops the bench through the `finally` below, as Ctrl-C does.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started: list[Service] = []
+    nginx_dir = tempfile.mkdtemp(prefix="capgate-ratio-nginx-")
     try:
-        measure(args, started)
+        measure(args, started, nginx_dir)
     finally:
         for service in reversed(started):
             service.stop()
+        shutil.rmtree(nginx_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
