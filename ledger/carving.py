@@ -22,7 +22,7 @@ NOTIFY_CHANNEL = "capgate_slices"
 
 _COLS = ", ".join(CHARGED_COLUMNS)
 
-# The carve, one statement in the group commit's transaction (ledger/recording.py). For each
+# The carve, part of the group commit's one statement (ledger/recording.py). For each
 # request not recorded before: its reservation (the slice's subject and lease) and its holds (its
 # worst case on each window the slice holds positively, 0 on the rest), then the slice's row and
 # holds lose the same amount; a slice that reaches zero goes. A slice of no blocking ceiling
@@ -30,11 +30,12 @@ _COLS = ", ".join(CHARGED_COLUMNS)
 # which its CHECK constraint refuses: the whole batch fails loudly rather than drift. A slice
 # already charged by expiry (its own usage record exists) is not carved: its estimate covers
 # the request.
-CARVE_SQL = f"""
-WITH item AS (
-    SELECT * FROM unnest(%s::uuid[], %s::varchar[], %s::uuid[], %s::bigint[], %s::varchar[], %s::timestamptz[])
-        AS i(id, request_id, slice_id, amount_nano, model, created_at)
-), fresh AS MATERIALIZED (
+#
+# CARVE_CTES reads the requests from a CTE `item` (id, request_id, slice_id, amount_nano, model,
+# created_at) that the statement using it defines: CARVE_SQL from its own arrays, the group
+# commit's insert from the records it writes (ledger/recording.py), so both run the same carve.
+CARVE_CTES = f"""
+fresh AS MATERIALIZED (
     SELECT i.* FROM item i
      WHERE NOT EXISTS (SELECT 1 FROM usage_usagerecord u WHERE u.request_id = i.request_id)
        AND NOT EXISTS (SELECT 1 FROM budgets_reservation r WHERE r.request_id = i.request_id)
@@ -75,6 +76,12 @@ WITH item AS (
     DELETE FROM budgets_reservation r USING per_slice p
      WHERE r.id = p.slice_id AND p.had > 0 AND p.total = p.had
 )
+"""
+CARVE_SQL = f"""
+WITH item AS (
+    SELECT * FROM unnest(%s::uuid[], %s::varchar[], %s::uuid[], %s::bigint[], %s::varchar[], %s::timestamptz[])
+        AS i(id, request_id, slice_id, amount_nano, model, created_at)
+), {CARVE_CTES}
 SELECT count(*) FROM carved
 """
 

@@ -28,20 +28,27 @@ def print_exhaustion(e: Exhaustion) -> None:
     )
 
 
+# The throughput target: admissions/s at --leases-processes processes, as a multiple of pgbench's
+# hot-row rate at as many clients in the same run (leases-cached is reported against it too).
+TARGET_X = 3
+
+
 def report_leases(results: dict, exhaustions: list[Exhaustion], args: argparse.Namespace) -> list[str]:
     """The leases target lines (N processes vs pgbench at N clients) and the exhaustion table."""
     out: list[str] = []
     for ceilings in args.ceilings:
         base = results.get((ceilings, args.leases_processes, "pgbench"))
-        cells = results.get((ceilings, args.leases_processes, "leases"))
-        if base and cells:
+        for runner in ("leases", "leases-cached"):
+            cells = results.get((ceilings, args.leases_processes, runner))
+            if not (base and cells):
+                continue
             base_rate, rate = median(c.rate for c in base), median(c.rate for c in cells)
-            verdict = "MET" if rate >= 5 * base_rate else "NOT met"
+            verdict = "MET" if rate >= TARGET_X * base_rate else "NOT met"
             notes = "; ".join(sorted({c.note for c in cells}))
             out.append(
-                f"Target ({ceilings} ceiling(s), {args.leases_processes} processes, >= 5x pgbench's hot-row "
-                f"{base_rate:,.0f}/s = {5 * base_rate:,.0f}/s): leases {rate:,.0f} admissions/s = "
-                f"{rate / base_rate:.1f}x -> **{verdict}** ({notes}; check {', '.join({c.check for c in cells})})."
+                f"Target ({ceilings} ceiling(s), {args.leases_processes} processes, >= {TARGET_X}x pgbench's hot-row "
+                f"{base_rate:,.0f}/s = {TARGET_X * base_rate:,.0f}/s): {runner} {rate:,.0f} admissions/s = "
+                f"{rate / base_rate:.2f}x -> **{verdict}** ({notes}; check {', '.join({c.check for c in cells})})."
             )
     if exhaustions:
         e0 = exhaustions[0]

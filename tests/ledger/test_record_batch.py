@@ -5,12 +5,13 @@ one record at a time, so one bad record (its subject deleted in flight) loses no
 from __future__ import annotations
 
 import pytest
-from django.db import IntegrityError, connection
+from django.db import DataError, IntegrityError, connection
 
+from catalog.pricing import Usage
 from ledger import recording
 from ledger.drain import drain
 from ledger.models import Reservation, UsageRecord
-from ledger.recording import Outcome, record_many
+from ledger.recording import Outcome, build_record, record_many
 from tenants.models import ApiKey
 from tests.conftest import window_of
 
@@ -43,7 +44,7 @@ def test_a_batch_is_one_statement_and_a_second_report_keeps_the_first(acme):
     out, sent = _statements(
         lambda: record_many(items=[(r, Outcome(status="served", cost_nano=7)) for r in reservations])
     )
-    # then: one statement (SET LOCAL + INSERT in one simple query), five records
+    # then: one statement (its relaxed commit set inside it), five records
     assert len(sent) == 1
     assert [type(r) for r in out] == [UsageRecord] * 5
     assert UsageRecord.objects.count() == 5
@@ -94,3 +95,53 @@ def test_a_negative_cost_is_refused_for_its_own_record_only(acme):
     )
     assert isinstance(out[0], ValueError) and isinstance(out[1], UsageRecord)
     assert list(UsageRecord.objects.values_list("request_id", flat=True)) == [reservations[1].request_id]
+
+
+# What the ORM itself would write for a record, column by column, except what the database picks.
+_ORM_FIELDS = [f.attname for f in UsageRecord._meta.concrete_fields if f.attname not in ("id", "created_at")]
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        Outcome(
+            status="served",
+            cost_nano=1_234_567_890_123,
+            usage=Usage(input_tokens=11, output_tokens=22, cache_read_tokens=33, cache_write_tokens=44),
+            provider_model="gpt-4o-2024-08-06",
+            error="",
+            latency_ms=321,
+            input_bound="exact",
+        ),
+        Outcome(status="failed_upstream", error='upstream said «no» \\ "quoted"\n', latency_ms=None),
+        Outcome(status="released"),
+    ],
+    ids=["served", "failed", "released"],
+)
+def test_the_group_commit_writes_every_column_as_the_orm_would(acme, outcome):
+    # given: an admitted request, with a run id too
+    acme.budget(amount="1")
+    reservation = _admitted(acme, 1)[0]
+    reservation.run_id = "run-7"
+    expected = build_record(reservation=reservation, outcome=outcome)  # the ORM's own instance
+    # when: it is written by the group commit's statement
+    [written] = record_many(items=[(reservation, outcome)])
+    # then: the row, and the instance returned, hold what the ORM's instance holds, field by field
+    row = UsageRecord.objects.get(request_id=reservation.request_id)
+    assert written.pk == row.pk and not written._state.adding
+    for name in _ORM_FIELDS:
+        assert getattr(row, name) == getattr(expected, name), name
+        assert getattr(written, name) == getattr(expected, name), name
+    assert written.created_at == row.created_at  # to the microsecond: times go in full
+    assert row.admitted_at == reservation.created_at
+
+
+def test_a_value_too_long_for_its_column_is_refused_not_cut_short(acme):
+    # given: a provider model name longer than its column holds
+    acme.budget(amount="1")
+    reservation = _admitted(acme, 1)[0]
+    long_name = "m" * (UsageRecord._meta.get_field("provider_model").max_length + 1)
+    # when / then: refused as the ORM's insert would refuse it, nothing written (never truncated)
+    with pytest.raises(DataError):
+        record_many(items=[(reservation, Outcome(status="served", cost_nano=7, provider_model=long_name))])
+    assert not UsageRecord.objects.exists()

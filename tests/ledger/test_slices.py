@@ -390,3 +390,25 @@ def test_without_their_rows_requests_of_a_zero_slice_escape_a_cap_created_mid_fl
     drain_all()
     book.retire_all()
     book.give_back_pending()
+
+
+def test_a_request_from_a_slice_has_every_field_the_orm_would_give_it(acme):
+    # given: a request admitted from a slice in memory (its instance built without Model.__init__)
+    acme.budget(amount="10")
+    owner = register().id
+    book = Book()
+    budgets = _matching(acme)
+    book.admit(_request(acme, owner, budgets))
+    request = _request(acme, owner, budgets)
+    taken = book.admit(request).reservation
+    assert taken.slice_id is not None
+    # then: every concrete field is set (none left to a deferred load from a row that does not
+    # exist yet), and an ORM-built instance from the same values agrees on each
+    fields = [f.attname for f in Reservation._meta.concrete_fields]
+    assert set(fields) <= set(taken.__dict__)
+    same = Reservation(**{name: getattr(taken, name) for name in fields})
+    assert [getattr(same, n) for n in fields] == [getattr(taken, n) for n in fields]
+    assert taken.request_id == request.request_id and taken.amount_nano == WORST and taken.owner_id == owner
+    assert taken.origin == Reservation.Origin.GATEWAY and taken.job_id is None
+    assert not taken._state.adding and taken._state.db == "default"
+    book.settled(taken)
