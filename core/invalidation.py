@@ -34,7 +34,8 @@ class Freshness:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._token = f"{os.getpid()}.{uuid.uuid4().hex[:12]}"
+        self._pid = 0  # the token is this process's own, even in a child forked after import
+        self._token = ""
         self._seq = 0
         self._sent: dict[int, float] = {}  # fence number -> monotonic time it was sent
         self._heard_sent_at: float | None = None  # when the newest fence heard back was sent
@@ -59,6 +60,10 @@ class Freshness:
     def fence(self) -> str:
         """The payload of the next fence to send, noting when it is sent (now)."""
         with self._lock:
+            if self._pid != os.getpid():
+                self._pid, self._token, self._seq = os.getpid(), f"{os.getpid()}.{uuid.uuid4().hex[:12]}", 0
+                self._sent.clear()
+                self._heard_sent_at = None
             self._seq += 1
             self._sent[self._seq] = time.monotonic()
             if len(self._sent) > 64:  # fences that never came back (a dropped connection)
@@ -70,7 +75,7 @@ class Freshness:
         kind, _, rest = payload.partition(":")
         if kind == "fence":
             token, _, seq = rest.rpartition(":")
-            if token != self._token or not seq.isdigit():
+            if not self._token or token != self._token or not seq.isdigit():
                 return  # another process's fence
             with self._lock:
                 sent = self._sent.pop(int(seq), None)
