@@ -460,7 +460,7 @@ class GuardedTransport(httpx.AsyncBaseTransport):
                     except Exception as exc:
                         raise _raised(exc, remap=True) from None
             except TimeoutError:
-                timeout = httpx.ReadTimeout(f"no answer within the first-byte timeout ({first_byte:g} s)")
+                timeout = httpx.ReadTimeout(f"no response within the first-byte timeout ({first_byte:g} s)")
                 self._observe(owner, sent, error=timeout)
                 raise timeout from None
             except Exception as exc:
