@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
+from core import fastjson
 from core.errors import CapgateError
 from core.money import usd_str
 from ledger.errors import BudgetExceeded
@@ -65,4 +64,4 @@ def error_headers(exc: CapgateError) -> list[tuple[bytes, bytes]]:
 
 
 def render(exc: CapgateError, *, flavor: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    return exc.status, error_headers(exc), json.dumps(error_body(exc, flavor=flavor)).encode()
+    return exc.status, error_headers(exc), fastjson.dumps(error_body(exc, flavor=flavor))

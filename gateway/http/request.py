@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from django.conf import settings
 
+from core import fastjson
 from gateway.http.errors import GatewayError
 
 Headers = list[tuple[bytes, bytes]]
@@ -73,7 +73,7 @@ class Request:
         await self.send({"type": "http.response.body", "body": body})
 
     async def json(self, status: int, data: Any, headers: Headers | None = None) -> None:
-        await self.respond(status, json.dumps(data).encode(), headers)
+        await self.respond(status, fastjson.dumps(data), headers)
 
 
 class ClientGone(Exception):

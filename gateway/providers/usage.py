@@ -4,9 +4,8 @@ which format its provider answers in (gateway/providers/base.py)."""
 
 from __future__ import annotations
 
-import json
-
 from catalog.pricing import Usage
+from core import fastjson
 
 
 def _count(d: object, key: str) -> int:
@@ -114,7 +113,7 @@ def response_state(response: object) -> tuple[str, str | None, int] | None:
 
 def usage_from_body(kind: str, body: bytes) -> tuple[Usage | None, str]:
     try:
-        data = json.loads(body)
+        data = fastjson.loads(body)
     except ValueError:
         return None, ""
     if not isinstance(data, dict):
@@ -150,7 +149,7 @@ class StreamUsage:
             if b'"usage"' in data and (
                 b'"response.completed"' in data or b'"response.incomplete"' in data or b'"response.failed"' in data
             ):
-                response = json.loads(data).get("response")
+                response = fastjson.loads(data).get("response")
                 usage = usage_responses(response)
                 if usage is not None:
                     self.usage, self.response = usage, response
@@ -158,16 +157,16 @@ class StreamUsage:
             return False
         if self.kind == "messages":
             if b'"message_start"' in data:
-                msg = json.loads(data).get("message") or {}
+                msg = fastjson.loads(data).get("message") or {}
                 self._start = msg.get("usage") or {}
                 self.model = str(msg.get("model") or "")
             elif b'"message_delta"' in data:
-                delta_usage = json.loads(data).get("usage")
+                delta_usage = fastjson.loads(data).get("usage")
                 if isinstance(delta_usage, dict):
                     self.usage = usage_anthropic({**self._start, **delta_usage})
             return False
         if b'"usage":{' in data or b'"usage": {' in data:
-            chunk = json.loads(data)
+            chunk = fastjson.loads(data)
             self.usage = usage_openai(chunk.get("usage"), chunk.get("service_tier"))
             self.model = str(chunk.get("model") or self.model)
             return not chunk.get("choices")

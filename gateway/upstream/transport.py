@@ -12,13 +12,19 @@ upstream capacity one tenant may hold (docs/security.md, "Upstream destinations/
 - In-process providers: a connection kind registered here (`register`) is answered by its own
   transport, in this process, through the same client and the same code path as any provider.
   It dials nothing and holds no network connection, so neither check above applies to it.
+- A whole (not streamed) call (`post`) to a network provider goes from the same client's aiohttp
+  session without building httpx's request and response (`GuardedTransport.post`): the same
+  request on the wire, the same guards, the same errors. What that path cannot send exactly as
+  httpx would goes through httpx (`GuardedTransport.direct` says which).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import itertools
+import logging
 import socket
 import ssl
 import threading
@@ -30,8 +36,10 @@ from dataclasses import dataclass, field
 import aiohttp
 import aiohttp.abc
 import httpx
+import yarl
 from django.conf import settings
 from httpx_aiohttp import AiohttpTransport
+from httpx_aiohttp.transport import map_aiohttp_exceptions
 
 from catalog.destinations import allowed_networks, refusal_reason
 from core.errors import CapgateError
@@ -44,6 +52,7 @@ CLIENT_SHARDS = 1  # one aiohttp pool per process; httpcore needed several (see 
 EXTENSION = "capgate"  # request extension carrying (organization_id, connection_id)
 CALL = "capgate.call"  # request extension carrying the call's `Call`
 NO_BASE_URL = "http://upstream.invalid"
+_httpx_log = logging.getLogger("httpx")
 
 
 # --- destinations ------------------------------------------------------------------------------
@@ -296,6 +305,49 @@ def _mapped(exc: httpx.TransportError) -> httpx.TransportError:
     return httpx.ReadError(message)  # after the request may have gone out: unknown outcome
 
 
+def _raised(exc: Exception, *, remap: bool) -> Exception:
+    """What the httpx path raises for aiohttp's `exc`: httpx-aiohttp's httpx error (or `exc`
+    itself, where it maps none), remapped by `_mapped` where that path remaps it (sending and
+    reading, not closing)."""
+    try:
+        with map_aiohttp_exceptions():
+            raise exc
+    except httpx.TransportError as mapped:
+        return _mapped(mapped) if remap else mapped
+    except Exception as other:
+        return other
+
+
+@dataclass(frozen=True, slots=True)
+class Whole:
+    """A whole upstream answer: its status and its body, decoded as httpx decodes it."""
+
+    status_code: int
+    content: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class _Address:
+    text: str  # the URL as httpx writes it
+    url: yarl.URL  # that text as aiohttp parses it when httpx-aiohttp hands it over
+    host: str  # httpx's `url.host`, which the literal check reads
+    host_header: str  # httpx's Host header (`url.netloc`)
+
+
+@functools.lru_cache(maxsize=1024)  # a pure function of the URL; a connection's URL repeats
+def _address(url: str) -> _Address | None:
+    """The URL as httpx would send it, or None for one left to httpx (not an absolute http(s)
+    URL, or one httpx cannot read: it raises its own error)."""
+    try:
+        parsed = httpx.URL(url)
+    except Exception:
+        return None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        return None
+    text = str(parsed)
+    return _Address(text=text, url=yarl.URL(text), host=parsed.host, host_header=parsed.netloc.decode("ascii"))
+
+
 class GuardedTransport(httpx.AsyncBaseTransport):
     """httpx's API over aiohttp's connection pool (httpx-aiohttp, as the official SDKs offer):
     dials only checked addresses, takes the caller's capacity slot for the life of each
@@ -307,6 +359,8 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         self.limits = limits
         self.ssl_context = ssl_context
         self._inner = AiohttpTransport(client=self._session, limits=limits, trust_env=False)
+        self._defaults: tuple[httpx.Headers, list[tuple[str, str]]] | None = None
+        self._client_timeout: tuple[tuple, aiohttp.ClientTimeout] | None = None
 
     def _session(self) -> aiohttp.ClientSession:
         # Created on the first call, inside the event loop that uses it. No DNS cache: every
@@ -365,6 +419,123 @@ class GuardedTransport(httpx.AsyncBaseTransport):
         response.stream = _Releasing(response.stream, release)
         return response
 
+    async def post(
+        self, client: httpx.AsyncClient, url: str, *, content: bytes, headers: Mapping[str, str], extensions: dict
+    ) -> Whole:
+        """A whole POST through `client` (this transport's own): for a network provider, straight
+        from the aiohttp session with the request httpx would have sent (`direct`) and the same
+        guards as `handle_async_request`: the address check, the capacity slot (held until the
+        body is read), the first-byte timeout, the client's timeouts, and errors raised as the
+        httpx types and messages that path raises (httpx-aiohttp's mapping, then `_mapped`)."""
+        call = extensions.get(CALL)
+        sent_as = self.direct(client, url, content, headers)
+        if sent_as is None or (call is not None and in_process(call.connection.kind) is not None):
+            response = await client.post(url, content=content, headers=headers, extensions=extensions)
+            return Whole(response.status_code, response.content)
+        address, merged = sent_as
+        owner = extensions.get(EXTENSION)
+        if owner is not None:
+            slots.take(organization_id=owner[0], connection_id=owner[1])
+        try:
+            first_byte = settings.CAPGATE["UPSTREAM_FIRST_BYTE_TIMEOUT"]
+            sent = time.monotonic()
+            try:
+                _check_literal(address.host)
+                async with asyncio.timeout(first_byte):
+                    try:
+                        answer: aiohttp.ClientResponse = (
+                            await self._aiohttp()
+                            .request(
+                                "POST",
+                                address.url,
+                                headers=merged,
+                                data=content,
+                                allow_redirects=False,
+                                auto_decompress=False,
+                                compress=False,
+                                timeout=self._timeout(client),
+                            )
+                            .__aenter__()
+                        )
+                    except Exception as exc:
+                        raise _raised(exc, remap=True) from None
+            except TimeoutError:
+                timeout = httpx.ReadTimeout(f"no response within the first-byte timeout ({first_byte:g} s)")
+                self._observe(owner, sent, error=timeout)
+                raise timeout from None
+            except Exception as exc:
+                self._observe(owner, sent, error=exc)
+                raise
+            self._observe(owner, sent, status=answer.status)
+            if _httpx_log.isEnabledFor(logging.INFO):  # httpx's own line for each call, as it writes it
+                reason = answer.reason or httpx.codes.get_reason_phrase(answer.status)
+                _httpx_log.info(
+                    'HTTP Request: %s %s "%s %d %s"', "POST", address.text, "HTTP/1.1", answer.status, reason
+                )
+            try:
+                body = await answer.read()
+            except Exception as exc:
+                raise _raised(exc, remap=True) from None
+            finally:
+                try:
+                    await answer.__aexit__(None, None, None)  # as httpx-aiohttp closes it
+                except Exception as exc:
+                    raise _raised(exc, remap=False) from None
+            if "content-encoding" in answer.headers:
+                # Decoded as httpx decodes it (gzip, deflate, br, zstd, several in a row, unknown ones not).
+                body = httpx.Response(answer.status, headers=answer.raw_headers, content=body).content
+            return Whole(answer.status, body)
+        finally:
+            if owner is not None:
+                slots.give_back(organization_id=owner[0], connection_id=owner[1])
+
+    def direct(
+        self, client: httpx.AsyncClient, url: str, content: bytes, headers: Mapping[str, str]
+    ) -> tuple[_Address, dict[str, str]] | None:
+        """Where and with which headers the direct path sends what httpx would send: httpx's URL
+        and Host, the client's default headers overridden by the call's (as httpx merges them).
+        None for what only httpx can send as it does: a relative or non-HTTP URL, an empty body,
+        a header that is not ASCII text (httpx refuses it) or named twice in different cases
+        (httpx joins the two)."""
+        address = _address(url) if content else None
+        if address is None:
+            return None
+        given: dict[str, str] = {}
+        for name, value in headers.items():
+            if not (isinstance(name, str) and isinstance(value, str) and name.isascii() and value.isascii()):
+                return None
+            key = name.lower()
+            if key in given:
+                return None
+            given[key] = value
+        defaults = self._defaults
+        if defaults is None or defaults[0] is not client.headers:
+            defaults = self._defaults = (client.headers, list(client.headers.items()))
+        merged = {"host": address.host_header}
+        for key, value in defaults[1]:
+            if key not in given:
+                merged[key] = value
+        merged.update(given)
+        merged["content-length"] = str(len(content))  # where and as httpx writes it
+        return address, merged
+
+    def _aiohttp(self) -> aiohttp.ClientSession:
+        """The session httpx-aiohttp sends through (created on first use, as it creates it)."""
+        if not isinstance(self._inner.client, aiohttp.ClientSession):
+            self._inner.client = self._inner.get_client()
+        return self._inner.client
+
+    def _timeout(self, client: httpx.AsyncClient) -> aiohttp.ClientTimeout:
+        """The client's timeouts as httpx-aiohttp passes them to aiohttp."""
+        t = client.timeout
+        key = (t.connect, t.read, t.pool)
+        if self._client_timeout is None or self._client_timeout[0] != key:
+            self._client_timeout = (
+                key,
+                aiohttp.ClientTimeout(sock_connect=t.connect, sock_read=t.read, connect=t.pool),
+            )
+        return self._client_timeout[1]
+
     @staticmethod
     def _observe(
         owner: tuple[int, int] | None, sent: float, *, status: int | None = None, error: BaseException | None = None
@@ -421,6 +592,18 @@ def client() -> httpx.AsyncClient:
     return _clients[next(_next_client) % len(_clients)]
 
 
+async def post(url: str, *, content: bytes, headers: Mapping[str, str], extensions: dict) -> Whole:
+    """A whole (not streamed) POST on a pooled client: its status and body. Through the
+    client's guarded transport (`GuardedTransport.post`), or httpx's own `post` for a client
+    with another transport."""
+    c = client()
+    guarded = getattr(c, "_transport", None)
+    if isinstance(guarded, GuardedTransport):
+        return await guarded.post(c, url, content=content, headers=headers, extensions=extensions)
+    response = await c.post(url, content=content, headers=headers, extensions=extensions)
+    return Whole(response.status_code, response.content)
+
+
 async def close_client() -> None:
     clients = list(_clients)
     _clients.clear()
@@ -434,6 +617,7 @@ __all__ = [
     "close_client",
     "in_process",
     "new_client",
+    "post",
     "refusal_reason",
     "register",
     "resolve",
