@@ -1,24 +1,31 @@
 """Writes on budgets: create, edit, delete — validated and audited.
 
-Admission reads a budget's amount and mode at every request, so editing those takes effect on
-the next request. Scope and subject are fixed once created: a window's counters belong to the
-subject they were counted for, so moving a budget to another subject would carry the wrong spend.
+An edit takes effect for every request that arrives after it returns: gateway processes cache
+budget definitions (ledger/budget_cache.py), and each write waits out their lease after it
+commits (`_wait_out_caches`) before returning. Scope and subject are fixed once created: a
+window's counters belong to the subject they were counted for, so moving a budget to another
+subject would carry the wrong spend.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import validate_email
 from django.db import OperationalError, transaction
 from django.utils import timezone
 
 from core.errors import InvalidChange
+from core.guards import Guards
+from core.invalidation import lease
 from core.money import MAX_AMOUNT_NANO, MAX_AMOUNT_USD
 from ledger import windows as ledger_windows
 from ledger.carving import notify_budgets_changed
+from ledger.instances import alive_ids
 from ledger.locks import budget_for_update
 from ledger.models import Budget
 from ledger.scopes import SCOPES, SUBJECT_COLUMNS
@@ -32,6 +39,33 @@ SUBJECT_FIELDS = SUBJECT_COLUMNS
 VERSIONED_FIELDS = ("period", "timezone", "mode")
 EDITABLE_FIELDS = ("name", "period", "timezone", "mode", "amount_nano", "thresholds", "recipients")
 AUDITED_FIELDS = ("name", "scope", *SUBJECT_FIELDS, *EDITABLE_FIELDS)
+
+# Removal test: tests/ledger/test_budget_cache.py.
+GUARDS = Guards(
+    wait_out_cache_lease="a budget write returns only once the gateway processes' cache lease has "
+    "passed since it committed",
+)
+
+
+def _wait_out_caches() -> None:
+    """Run once a budget write committed: return only after CACHE_LEASE_SECONDS, while any gateway
+    process is alive. By then each process has handled the write's notice or stopped trusting its
+    cached budgets (ledger/budget_cache.py), so no request that arrives after this returns is
+    admitted against the budgets from before the write."""
+    if not GUARDS.wait_out_cache_lease or not alive_ids(grace=settings.CAPGATE["HEARTBEAT_GRACE"]):
+        return
+    time.sleep(lease())
+
+
+def _announce(budget: Budget, *, wait: bool = True) -> None:
+    """Inside the writing transaction: tell the slice owners at commit, and wait out the caches
+    after it (once per transaction, however many budgets it writes)."""
+    notify_budgets_changed(budget=budget)  # sent at commit
+    if not wait:
+        return
+    pending = transaction.get_connection().run_on_commit
+    if not any(callback is _wait_out_caches for _sids, callback, _robust in pending):
+        transaction.on_commit(_wait_out_caches)
 
 
 def _check_subject(organization: Organization, scope: str, subject: dict[str, Any]) -> None:
@@ -92,10 +126,15 @@ def _check_fields(fields: dict[str, Any]) -> None:
         raise InvalidChange("At most 200 characters.", param="name")
 
 
-def create_budget(*, organization: Organization, actor: Actor, scope: str, amount_nano: int, **fields: Any) -> Budget:
+def create_budget(
+    *, organization: Organization, actor: Actor, scope: str, amount_nano: int, first_sight: bool = False, **fields: Any
+) -> Budget:
     """Validate scope/subject and fields, create the budget, audit it.
 
     Its first window is created by the next admission, starting with the period's recorded spend.
+    `first_sight`: created by the gateway for a run or end customer on its first call, inside that
+    call's admission; it does not wait out the caches (the subject is new to every process, and a
+    request must not wait a lease; the write's notice still reaches them).
     """
     subject = {f: fields.pop(f, None) for f in SUBJECT_FIELDS}
     unknown = set(fields) - set(EDITABLE_FIELDS)
@@ -111,7 +150,7 @@ def create_budget(*, organization: Organization, actor: Actor, scope: str, amoun
             **{k: v for k, v in subject.items() if v not in (None, "")},
             **fields,
         )
-        notify_budgets_changed(budget=budget)  # sent at commit
+        _announce(budget, wait=not first_sight)
     audit(
         organization=organization,
         actor=actor,
@@ -151,7 +190,7 @@ def update_budget(*, budget: Budget, actor: Actor, **fields: Any) -> dict[str, l
             budget.version = locked.version + 1
             budget.version_at = timezone.now()
             Budget.objects.filter(pk=budget.pk).update(version=budget.version, version_at=budget.version_at)
-        notify_budgets_changed(budget=budget)  # sent at commit
+        _announce(budget)
         return save_changes(obj=budget, organization=budget.organization, actor=actor, fields=fields)
 
 
@@ -173,7 +212,7 @@ def delete_budget(*, budget: Budget, actor: Actor) -> None:
             with transaction.atomic():
                 budget_for_update(budget.pk)
                 ledger_windows.release_budget(budget.pk)
-                notify_budgets_changed(budget=budget)  # sent at commit
+                _announce(budget)
                 audit(
                     organization=budget.organization,
                     actor=actor,

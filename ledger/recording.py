@@ -18,7 +18,6 @@ from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections,
 from django.db.backends.postgresql.base import ServerBindingCursor
 from django.db.backends.utils import CursorWrapper
 from django.db.models import F, Model, Q
-from django.db.models.base import ModelState
 from django.utils import timezone
 
 from catalog.models import Connection
@@ -28,7 +27,7 @@ from ledger.carving import CARVE_CTES, carve
 from ledger.charged_slices import settle_charged_slices
 from ledger.drain import drain
 from ledger.locks import claim_lapsed, lock_windows, record_for_update, relaxed_commit
-from ledger.models import Charged, Reservation, UsageRecord, Window
+from ledger.models import Charged, Reservation, UsageRecord, Window, unsaved
 from ledger.scopes import CHARGED_COLUMNS
 from ledger.signals import send_after_commit
 from tenants.models import AuditLogEntry, Organization
@@ -184,17 +183,6 @@ def record_many(
         row._state.db = "default"
         out[i] = row
     return out
-
-
-def unsaved(model: type[M], values: dict[str, Any]) -> M:
-    """An unsaved instance of `model` with `values` ({attname: value} of every concrete field),
-    built without Model.__init__'s per-field work (a third of a usage record's cost on the group
-    commit's path). Nothing is checked or defaulted: the callers give every field, and
-    tests/ledger/test_record_batch.py checks theirs against the ORM's own instances."""
-    obj = model.__new__(model)
-    obj.__dict__.update(values)
-    obj._state = ModelState()
-    return obj
 
 
 def _unsaved_record(reservation: Reservation, outcome: Outcome, now: datetime) -> UsageRecord:

@@ -70,9 +70,8 @@ from ledger.carving import (
     slices_hold,
 )
 from ledger.errors import BudgetExceeded
-from ledger.models import Budget, Reservation
+from ledger.models import Budget, Reservation, unsaved
 from ledger.periods import period_bounds
-from ledger.recording import unsaved
 from ledger.scopes import CHARGED_COLUMNS
 
 log = logging.getLogger(__name__)
@@ -278,7 +277,7 @@ class Book:
         s.outstanding += worst
         s.in_flight += 1
         self.admitted_from_slices += 1
-        # Every field given (ledger.recording.unsaved builds it without Model.__init__);
+        # Every field given (ledger.models.unsaved builds it without Model.__init__);
         # tests/ledger/test_slices.py checks it against the ORM's own instance.
         reservation = unsaved(
             Reservation,

@@ -3,7 +3,8 @@ miniature admitting on one hot ceiling through its own ledger.slices.Book.
 
 Each process:
   - registers a GatewayInstance (the owner of its slices) and sets its Book's `processes` to N;
-  - its main thread admits as gateway/admission/service.py does (matching_budgets(subject), then
+  - its main thread admits as gateway/admission/service.py does (budgets_for(subject), the
+    process's budget cache, ledger/budget_cache.py; then
     Book.admit(AdmissionRequest(..., owner_id=..., budgets=...))), --leases-group admissions at a
     time, then writes their usage records in one record_many (the group commit,
     gateway/upstream/recorder.py; the carve out of the slice happens inside it) and tells the book each one
@@ -11,7 +12,9 @@ Each process:
   - a settle thread drains the outbox every 50 ms (drain(limit=500), as gateway/upstream/runtime.py
     `_drain`) and every 100 ms retires expired slices and gives unused parts back (`_slices`);
   - a listener thread LISTENs on capgate_slices on its own psycopg connection and, when another
-    process was refused on a window, recalls its slices there and gives back (`_listen`).
+    process was refused on a window, recalls its slices there and gives back; it also LISTENs on
+    capgate_cache and sends the fences that keep the budget cache trusted, as the gateway's
+    listener does (gateway/upstream/runtime.py `_listen`).
 At the end a process retires all its slices and gives back; its settle thread drains once more.
 The parent then drains everything and checks the counters.
 The exhaustion run (bench/admit/exhaustion.py) uses the same processes.
@@ -33,9 +36,11 @@ from django.db import DatabaseError, connection, connections
 
 from bench.admit.cell import Cell, check_cycle, cpu_ticks
 from bench.admit.tenant import Tenant, close_db
+from core import invalidation
 from gateway.upstream.runtime import conninfo
 from ledger import slices
 from ledger.admission import AdmissionRequest, Admitted, Subject, matching_budgets
+from ledger.budget_cache import budgets_for
 from ledger.drain import drain, drain_all
 from ledger.errors import BudgetExceeded
 from ledger.instances import register, stop
@@ -100,7 +105,8 @@ class Settler(threading.Thread):
 
 
 class Listener(threading.Thread):
-    """LISTEN capgate_slices: another process was refused on these windows, give back here."""
+    """LISTEN capgate_slices (another process was refused on these windows: give back here) and
+    capgate_cache (budget writes, and this process's own fences: core/invalidation.py)."""
 
     def __init__(self, book: slices.Book) -> None:
         super().__init__(daemon=True)
@@ -115,9 +121,15 @@ class Listener(threading.Thread):
         try:
             with psycopg.connect(conninfo(), autocommit=True) as conn:
                 conn.execute(f"LISTEN {slices.NOTIFY_CHANNEL}")
+                conn.execute(f"LISTEN {invalidation.CHANNEL}")
+                invalidation.freshness.enabled = True
                 self.ready.set()
                 while not self.halt.is_set():
-                    for note in conn.notifies(timeout=0.1):
+                    conn.execute("SELECT pg_notify(%s, %s)", [invalidation.CHANNEL, invalidation.freshness.fence()])
+                    for note in conn.notifies(timeout=min(0.1, invalidation.fence_interval())):
+                        if note.channel == invalidation.CHANNEL:
+                            invalidation.freshness.on_notification(note.payload)
+                            continue
                         self.notes += 1
                         ids = [int(w) for w in note.payload.split(",") if w.strip().isdigit()]
                         if self.book.recall(ids):
@@ -126,6 +138,8 @@ class Listener(threading.Thread):
         except Exception as exc:  # reported with the cell, never hidden
             self.error = f"listen: {type(exc).__name__}: {exc}"
         finally:
+            invalidation.freshness.lost()
+            invalidation.freshness.enabled = False
             self.ready.set()
             connection.close()
 
@@ -140,7 +154,7 @@ class Phases:
 
 def _admit(book: slices.Book, plan: Plan, owner: int, request_id: str, phases: Phases, cached: list) -> Admitted:
     t0 = time.perf_counter()
-    budgets = cached if plan.cache_budgets and cached else matching_budgets(plan.subject)
+    budgets = cached if plan.cache_budgets and cached else budgets_for(plan.subject)
     t1 = time.perf_counter()
     try:
         return book.admit(

@@ -346,8 +346,15 @@ CAPGATE = {
     # JSON nested deeper than this is refused with 400 (gateway and API): Python's parser would
     # otherwise recurse into a RecursionError. Real requests nest about 20 levels.
     "MAX_JSON_DEPTH": env.int("CAPGATE_MAX_JSON_DEPTH", default=64),
-    # Gateway processes cache key, route and rate-limit lookups this long (0: off). A revoked
-    # key, a changed route or rate limit takes effect within it; budgets are never cached.
+    # Gateway processes cache keys, routes, prices, rate limits, classifications and budget
+    # definitions, emptied by the notice each write sends from its transaction (core/invalidation.py).
+    # CACHE_NOTIFY off: no listener, budgets are read on every request, and lookups live
+    # LOOKUP_CACHE_SECONDS (0: not cached). With it on, LOOKUP_CACHE_SECONDS is how long lookups
+    # live while the listener is behind or reconnecting. The budget cache's rule
+    # (ledger/budget_cache.py): an entry is used only while a fence came back within
+    # CACHE_LEASE_SECONDS, and a budget edit returns only once that long has passed since its commit.
+    "CACHE_NOTIFY": env.bool("CAPGATE_CACHE_NOTIFY", default=True),
+    "CACHE_LEASE_SECONDS": env.float("CAPGATE_CACHE_LEASE_SECONDS", default=1.0),
     "LOOKUP_CACHE_SECONDS": env.float("CAPGATE_LOOKUP_CACHE_SECONDS", default=2.0),
     # The request log (requestlog/): refusals wait in each gateway process's memory at most this
     # long before one batched insert, and at most this many (more are dropped and counted: a

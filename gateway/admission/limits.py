@@ -41,6 +41,7 @@ def _limits_of(key: ApiKey, customer: EndCustomer | None) -> list[RateLimit]:
     cache_key = ("rate_limits", key.id, customer.id if customer is not None else None)
     found = cast(list[RateLimit] | None, lookups.get(cache_key))
     if found is None:
+        token = lookups.token()
         found = matching_limits(key=key, customer=customer)
-        lookups.put(cache_key, found)
+        lookups.put(cache_key, found, token)
     return found

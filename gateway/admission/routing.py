@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from catalog.models import Connection, Model, Route
 from catalog.pricing import Rates, rates_for
+from core.invalidation import freshness
 from gateway import providers
 from gateway.http.errors import GatewayError
 from ledger.models import Reservation
@@ -50,34 +51,50 @@ class Target:
         return requested
 
 
-class _TTLCache:
-    """A tiny per-process cache for the hot path's lookups (keys, routes).
+class _LookupCache:
+    """The per-process cache of the hot path's lookups (keys, routes, rate limits, classifications).
 
-    Entries live CAPGATE["LOOKUP_CACHE_SECONDS"] (0 disables it): a revoked or re-routed key is
-    honoured within that many seconds in every process. Budgets are never cached — a new or
-    changed cap takes effect on the next request."""
+    While this process is current (core/invalidation.py: its invalidation listener runs and a
+    fence came back within the lease) an entry lives until a notice empties the cache — every
+    write to the tables it reads sends one from its transaction (gateway/migrations/0002) — or
+    for MAX_AGE_SECONDS at most. Otherwise entries live CAPGATE["LOOKUP_CACHE_SECONDS"] (0: off),
+    so a revoked or re-routed key is honoured within that many seconds. Budgets are cached
+    apart, under a stricter rule (ledger/budget_cache.py)."""
+
+    MAX_AGE_SECONDS = 300.0
 
     def __init__(self) -> None:
-        self._data: dict[object, tuple[float, object]] = {}
+        self._data: dict[object, tuple[float, int, object]] = {}
+        self._generation = 0
+        freshness.subscribe("lookups", changed=lambda _rest: self.clear(), reset=self.clear)
+
+    def token(self) -> int:
+        """Take before reading what is to be `put`: a notice handled meanwhile makes it stale."""
+        return self._generation
 
     def get(self, key: object) -> object | None:
         hit = self._data.get(key)
-        if hit is None or hit[0] < time.monotonic():
+        if hit is None or hit[1] != self._generation:
             return None
-        return hit[1]
+        age = time.monotonic() - hit[0]
+        if age < (self.MAX_AGE_SECONDS if freshness.current() else settings.CAPGATE["LOOKUP_CACHE_SECONDS"]):
+            return hit[2]
+        return None
 
-    def put(self, key: object, value: object) -> None:
-        ttl = settings.CAPGATE["LOOKUP_CACHE_SECONDS"]
-        if ttl > 0:
+    def put(self, key: object, value: object, token: int) -> None:
+        if token != self._generation:
+            return  # read before a notice that arrived since: it may predate the write
+        if freshness.current() or settings.CAPGATE["LOOKUP_CACHE_SECONDS"] > 0:
             if len(self._data) > 10_000:
                 self._data.clear()
-            self._data[key] = (time.monotonic() + ttl, value)
+            self._data[key] = (time.monotonic(), token, value)
 
     def clear(self) -> None:
+        self._generation += 1
         self._data.clear()
 
 
-lookups = _TTLCache()
+lookups = _LookupCache()
 
 
 def authenticate(raw_key: str | None) -> ApiKey:
@@ -90,9 +107,10 @@ def authenticate(raw_key: str | None) -> ApiKey:
     digest = hash_key(raw_key)
     key = cast(ApiKey | None, lookups.get(("key", digest)))
     if key is None:
+        token = lookups.token()
         key = ApiKey.objects.select_related("organization", "project").filter(key_hash=digest).first()
         if key is not None:
-            lookups.put(("key", digest), key)
+            lookups.put(("key", digest), key, token)
     if key is None:
         raise GatewayError("Invalid API key.", code="invalid_api_key", status=401)
     if key.revoked_at is not None:
@@ -115,6 +133,7 @@ def resolve_route(*, key: ApiKey, name: str, kind: str, translated: bool = False
     cache_key = ("route", key.organization_id, name)
     routed = cast(list[Target] | None, lookups.get(cache_key))
     if routed is None:
+        token = lookups.token()
         route = Route.objects.filter(organization_id=key.organization_id, name=name).first()
         if route is None:
             raise GatewayError(
@@ -131,7 +150,7 @@ def resolve_route(*, key: ApiKey, name: str, kind: str, translated: bool = False
             )
             for t in route.targets.select_related("connection", "model", "model__provider").order_by("position", "id")
         ]
-        lookups.put(cache_key, routed)
+        lookups.put(cache_key, routed, token)
     # Only kinds whose adapter serves this endpoint in its own wire format, or (when translation
     # is allowed) in the format it is translated to.
     targets = [

@@ -26,7 +26,8 @@ from gateway.admission.subjects import Payer, creating_run_budget, payer
 from gateway.http.errors import GatewayError
 from ledger import admission as ledger_admission
 from ledger import slices
-from ledger.admission import AdmissionRequest, matching_budgets
+from ledger.admission import AdmissionRequest
+from ledger.budget_cache import budgets_for
 from ledger.errors import SubjectGone
 from ledger.models import Budget, Reservation
 from tenants.models import ApiKey
@@ -106,7 +107,7 @@ def _admit(
     sliced: bool,
     translation: Translation | None = None,
 ) -> Admission:
-    budgets = matching_budgets(payer.subject)
+    budgets = budgets_for(payer.subject)
     if shape is None:  # the caller states its worst case
         assert amount_nano is not None
         sized = Sized(

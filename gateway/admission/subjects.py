@@ -20,6 +20,7 @@ from budgets.services import create_budget
 from core.money import MoneyError, format_usd, usd_to_nano
 from gateway.http.errors import GatewayError, bad_request
 from ledger.admission import Subject
+from ledger.budget_cache import budgets_for
 from ledger.models import Budget
 from tenants.audit import Actor
 from tenants.models import ApiKey, EndCustomer
@@ -60,7 +61,7 @@ def payer(*, key: ApiKey, customer_id: str | None, run_id: str | None, run_budge
     """Validate the customer and run headers and resolve who pays (creating a new end customer,
     and its project's default cap, on first sight)."""
     customer = end_customer(key=key, external_id=customer_id)
-    new_run_nano = run_budget(key=key, run_id=run_id, amount_usd=run_budget_usd)
+    new_run_nano = run_budget(key=key, run_id=run_id, amount_usd=run_budget_usd, customer=customer)
     return Payer(
         key=key,
         customer=customer,
@@ -96,11 +97,14 @@ def end_customer(*, key: ApiKey, external_id: str | None) -> EndCustomer | None:
                     period=project.default_customer_budget_period,
                     mode=project.default_customer_budget_mode,
                     amount_nano=project.default_customer_budget_nano,
+                    first_sight=True,
                 )
     return customer
 
 
-def run_budget(*, key: ApiKey, run_id: str | None, amount_usd: str | None) -> int | None:
+def run_budget(
+    *, key: ApiKey, run_id: str | None, amount_usd: str | None, customer: EndCustomer | None = None
+) -> int | None:
     """Validate a run's headers. Returns the amount of the lifetime budget the run still needs
     (created by `create_run_budget` in the same transaction as its first admission, so a refused
     first call leaves no budget behind), or None when it has one or needs none. A later call
@@ -122,7 +126,13 @@ def run_budget(*, key: ApiKey, run_id: str | None, amount_usd: str | None) -> in
             raise bad_request(f"X-Capgate-Run-Budget-Usd {exc.message}.", code="invalid_run_budget") from None
         if amount_nano == 0:
             raise bad_request("X-Capgate-Run-Budget-Usd must be more than 0.", code="invalid_run_budget")
-    existing = Budget.objects.filter(organization_id=key.organization_id, scope=Budget.Scope.RUN, run_id=run_id).first()
+    # Read with the request's other budgets, through the process's budget cache (the admission
+    # reads the same list next): a run's later calls cost no statement of their own.
+    subject = Payer(key=key, customer=customer, run_id=run_id).subject
+    existing = next(
+        (b for b in budgets_for(subject) if b.scope == Budget.Scope.RUN and b.run_id == run_id),
+        None,
+    )
     if existing is None:
         return amount_nano
     _check_run_amount(existing, run_id=run_id, amount_nano=amount_nano if amount_usd is not None else None)
@@ -153,6 +163,7 @@ def create_run_budget(*, key: ApiKey, run_id: str, amount_nano: int, explicit: b
                 mode=Budget.Mode.BLOCK,
                 amount_nano=amount_nano,
                 name=f"run {run_id}",
+                first_sight=True,
             )
     except IntegrityError:  # a concurrent first call created it: compare with that one
         existing = Budget.objects.get(organization_id=key.organization_id, scope=Budget.Scope.RUN, run_id=run_id)

@@ -36,8 +36,9 @@ def _classes(organization_id: int) -> dict[tuple[str, str, str], str]:
     key = ("classifications", organization_id)
     found = cast(dict[tuple[str, str, str], str] | None, lookups.get(key))
     if found is None:
+        token = lookups.token()
         found = classes_for(organization_id=organization_id)
-        lookups.put(key, found)
+        lookups.put(key, found, token)
     return found
 
 

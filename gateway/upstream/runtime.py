@@ -11,6 +11,7 @@ import time
 from django.conf import settings
 from django.db import DatabaseError
 
+from core import invalidation
 from gateway.admission import tokens
 from gateway.upstream import transport
 from gateway.upstream.dbthreads import (  # noqa: F401  (re-exported)
@@ -149,21 +150,44 @@ class Background:
                 log.warning("could not give back slices: database unavailable; retrying")
 
     async def _listen(self) -> None:
-        # Another process refused a request, or an organization's budgets changed: give back this
-        # process's slices on those windows, or of that organization, at once (LISTEN on its own
-        # connection; a lost notification costs utilization, not the cap).
+        # One connection LISTENs on two channels. capgate_slices: another process refused a
+        # request, or an organization's budgets changed: give back this process's slices on those
+        # windows, or of that organization, at once (a lost notification costs utilization, not
+        # the cap). capgate_cache: a write to something this process caches (core/invalidation.py);
+        # between notices it sends itself a fence every fence_interval(), and the caches trust
+        # themselves only while one came back within the lease. A dropped connection empties them.
         import psycopg
 
+        freshness = invalidation.freshness
+        fenced = False  # this listener vouches for the caches (and so empties them when it drops)
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(conninfo(), autocommit=True) as conn:
                     await conn.execute(f"LISTEN {slices.NOTIFY_CHANNEL}")
-                    async for note in conn.notifies():
-                        if slices.book.on_notification(note.payload):
-                            await db(slices.book.give_back_pending, lane="settle")
+                    await conn.execute(f"LISTEN {invalidation.CHANNEL}")
+                    while True:
+                        # Only once this process is registered alive: budget edits wait out the
+                        # lease only when some gateway process is (budgets/services.py).
+                        fenced = bool(settings.CAPGATE["CACHE_NOTIFY"]) and self.instance_id is not None
+                        if fenced:
+                            freshness.enabled = True
+                            await conn.execute("SELECT pg_notify(%s, %s)", [invalidation.CHANNEL, freshness.fence()])
+                        async for note in conn.notifies(timeout=invalidation.fence_interval()):
+                            if note.channel == invalidation.CHANNEL:
+                                if settings.CAPGATE["CACHE_NOTIFY"]:  # off: lookups only expire
+                                    freshness.on_notification(note.payload)
+                            elif slices.book.on_notification(note.payload):
+                                await db(slices.book.give_back_pending, lane="settle")
             except (psycopg.Error, DatabaseError, OSError):
-                log.warning("slice notifications: database unavailable; listening again in 2 s")
+                if fenced:
+                    freshness.lost()
+                log.warning("notifications: database unavailable; listening again in 2 s")
                 await asyncio.sleep(2.0)
+            except BaseException:
+                if fenced:
+                    freshness.lost()
+                    freshness.enabled = False
+                raise
 
     async def _drain(self) -> None:
         # Woken by each recorded response; waits one interval so that a burst settles in one
