@@ -49,10 +49,13 @@ GUARDS = Guards(
 
 def _wait_out_caches() -> None:
     """Run once a budget write committed: return only after CACHE_LEASE_SECONDS, while any gateway
-    process is alive. By then each process has handled the write's notice or stopped trusting its
-    cached budgets (ledger/budget_cache.py), so no request that arrives after this returns is
-    admitted against the budgets from before the write."""
-    if not GUARDS.wait_out_cache_lease or not alive_ids(grace=settings.CAPGATE["HEARTBEAT_GRACE"]):
+    process is alive and the deployment caches budgets (CAPGATE_CACHE_NOTIFY, the same in every
+    process). By then each process has handled the write's notice or stopped trusting its cached
+    budgets (ledger/budget_cache.py), so no request that arrives after this returns is admitted
+    against the budgets from before the write."""
+    if not GUARDS.wait_out_cache_lease or not settings.CAPGATE["CACHE_NOTIFY"]:
+        return
+    if not alive_ids(grace=settings.CAPGATE["HEARTBEAT_GRACE"]):
         return
     time.sleep(lease())
 

@@ -10,8 +10,9 @@ The rule — what a stale entry can and cannot admit:
   came back less than CAPGATE["CACHE_LEASE_SECONDS"] ago, so every write committed before then
   has emptied its entries). Otherwise the budgets are read from the database, as without a cache.
 - **An edit made through budgets.services returns only after the lease has passed since it
-  committed**, whenever a gateway process is alive. By then every process has either handled
-  the edit's notice or stopped trusting its entries. So **no request that arrives after an edit
+  committed**, whenever a gateway process is alive (and CACHE_NOTIFY is on: the same in every
+  process). By then every process has either handled the edit's notice or stopped trusting its
+  entries. So **no request that arrives after an edit
   returned is admitted against the budgets from before it**: not against an amount it lowered,
   and not without a budget it created or switched to block.
 - Between the commit and the return (at most the lease), a request may still be admitted from

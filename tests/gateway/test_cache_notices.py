@@ -186,12 +186,14 @@ def test_an_edit_returns_only_once_the_lease_has_passed(acme, listener, monkeypa
     assert _admitted_after_the_edit(acme, book, owner) is not guard
 
 
-def test_an_edit_waits_only_while_a_gateway_process_is_alive(acme, settings):
-    settings.CAPGATE = {**settings.CAPGATE, "CACHE_LEASE_SECONDS": LEASE}
+def test_an_edit_waits_only_while_a_caching_gateway_process_is_alive(acme, settings):
+    settings.CAPGATE = {**settings.CAPGATE, "CACHE_NOTIFY": True, "CACHE_LEASE_SECONDS": LEASE}
     budget = acme.budget(amount="10")
     assert _lower(budget) < LEASE  # no process registered: no cache to wait out
     register()
     assert _lower(budget) >= LEASE
+    settings.CAPGATE = {**settings.CAPGATE, "CACHE_NOTIFY": False}
+    assert _lower(budget) < LEASE  # the deployment caches no budgets
 
 
 def test_a_read_that_began_before_a_write_is_not_kept_after_its_notice(acme, listener, monkeypatch):
