@@ -24,7 +24,8 @@ if [ "$#" -gt 0 ] || [ "${CAPGATE_TEST_LANES:-2}" = 1 ]; then
   exec .venv/bin/python -m pytest "$@"
 fi
 # The whole suite in two lanes at once: the fault tests (real outages and restarts of private
-# PostgreSQL clusters, Redis servers and gateway processes: mostly waiting) beside everything else,
+# PostgreSQL clusters, Redis servers and gateway processes: mostly waiting) and the agent CLI and
+# browser tests (marker second_lane: waiting on node and Chromium) beside everything else,
 # each lane on its own test database and Redis db, so neither sees the other's rows or keys. The
 # fault lane's report is printed after the main lane's; the suite fails if either does.
 # CAPGATE_TEST_LANES=1 runs it as one pytest.
@@ -33,14 +34,14 @@ faults_log=var/test-faults.log
 redis_base=${REDIS_URL%/*}
 redis_db=${REDIS_URL##*/}
 CAPGATE_TEST_DB="${CAPGATE_TEST_DB:-test_capgate}_faults" REDIS_URL="$redis_base/$(((redis_db + 1) % 16))" \
-  .venv/bin/python -m pytest -m faults -p no:cacheprovider >"$faults_log" 2>&1 &
+  .venv/bin/python -m pytest -m "faults or second_lane" -p no:cacheprovider >"$faults_log" 2>&1 &
 faults_pid=$!
 main_rc=0
-.venv/bin/python -m pytest -m "not faults" || main_rc=$?
+.venv/bin/python -m pytest -m "not faults and not second_lane" || main_rc=$?
 faults_rc=0
 wait "$faults_pid" || faults_rc=$?
 echo
-echo "=== the fault lane (pytest -m faults) ==="
+echo "=== the second lane (pytest -m 'faults or second_lane') ==="
 cat "$faults_log"
 echo "main lane: exit $main_rc; fault lane: exit $faults_rc"
 [ "$main_rc" = 0 ] && [ "$faults_rc" = 0 ]

@@ -242,6 +242,8 @@ def pytest_collection_modifyitems(config, items):
         )
         if top == "faults":
             item.add_marker(pytest.mark.faults)
+        if top in ("clients", "browser"):
+            item.add_marker(pytest.mark.second_lane)
         if top == "browser":
             item.add_marker(pytest.mark.browser)
         if live or top in ("faults", "browser"):
