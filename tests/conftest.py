@@ -85,6 +85,20 @@ def acme(db) -> Tenant:
 
 
 @pytest.fixture
+def slices_on(settings):
+    """Headroom slices on, small and long-lived: 20 worst cases at most, none under 4, 60 s each
+    (the slices' own tests, tests/ledger, and the caches', tests/gateway/test_cache_notices.py)."""
+    settings.CAPGATE = {
+        **settings.CAPGATE,
+        "SLICES": True,
+        "SLICE_SHARE": 0.5,
+        "SLICE_MIN_REQUESTS": 4,
+        "SLICE_MAX_REQUESTS": 20,
+        "SLICE_SECONDS": 60.0,
+    }
+
+
+@pytest.fixture
 def outsider(db) -> Tenant:
     return make_tenant("globex")
 

@@ -74,19 +74,6 @@ def _wait_for(condition, seconds: float = 3.0) -> None:
 
 
 @pytest.fixture
-def slices_on(settings):
-    """Headroom slices on, small and long-lived (as tests/ledger/conftest.py's)."""
-    settings.CAPGATE = {
-        **settings.CAPGATE,
-        "SLICES": True,
-        "SLICE_SHARE": 0.5,
-        "SLICE_MIN_REQUESTS": 4,
-        "SLICE_MAX_REQUESTS": 20,
-        "SLICE_SECONDS": 60.0,
-    }
-
-
-@pytest.fixture
 def listener(settings) -> Iterator[Listener]:
     settings.CAPGATE = {**settings.CAPGATE, "CACHE_NOTIFY": True, "CACHE_LEASE_SECONDS": LEASE}
     background = runtime.Background()
@@ -153,6 +140,25 @@ def test_an_edit_empties_the_cache_so_the_next_request_sees_the_lowered_amount(a
     # then: the next request reads the new amount, takes no slice of the old one, and is refused;
     # without the notice's effect the cached budgets still name $10 and the old slice admits it
     assert _admitted_after_the_edit(acme, book, owner) is not guard
+
+
+def test_with_slices_off_even_a_stale_cache_admits_nothing_against_a_lowered_amount(
+    acme, listener, monkeypatch, settings
+):
+    # given: slices off, the budgets cached, two requests in flight; the listener falls behind and
+    # the lease is ignored, so the cache stays stale after the edit
+    settings.CAPGATE = {**settings.CAPGATE, "SLICES": False}
+    monkeypatch.setattr(budget_cache.GUARDS, "trust_only_while_current", False)
+    budget = acme.budget(amount="10")
+    owner, book = register().id, Book()
+    _caught_up()
+    for _ in range(2):
+        book.admit(_request(acme, owner, budget_cache.budgets_for(acme.subject())))
+    listener.fall_behind(monkeypatch)
+    _lower(budget)
+    assert budget_cache.budgets_for(acme.subject())[0].amount_nano == usd("10")  # stale
+    # then: the admission statement reads the amount under the window lock and refuses
+    assert not _admitted_after_the_edit(acme, book, owner)
 
 
 @pytest.mark.parametrize("guard", [True, False], ids=["lease-honoured", "lease-ignored (removal)"])

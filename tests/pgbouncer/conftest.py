@@ -16,7 +16,6 @@ from django.db import connections
 from config.settings import pooling
 from gateway.upstream import runtime
 from tests.gateway.conftest import gateway, upstream, wired  # noqa: F401  (fixtures)
-from tests.ledger.conftest import slices_on  # noqa: F401  (fixture)
 
 PGBOUNCER_URL = os.environ.get("CAPGATE_PGBOUNCER_URL", "postgres://capgate:capgate@127.0.0.1:16432/capgate")
 
