@@ -146,6 +146,16 @@ SLOW = {
     "gateway/test_exact_counts.py::test_fuzz_exact_count_never_below_what_the_tokenizer_bills": "300 generated prompts",
     "gateway/test_echo_jobs.py::test_a_job_created_in_one_process_is_read_in_another": "a second Python process",
 }
+# Besides tests/clients and tests/browser, what runs in the whole suite's second lane, beside the
+# fault tests (scripts/test.sh): modules whose minutes are mostly a wait on a timer, or that keep
+# the second core busy while the main lane holds the first. Measured per module with
+# `pytest --junitxml` (docs/decisions.md, "The whole suite runs in two lanes").
+SECOND_LANE = {
+    "gateway/test_exact_counts_burst.py": "each burst is held 20 s at the fake upstream (about 30 s a test)",
+    "gateway/test_exact_counts_responses.py": "the same bursts on the Responses API (about 30 s a test)",
+    "gateway/test_upstream_capacity.py": "hung upstream calls, waited out",
+    "capcheck/test_kinds.py": "the core scenarios at 200 concurrent on every kind (85 s)",
+}
 
 
 # Emptying the database after each transactional test (`transactional_db`, the gateway fixture):
@@ -242,9 +252,10 @@ def pytest_configure(config):
     TransactionTestCase._fixture_teardown = _delete_all_rows
     DatabaseCreation._destroy_test_db = _destroy_test_db_later
     # An entry naming no file (a move, a rename) would put a slow test in the fast tier unseen.
-    gone = [entry for entry in SLOW if not (TESTS / entry.split("::")[0]).is_file()]
-    if gone:
-        raise pytest.UsageError(f"tests/conftest.py SLOW names files that do not exist: {gone}")
+    for name, entries in (("SLOW", SLOW), ("SECOND_LANE", SECOND_LANE)):
+        gone = [entry for entry in entries if not (TESTS / entry.split("::")[0]).is_file()]
+        if gone:
+            raise pytest.UsageError(f"tests/conftest.py {name} names files that do not exist: {gone}")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -256,7 +267,7 @@ def pytest_collection_modifyitems(config, items):
         )
         if top == "faults":
             item.add_marker(pytest.mark.faults)
-        if top in ("clients", "browser"):
+        if top in ("clients", "browser") or rel in SECOND_LANE:
             item.add_marker(pytest.mark.second_lane)
         if top == "browser":
             item.add_marker(pytest.mark.browser)
