@@ -3,8 +3,9 @@ from .base import DATABASES, env
 
 # Tests open one connection per racing thread (up to a few hundred). Django's pool is per
 # thread-alias anyway; without a pool each thread owns exactly one server connection, which is
-# what the concurrency tests want: every racer has its own connection.
-DATABASES["default"]["OPTIONS"] = {}
+# what the concurrency tests want: every racer has its own connection. The rest of OPTIONS
+# (prepared statements on a direct connection, none behind a pooler) stays as deployed.
+DATABASES["default"]["OPTIONS"] = {k: v for k, v in DATABASES["default"]["OPTIONS"].items() if k != "pool"}
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 CELERY_TASK_ALWAYS_EAGER = False

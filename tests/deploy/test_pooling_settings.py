@@ -34,8 +34,8 @@ def _settings(**env: str) -> str:
     return done.stdout.strip() if done.returncode == 0 else done.stderr.strip().splitlines()[-1]
 
 
-def test_a_direct_connection_keeps_djangos_defaults():
-    assert _settings(DATABASE_URL=DIRECT) == "15432 False False 0 None"
+def test_a_direct_connection_prepares_server_bound_statements_and_keeps_the_rest_of_djangos_defaults():
+    assert _settings(DATABASE_URL=DIRECT) == f"15432 False {pooling.DIRECT_PREPARE_THRESHOLD} 0 None"
 
 
 def test_transaction_pooling_turns_off_server_side_cursors_and_prepared_statements():

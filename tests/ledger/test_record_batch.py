@@ -145,3 +145,24 @@ def test_a_value_too_long_for_its_column_is_refused_not_cut_short(acme):
     with pytest.raises(DataError):
         record_many(items=[(reservation, Outcome(status="served", cost_nano=7, provider_model=long_name))])
     assert not UsageRecord.objects.exists()
+
+
+def test_the_group_commit_is_prepared_on_a_direct_connection_and_stays_correct(acme):
+    # given: a direct connection (the suite's), on which server-bound statements are prepared
+    # from their third execution (config/settings/pooling.py)
+    assert connection.settings_dict["OPTIONS"]["prepare_threshold"] == 2
+    budget = acme.budget(amount="1")
+
+    def prepared() -> list[str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement FROM pg_prepared_statements WHERE NOT from_sql")
+            return [s for (s,) in cursor.fetchall() if "jsonb_array_elements" in s]
+
+    # when: four batches of the group commit on this connection
+    for n in (1, 2, 3, 4):
+        record_many(items=[(r, Outcome(status="served", cost_nano=7)) for r in _admitted(acme, n)])
+    # then: its one text is prepared once, and the prepared statement wrote every record
+    assert len(prepared()) == 1
+    assert UsageRecord.objects.count() == 10
+    assert drain() == 10
+    assert window_of(budget).spent_nano == 70
