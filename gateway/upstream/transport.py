@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import http.cookiejar
 import ipaddress
 import itertools
 import logging
@@ -43,6 +44,7 @@ from httpx_aiohttp.transport import map_aiohttp_exceptions
 
 from catalog.destinations import allowed_networks, refusal_reason
 from core.errors import CapgateError
+from core.guards import Guards
 from gateway.http import metrics
 
 if typing.TYPE_CHECKING:
@@ -53,6 +55,11 @@ EXTENSION = "capgate"  # request extension carrying (organization_id, connection
 CALL = "capgate.call"  # request extension carrying the call's `Call`
 NO_BASE_URL = "http://upstream.invalid"
 _httpx_log = logging.getLogger("httpx")
+
+# Removal test: tests/gateway/test_upstream_cookies.py.
+GUARDS = Guards(
+    no_cookie_jar="no cookie an upstream answer sets is kept for the next upstream call",
+)
 
 
 # --- destinations ------------------------------------------------------------------------------
@@ -373,7 +380,11 @@ class GuardedTransport(httpx.AsyncBaseTransport):
             ssl=self.ssl_context,
             keepalive_timeout=self.limits.keepalive_expiry or 15.0,
         )
-        return aiohttp.ClientSession(connector=connector, trust_env=False, auto_decompress=False)
+        # No cookie jar: the session carries every tenant's calls, and a cookie one provider
+        # answer set (an edge's session cookie) must not go out with the next call, whoever
+        # it is for (GUARDS.no_cookie_jar).
+        jar = aiohttp.DummyCookieJar() if GUARDS.no_cookie_jar else aiohttp.CookieJar(unsafe=True)
+        return aiohttp.ClientSession(connector=connector, trust_env=False, auto_decompress=False, cookie_jar=jar)
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -575,7 +586,14 @@ def new_client() -> httpx.AsyncClient:
         timeout=timeout,
         follow_redirects=False,
         trust_env=False,
+        # httpx keeps the cookies answers set, per client, as aiohttp does per session: refused.
+        cookies=_no_cookies() if GUARDS.no_cookie_jar else None,
     )
+
+
+def _no_cookies() -> http.cookiejar.CookieJar:
+    """A cookie jar that stores nothing: every domain is outside its allowed list."""
+    return http.cookiejar.CookieJar(policy=http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
 
 
 # The upstream client(s), per process: CLIENT_SHARDS pools spread round-robin (one aiohttp pool

@@ -66,6 +66,9 @@ DEFAULTS: dict[str, Any] = {
     # A request with tools is answered with a call of its first tool (TOOL_ARGUMENTS), as a model
     # that decides to use it does: finish_reason tool_calls / stop_reason tool_use.
     "tool_call": False,
+    # A Set-Cookie header on the answer (as a provider's edge sets one): a gateway that kept it
+    # would send it on its next call, whoever that is for (tests/gateway/test_upstream_cookies.py).
+    "set_cookie": "",
 }
 TOOL_ARGUMENTS = {"city": "Paris", "units": "celsius"}
 FAIL_MODES = {"", "500", "503", "429", "400", "close", "stall", "drop_mid_stream", "no_usage"}
@@ -102,7 +105,7 @@ def _coerce(knob: str, value: Any) -> Any:
         return "max"
     if knob == "overbill":
         return float(value)
-    if knob in ("tier", "count_prompt", "speed"):
+    if knob in ("tier", "count_prompt", "speed", "set_cookie"):
         return str(value)
     if knob in ("ignore_max_tokens", "job_auto_complete", "tool_call"):
         truthy = {"1", "true", "yes", "on"}
@@ -189,6 +192,8 @@ class _Exchange:
 
     async def start(self, status: int, content_type: str, *extra: tuple[bytes, bytes]) -> None:
         headers = [(b"content-type", content_type.encode()), *extra]
+        if self.knobs.get("set_cookie"):
+            headers.append((b"set-cookie", str(self.knobs["set_cookie"]).encode()))
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def body_chunk(self, data: bytes, more: bool = False) -> None:
