@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -103,17 +104,52 @@ def test_two_replayers_with_the_database_up_land_each_record_once(spooled, widen
     assert Window.objects.get().spent_nano == N * COST
 
 
+def _replay_while_one_holds_a_claim() -> list[object]:
+    """One replayer claims the file (and waits, widened); a second starts once the claimed
+    `replaying-*` file is there, as a replayer arriving mid-file does. The database is down, so
+    each leaves what it read on disk. Returns what each returned or raised."""
+    settings = connections.settings["default"]
+
+    def replayer() -> object:
+        try:
+            return spool.replay()
+        except Exception as exc:  # reported to the test, which asserts on it
+            return exc
+        finally:
+            connection.close()
+
+    saved = settings["PORT"]
+    with socket.socket() as s:  # a closed port: every connect is refused, as when it is down
+        s.bind(("127.0.0.1", 0))
+        settings["PORT"] = s.getsockname()[1]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(replayer)
+            deadline = time.monotonic() + 5
+            while not list(spool.spool_dir().glob("replaying-*.jsonl")) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert list(spool.spool_dir().glob("replaying-*.jsonl")), "the first replayer never claimed the file"
+            second = pool.submit(replayer)
+            return [first.result(timeout=30), second.result(timeout=30)]
+    finally:
+        settings["PORT"] = saved
+
+
+def test_a_replayer_arriving_mid_file_leaves_the_claimed_file_alone(spooled, widened):
+    # when: a second replayer starts while the first holds its claimed file
+    results = _replay_while_one_holds_a_claim()
+    # then: it skipped the file; every record is on disk once
+    assert results == [0, 0]
+    assert _spooled_lines() == Counter({rid: 1 for rid in spooled})
+
+
 def test_removal_without_the_claim_lock_two_replayers_share_a_file(spooled, widened, monkeypatch):
     # given: replayers that claim by rename alone, without holding a lock on the file
     monkeypatch.setattr(spool.GUARDS, "lock_claims", False)
-    # when: both replay together, a few times over (the database is down, so each round leaves
-    # the records on disk for the next): the race needs both to look at the file in the same
-    # window, which a loaded machine's scheduling can miss in any one round
-    for _round in range(5):
-        results = _replay_together(database_down=True)
-        failed = [r for r in results if isinstance(r, Exception)]
-        doubled = [rid for rid, n in _spooled_lines().items() if n > 1]
-        if failed or doubled:
-            break
-    # then: the second took over the first's claimed file: one failed, or records were doubled
+    # when: the second starts while the first holds its claimed file
+    results = _replay_while_one_holds_a_claim()
+    # then: the second took the first's claimed file over (as one a dead replayer left): one
+    # failed, or records were doubled
+    failed = [r for r in results if isinstance(r, Exception)]
+    doubled = [rid for rid, n in _spooled_lines().items() if n > 1]
     assert failed or doubled, (results, _spooled_lines())
