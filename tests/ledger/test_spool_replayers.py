@@ -4,10 +4,12 @@ twice, and neither replayer fails — whether the database answers or not."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -43,31 +45,42 @@ def widened(monkeypatch):
     monkeypatch.setattr(spool, "RACE_DELAY_SECONDS", 0.3)
 
 
+def _replayer() -> object:
+    """One replay on this thread's own connection: what it returned or raised."""
+    try:
+        return spool.replay()
+    except Exception as exc:  # reported to the test, which asserts on it
+        return exc
+    finally:
+        connection.close()
+
+
+@contextlib.contextmanager
+def _database(*, down: bool) -> Iterator[None]:
+    """New connections refused while `down` (a closed port, as when the database is down)."""
+    settings = connections.settings["default"]
+    saved = settings["PORT"]
+    if down:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            settings["PORT"] = s.getsockname()[1]
+    try:
+        yield
+    finally:
+        settings["PORT"] = saved
+
+
 def _replay_together(*, database_down: bool) -> list[object]:
     """Two replayers released together by a barrier, each on its own connection; returns what
     each returned or raised."""
     barrier = threading.Barrier(2)
-    settings = connections.settings["default"]
 
     def replayer(_: int) -> object:
         barrier.wait()
-        try:
-            return spool.replay()
-        except Exception as exc:  # reported to the test, which asserts on it
-            return exc
-        finally:
-            connection.close()
+        return _replayer()
 
-    saved = settings["PORT"]
-    if database_down:
-        with socket.socket() as s:  # a closed port: every connect is refused, as when it is down
-            s.bind(("127.0.0.1", 0))
-            settings["PORT"] = s.getsockname()[1]
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            return list(pool.map(replayer, range(2)))
-    finally:
-        settings["PORT"] = saved
+    with _database(down=database_down), ThreadPoolExecutor(2) as pool:
+        return list(pool.map(replayer, range(2)))
 
 
 def _spooled_lines() -> Counter[str]:
@@ -108,31 +121,14 @@ def _replay_while_one_holds_a_claim() -> list[object]:
     """One replayer claims the file (and waits, widened); a second starts once the claimed
     `replaying-*` file is there, as a replayer arriving mid-file does. The database is down, so
     each leaves what it read on disk. Returns what each returned or raised."""
-    settings = connections.settings["default"]
-
-    def replayer() -> object:
-        try:
-            return spool.replay()
-        except Exception as exc:  # reported to the test, which asserts on it
-            return exc
-        finally:
-            connection.close()
-
-    saved = settings["PORT"]
-    with socket.socket() as s:  # a closed port: every connect is refused, as when it is down
-        s.bind(("127.0.0.1", 0))
-        settings["PORT"] = s.getsockname()[1]
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            first = pool.submit(replayer)
-            deadline = time.monotonic() + 5
-            while not list(spool.spool_dir().glob("replaying-*.jsonl")) and time.monotonic() < deadline:
-                time.sleep(0.005)
-            assert list(spool.spool_dir().glob("replaying-*.jsonl")), "the first replayer never claimed the file"
-            second = pool.submit(replayer)
-            return [first.result(timeout=30), second.result(timeout=30)]
-    finally:
-        settings["PORT"] = saved
+    with _database(down=True), ThreadPoolExecutor(2) as pool:
+        first = pool.submit(_replayer)
+        deadline = time.monotonic() + 5
+        while not list(spool.spool_dir().glob("replaying-*.jsonl")) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert list(spool.spool_dir().glob("replaying-*.jsonl")), "the first replayer never claimed the file"
+        second = pool.submit(_replayer)
+        return [first.result(timeout=30), second.result(timeout=30)]
 
 
 def test_a_replayer_arriving_mid_file_leaves_the_claimed_file_alone(spooled, widened):
