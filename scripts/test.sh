@@ -25,7 +25,8 @@ if [ "$#" -gt 0 ] || [ "${CAPGATE_TEST_LANES:-2}" = 1 ]; then
 fi
 # The whole suite in two lanes at once: the fault tests (real outages and restarts of private
 # PostgreSQL clusters, Redis servers and gateway processes: mostly waiting) and the agent CLI and
-# browser tests (marker second_lane: waiting on node and Chromium) beside everything else,
+# browser tests and the timer-bound modules tests/conftest.py SECOND_LANE names (marker
+# second_lane: mostly waiting) beside everything else,
 # each lane on its own test database and Redis db, so neither sees the other's rows or keys. The
 # fault lane's report is printed after the main lane's; the suite fails if either does.
 # CAPGATE_TEST_LANES=1 runs it as one pytest.
