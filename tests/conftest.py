@@ -16,9 +16,11 @@ from django.core.management import call_command
 from django.db import connections, transaction
 from django.db.backends.postgresql.creation import DatabaseCreation
 from django.test import TransactionTestCase
+from django.utils import timezone
 
 from ledger.admission import AdmissionRequest, Subject, admit
 from ledger.models import Budget, Window
+from ledger.windows import ensure_windows
 from tenants.models import ApiKey, Organization, Project
 
 _ids = itertools.count()
@@ -121,6 +123,15 @@ def db_threads(django_db_setup):
 
 def window_of(budget: Budget) -> Window:
     return Window.objects.get(budget=budget)
+
+
+def open_window(budget: Budget) -> Window:
+    """Create the budget's current window before a race. A budget created mid-period makes its
+    window's creation lock the reservations table until every admission in flight commits
+    (ledger/windows.py, create_windows): racers that find no window queue on it in turn, so a
+    race meant to be about one guard would be serialized by that lock instead."""
+    ensure_windows(budgets=[budget], now=timezone.now())
+    return window_of(budget)
 
 
 # Markers (registered in pyproject.toml), given by where a test lives and what it starts, so a new

@@ -12,7 +12,7 @@ from ledger.errors import BudgetExceeded
 from ledger.models import Hold, Reservation, UsageRecord, Window
 from ledger.recording import Outcome, record, release
 from tests.concurrency import race
-from tests.conftest import usd, window_of
+from tests.conftest import open_window, usd, window_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,9 +26,11 @@ def _try_admit(tenant, **kw):
         return refusal
 
 
-def _exact_fit(acme, n=200):
+def _exact_fit(acme, n=200, *, window_open=False):
     # given: a $1 blocking cap and a worst case of $0.037 -> room for exactly 27
     budget = acme.budget(amount="1")
+    if window_open:
+        open_window(budget)
     # when
     results = race(n, lambda i: _try_admit(acme, worst_nano=WORST))
     admitted = [r for r in results if not isinstance(r, BudgetExceeded)]
@@ -52,11 +54,12 @@ def _widen_race(monkeypatch):
 
 
 def test_without_the_row_lock_the_cap_leaks(acme, monkeypatch):
-    # given: the lock removed (a plain read), the race window widened
+    # given: the lock removed (a plain read), the race window widened, the window already open
+    # (its creation would serialize the racers: open_window)
     monkeypatch.setattr(admission, "LOCK_CLAUSE", "")
     _widen_race(monkeypatch)
     # when
-    budget, admitted, _ = _exact_fit(acme, n=60)
+    budget, admitted, _ = _exact_fit(acme, n=60, window_open=True)
     # then: the exact-fit check fails — more than 27 admitted, reserved past the cap
     assert len(admitted) > 27
     assert window_of(budget).reserved_nano > usd(1)
@@ -75,7 +78,7 @@ def test_without_the_reservation_read_the_cap_leaks(acme, monkeypatch):
 def test_with_the_race_widened_but_the_guards_in_place_the_cap_holds(acme, monkeypatch):
     # the control for the two tests above: the same widened race, nothing removed
     _widen_race(monkeypatch)
-    budget, admitted, _ = _exact_fit(acme, n=40)
+    budget, admitted, _ = _exact_fit(acme, n=40, window_open=True)
     assert len(admitted) == 27
     assert window_of(budget).reserved_nano == 27 * WORST
 

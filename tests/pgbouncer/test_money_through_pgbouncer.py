@@ -18,7 +18,7 @@ from ledger import admission, slices
 from ledger.errors import BudgetExceeded
 from ledger.models import Reservation, UsageRecord
 from tests.concurrency import race
-from tests.conftest import usd, window_of
+from tests.conftest import open_window, usd, window_of
 from tests.ledger import test_slice_recall as recall
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -57,11 +57,11 @@ def test_exact_fit_under_200_concurrent_admissions(pgbouncer, acme):
 
 def test_without_the_row_lock_the_cap_leaks_through_pgbouncer_too(pgbouncer, acme, monkeypatch):
     # given: the lock removed (a plain read), every racer held between its read and its write,
-    # for long enough that racers a loaded machine starts apart still overlap (at 0.3 s, one run
-    # beside another suite's saw all 60 in turn: exactly 27 admitted)
+    # and the window already open (its creation would serialize the racers: open_window)
     monkeypatch.setattr(admission, "LOCK_CLAUSE", "")
-    monkeypatch.setattr(admission, "RACE_DELAY_SECONDS", 1.0)
+    monkeypatch.setattr(admission, "RACE_DELAY_SECONDS", 0.3)
     budget = acme.budget(amount="1")
+    open_window(budget)
     # when
     results = race(60, lambda i: _try_admit(acme))
     # then: the same check fails, so the test above can
