@@ -87,7 +87,11 @@ class BudgetCache:
     # Notices (the listener's thread or loop) --------------------------------------------------
 
     def changed(self, rest: str) -> None:
-        if not GUARDS.invalidate_on_notice or not rest.isdigit():
+        """A notice `budgets:<organization id>`, or `budgets:*` (a TRUNCATE: every organization's)."""
+        if not GUARDS.invalidate_on_notice:
+            return
+        if not rest.isdigit():
+            self.reset()
             return
         with self._lock:
             org = int(rest)

@@ -275,3 +275,18 @@ def test_without_a_listener_lookups_live_their_seconds(acme, settings):
     time.sleep(0.2)
     assert routing.authenticate(raw).revoked_at is None  # served from the cache
     routing.lookups.clear()
+
+
+def test_a_budget_notice_for_every_organization_empties_the_budget_cache(acme, listener):
+    # given: acme's budgets cached
+    acme.budget(amount="10")
+    _caught_up()
+    budget_cache.budgets_for(acme.subject())
+    misses = budget_cache.cache.misses
+    budget_cache.budgets_for(acme.subject())
+    assert budget_cache.cache.misses == misses  # served from the cache
+    # when: a TRUNCATE's notice, which names no organization, is handled
+    invalidation.freshness.on_notification("budgets:*")
+    # then: the next read goes to the database
+    budget_cache.budgets_for(acme.subject())
+    assert budget_cache.cache.misses == misses + 1
