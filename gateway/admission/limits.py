@@ -43,5 +43,5 @@ def _limits_of(key: ApiKey, customer: EndCustomer | None) -> list[RateLimit]:
     if found is None:
         token = lookups.token()
         found = matching_limits(key=key, customer=customer)
-        lookups.put(cache_key, found, token)
+        lookups.put(cache_key, found, token, organization_id=key.organization_id)
     return found

@@ -55,43 +55,69 @@ class _LookupCache:
     """The per-process cache of the hot path's lookups (keys, routes, rate limits, classifications).
 
     While this process is current (core/invalidation.py: its invalidation listener runs and a
-    fence came back within the lease) an entry lives until a notice empties the cache — every
-    write to the tables it reads sends one from its transaction (gateway/migrations/0002) — or
-    for MAX_AGE_SECONDS at most. Otherwise entries live CAPGATE["LOOKUP_CACHE_SECONDS"] (0: off),
-    so a revoked or re-routed key is honoured within that many seconds. Budgets are cached
-    apart, under a stricter rule (ledger/budget_cache.py)."""
+    fence came back within the lease) an entry lives until a notice for its organization, or
+    one for every organization, says a table it was read from changed — every write to those
+    tables sends one from its transaction (gateway/migrations/0003) — or for MAX_AGE_SECONDS at
+    most. Otherwise entries live CAPGATE["LOOKUP_CACHE_SECONDS"] (0: off), so a revoked or
+    re-routed key is honoured within that many seconds. Budgets are cached apart, under a
+    stricter rule (ledger/budget_cache.py).
+
+    Each entry belongs to one organization (the key's, the route's). A notice `lookups:<id>`
+    makes that organization's entries stale and leaves the others' alone, so one tenant's admin
+    writes do not send every tenant's requests to the database; `lookups:*` (the price catalog,
+    a truncate) makes every entry stale."""
 
     MAX_AGE_SECONDS = 300.0
+    LIMIT = 10_000  # entries kept; past it the cache starts again empty
 
     def __init__(self) -> None:
-        self._data: dict[object, tuple[float, int, object]] = {}
-        self._generation = 0
-        freshness.subscribe("lookups", changed=lambda _rest: self.clear(), reset=self.clear)
+        self._data: dict[object, tuple[float, int, int, object]] = {}  # key -> (put at, token, org, value)
+        self._seq = 0  # notices handled
+        self._all_at = 0  # the notice number of the newest one for every organization
+        self._org_at: dict[int, int] = {}  # organization -> the notice number of its newest one
+        freshness.subscribe("lookups", changed=self.changed, reset=self.clear)
 
     def token(self) -> int:
-        """Take before reading what is to be `put`: a notice handled meanwhile makes it stale."""
-        return self._generation
+        """Take before reading what is to be `put`: a notice for its organization handled
+        meanwhile makes it stale."""
+        return self._seq
+
+    def _stale_before(self, organization_id: int) -> int:
+        return max(self._all_at, self._org_at.get(organization_id, 0))
 
     def get(self, key: object) -> object | None:
         hit = self._data.get(key)
-        if hit is None or hit[1] != self._generation:
+        if hit is None or hit[1] < self._stale_before(hit[2]):
             return None
         age = time.monotonic() - hit[0]
         if age < (self.MAX_AGE_SECONDS if freshness.current() else settings.CAPGATE["LOOKUP_CACHE_SECONDS"]):
-            return hit[2]
+            return hit[3]
         return None
 
-    def put(self, key: object, value: object, token: int) -> None:
-        if token != self._generation:
+    def put(self, key: object, value: object, token: int, *, organization_id: int) -> None:
+        """Keep `value`, read after `token` was taken, as `organization_id`'s. Kept with the token,
+        not the notice count now, so a notice handled between the read and this put makes it
+        stale even if it lands after this check."""
+        if token < self._stale_before(organization_id):
             return  # read before a notice that arrived since: it may predate the write
         if freshness.current() or settings.CAPGATE["LOOKUP_CACHE_SECONDS"] > 0:
-            if len(self._data) > 10_000:
+            if len(self._data) > self.LIMIT:
                 self._data.clear()
-            self._data[key] = (time.monotonic(), token, value)
+            self._data[key] = (time.monotonic(), token, organization_id, value)
+
+    def changed(self, rest: str) -> None:
+        """A notice `lookups:<organization id>` or `lookups:*` (anything else counts as every
+        organization: a notice never read as narrower than it is)."""
+        self._seq += 1
+        if rest.isdigit():
+            self._org_at[int(rest)] = self._seq
+        else:
+            self._all_at = self._seq
+            self._data.clear()
+            self._org_at.clear()
 
     def clear(self) -> None:
-        self._generation += 1
-        self._data.clear()
+        self.changed("*")
 
 
 lookups = _LookupCache()
@@ -110,7 +136,7 @@ def authenticate(raw_key: str | None) -> ApiKey:
         token = lookups.token()
         key = ApiKey.objects.select_related("organization", "project").filter(key_hash=digest).first()
         if key is not None:
-            lookups.put(("key", digest), key, token)
+            lookups.put(("key", digest), key, token, organization_id=key.organization_id)
     if key is None:
         raise GatewayError("Invalid API key.", code="invalid_api_key", status=401)
     if key.revoked_at is not None:
@@ -150,7 +176,7 @@ def resolve_route(*, key: ApiKey, name: str, kind: str, translated: bool = False
             )
             for t in route.targets.select_related("connection", "model", "model__provider").order_by("position", "id")
         ]
-        lookups.put(cache_key, routed, token)
+        lookups.put(cache_key, routed, token, organization_id=key.organization_id)
     # Only kinds whose adapter serves this endpoint in its own wire format, or (when translation
     # is allowed) in the format it is translated to.
     targets = [

@@ -38,7 +38,7 @@ def _classes(organization_id: int) -> dict[tuple[str, str, str], str]:
     if found is None:
         token = lookups.token()
         found = classes_for(organization_id=organization_id)
-        lookups.put(key, found, token)
+        lookups.put(key, found, token, organization_id=organization_id)
     return found
 
 

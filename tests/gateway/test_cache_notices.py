@@ -277,6 +277,40 @@ def test_without_a_listener_lookups_live_their_seconds(acme, settings):
     routing.lookups.clear()
 
 
+def test_a_write_for_one_organization_leaves_anothers_lookups_cached(acme, outsider, listener):
+    # given: both organizations' keys cached
+    raw_acme, raw_outsider = _raw_key(acme), _raw_key(outsider)
+    _caught_up()
+    routing.authenticate(raw_acme)
+    routing.authenticate(raw_outsider)
+    token = routing.lookups.token()
+    # when: the outsider's key is revoked (its notice names the outsider's organization alone)
+    ApiKey.objects.filter(pk=outsider.key.pk).update(revoked_at=timezone.now())
+    _wait_for(lambda: routing.lookups.token() > token)
+    # then: the outsider's key is read again and refused; acme's is still served from the cache
+    assert routing.lookups.get(("key", outsider.key.key_hash)) is None
+    with pytest.raises(GatewayError) as refused:
+        routing.authenticate(raw_outsider)
+    assert refused.value.code == "revoked_api_key"
+    assert routing.lookups.get(("key", acme.key.key_hash)) is not None
+
+
+def test_a_lookup_read_before_its_organizations_notice_is_not_kept(acme, outsider, settings):
+    # The token rule, on the cache alone: a read that began before a notice for its
+    # organization was handled may predate the write; one for another organization does not.
+    settings.CAPGATE = {**settings.CAPGATE, "LOOKUP_CACHE_SECONDS": 60.0}
+    cache = routing._LookupCache()
+    token = cache.token()
+    cache.changed(str(outsider.org.id))
+    cache.put("acme's", "value", token, organization_id=acme.org.id)
+    cache.put("outsider's", "value", token, organization_id=outsider.org.id)
+    assert cache.get("acme's") == "value"
+    assert cache.get("outsider's") is None
+    # a notice for every organization makes what was kept stale too
+    cache.changed("*")
+    assert cache.get("acme's") is None
+
+
 def test_a_budget_notice_for_every_organization_empties_the_budget_cache(acme, listener):
     # given: acme's budgets cached
     acme.budget(amount="10")
