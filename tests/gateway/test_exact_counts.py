@@ -3,16 +3,19 @@ cap, and the byte bound kept when the tokenizer data is missing."""
 
 from __future__ import annotations
 
+import pickle
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 
 import httpx
 import pytest
+import tiktoken
 from django.db import connection
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
+from tiktoken_ext import openai_public
 
 from catalog.models import Model, Provider
 from gateway.admission import tokens
@@ -67,6 +70,21 @@ def test_encodings_load_offline_and_match_tiktokens_pins():
     for name in tokens.ENCODINGS:
         assert tokens.cache_name(name) == tiktoken_data.cache_name(name)
         assert tokens.encoding(name) is not None
+
+
+@pytest.mark.parametrize("name", sorted(tokens.ENCODINGS))
+def test_a_loaded_encoding_keeps_no_python_copy_of_its_ranks_and_counts_the_same(name):
+    # given: the encoding as capgate loads it, and one built again from its file, ranks kept
+    enc = tokens.encoding(name)
+    assert enc is not None, "tokenizer data missing: run scripts/bootstrap.sh"
+    spec = getattr(openai_public, name)()
+    whole = tiktoken.Encoding(**spec)
+    # then: the ranks live only in tiktoken's core, it still pickles (by name), and counts alike
+    assert "_mergeable_ranks" not in vars(enc)
+    assert pickle.loads(pickle.dumps(enc)) is not None
+    text = "Résumé: the quick brown fox 🦊 jumps over 13 lazy dogs.\n\tdef f(x): return x ** 2"
+    assert enc.encode(text) == whole.encode(text)
+    assert enc.n_vocab == whole.n_vocab
 
 
 @pytest.mark.parametrize(("encoding", "documented"), [("cl100k_base", 129), ("o200k_base", 124)])

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import tiktoken
+from tiktoken_ext import openai_public
 
 _ROOT = Path(__file__).resolve().parents[2]
 _SPECIALS = ("<|im_start|>", "<|im_sep|>", "<|im_end|>", "<|im_name|>")
@@ -32,13 +33,15 @@ _FIRST_FREE_ID = {"o200k_base": 200100, "cl100k_base": 100300}
 def markup(name: str) -> tiktoken.Encoding:
     """`name` extended with the chat markup's special tokens (tiktoken's documented way)."""
     os.environ.setdefault("TIKTOKEN_CACHE_DIR", str(_ROOT / ".venv" / "share" / "tiktoken"))
-    base = tiktoken.get_encoding(name)
+    # The encoding's constructor arguments, read from its file again: the registered encoding
+    # no longer holds its ranks in Python once capgate loaded it (gateway/admission/tokens.py).
+    base = getattr(openai_public, name)()
     first = _FIRST_FREE_ID[name]
     return tiktoken.Encoding(
         name=f"{name}_chatml",
-        pat_str=base._pat_str,
-        mergeable_ranks=base._mergeable_ranks,
-        special_tokens={**base._special_tokens, **{s: first + i for i, s in enumerate(_SPECIALS)}},
+        pat_str=base["pat_str"],
+        mergeable_ranks=base["mergeable_ranks"],
+        special_tokens={**base["special_tokens"], **{s: first + i for i, s in enumerate(_SPECIALS)}},
     )
 
 
