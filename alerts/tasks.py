@@ -11,24 +11,23 @@ from __future__ import annotations
 
 from smtplib import SMTPException
 
-from celery import shared_task
-
 from alerts import alert_delivery, webhooks
 from alerts.audit import audit_counters as run_audit
+from core.celery import app
 
 
-@shared_task
+@app.task
 def audit_counters() -> dict[str, int]:
     report = run_audit()
     return {"windows_checked": report.windows_checked, "drifts": len(report.drifts) + len(report.request_drifts)}
 
 
-@shared_task
+@app.task
 def send_pending_alerts() -> int:
     return alert_delivery.send_pending() + webhooks.send_pending()
 
 
-@shared_task(
+@app.task(
     autoretry_for=(webhooks.WebhookFailed,),
     max_retries=5,
     retry_backoff=webhooks.RETRY_BACKOFF,  # 30 s, 60 s, ... like webhooks.backoff()
@@ -42,7 +41,7 @@ def send_alert_webhook(delivery_id: int) -> str:
     return webhooks.deliver(delivery_id=delivery_id)
 
 
-@shared_task(
+@app.task(
     autoretry_for=(SMTPException, OSError),  # SMTPException is an OSError; named for the reader
     max_retries=5,
     retry_backoff=alert_delivery.RETRY_BACKOFF,  # 30 s, 60 s, 120 s, ... like alert_delivery.backoff()

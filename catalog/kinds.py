@@ -11,7 +11,6 @@ import re
 from typing import Any
 
 from django.conf import settings
-from google.oauth2 import service_account
 
 from catalog.presets import PRESETS
 from core.errors import InvalidChange
@@ -108,6 +107,8 @@ def service_account_key(secret: str) -> dict[str, Any]:
         info = None
     if not isinstance(info, dict) or info.get("type") != "service_account":
         raise ValueError('the secret: a service account\'s JSON key ("type": "service_account").')
+    from google.oauth2 import service_account  # here: a gateway worker checks no key at startup
+
     try:
         service_account.Credentials.from_service_account_info(info, scopes=VERTEX_SCOPES)
     except (ValueError, KeyError) as exc:

@@ -1,3 +1,7 @@
-from .celery import app as celery_app
+"""The project's settings, URLs and entry points.
 
-__all__ = ("celery_app",)
+Unlike Celery's Django guide, this package does not import the Celery app: each tasks module
+declares its tasks on core/celery.py's app, so a process has the app once it has a task to send,
+and a gateway worker does not carry Celery from startup (docs/decisions.md, "What a gateway
+worker imports"). `celery -A config` finds config/celery.py itself.
+"""

@@ -1,4 +1,5 @@
-"""The Celery app: Redis broker, each app's tasks.py, and every beat entry in one place.
+"""Celery's entry point (`celery -A config worker|beat`): the project's app (core/celery.py),
+each app's tasks.py, and every beat entry in one place.
 
 Every periodic task is safe to run twice at once (ledger/tasks.py and alerts/tasks.py say how),
 so a slow run overlapping the next tick, or two beats during a deploy, double no money. Each entry expires
@@ -8,15 +9,10 @@ superseded by the next tick instead of piling up.
 
 import os
 
-from celery import Celery
-
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
 
-app = Celery("capgate")
-app.config_from_object("django.conf:settings", namespace="CELERY")
-# Deployments (or test runs) sharing one Redis keep their tasks apart by queue name;
-# beat and the alert emails go to this queue, and workers consume it with `-Q`.
-app.conf.task_default_queue = os.environ.get("CAPGATE_CELERY_QUEUE", "celery")
+from core.celery import app  # noqa: E402  (after the settings module is named)
+
 app.autodiscover_tasks()
 
 app.conf.beat_schedule = {

@@ -3,11 +3,10 @@ SKIP LOCKED and moves each job's next poll forward)."""
 
 from __future__ import annotations
 
-from celery import shared_task
-
+from core.celery import app
 from jobs.poll import poll_jobs as run_poll
 
 
-@shared_task
+@app.task
 def poll_jobs() -> dict[str, int]:
     return run_poll()

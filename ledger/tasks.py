@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 
-from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
+from core.celery import app
 from ledger import spool
 from ledger.admission import renew
 from ledger.drain import drain_all
@@ -23,7 +23,7 @@ from ledger.recording import expire
 log = logging.getLogger(__name__)
 
 
-@shared_task
+@app.task
 def renew_and_expire() -> dict[str, int]:
     """Extend the leases of reservations whose gateway process still heartbeats, then charge
     the lapsed ones (owner dead past the grace, or hard deadline passed) at worst case.
@@ -47,14 +47,14 @@ def renew_and_expire() -> dict[str, int]:
     return {"renewed": renewed, "expired": expired}
 
 
-@shared_task
+@app.task
 def drain_usage() -> int:
     """Apply whatever the gateway processes left in the outbox (a dead process's records,
     replayed spool records)."""
     return drain_all()
 
 
-@shared_task
+@app.task
 def replay_spool() -> int:
     """Move records spooled while the database was down into the outbox (this host's spool;
     each gateway process also replays its own)."""

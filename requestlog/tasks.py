@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from celery import shared_task
-
+from core.celery import app
 from requestlog.services import purge_expired
 
 
-@shared_task
+@app.task
 def purge_request_log() -> int:
     """Retention: delete refusal rows past REQUEST_LOG_RETENTION_DAYS, in batches."""
     return purge_expired()

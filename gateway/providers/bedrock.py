@@ -18,6 +18,9 @@ gateway/providers/bedrock_converse.py).
   base64 in `bytes`. It is decoded with botocore's EventStreamBuffer and relayed to the client as
   Anthropic SSE. Usage is Anthropic's (message_start / message_delta); the last event's
   `amazon-bedrock-invocationMetrics` fills in counts a stream did not report.
+
+botocore is imported where a Bedrock connection first needs it, not with this module: a worker
+that routes to no Bedrock connection does not hold it (about 7 MiB, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -31,11 +34,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import httpx
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials, ReadOnlyCredentials
-from botocore.eventstream import EventStreamBuffer
-from botocore.session import Session
 from django.conf import settings
 
 from catalog.kinds import aws_keys
@@ -47,6 +45,8 @@ from gateway.providers.sse import SSEEvent
 from gateway.providers.usage import StreamUsage
 
 if TYPE_CHECKING:
+    from botocore.credentials import Credentials, ReadOnlyCredentials
+
     from catalog.models import Connection
     from gateway.admission.routing import Target
 
@@ -71,6 +71,8 @@ class CredentialsMissing(httpx.ConnectError):
 @functools.lru_cache(maxsize=64)
 def _chain(profile: str | None) -> Any:
     """botocore's credential chain for a profile (refreshable credentials refresh themselves)."""
+    from botocore.session import Session
+
     return Session(profile=profile).get_credentials()
 
 
@@ -96,6 +98,8 @@ class Bedrock(Adapter):
         return {k: v for k, v in body.items() if k not in ("model", "stream")} | {"anthropic_version": BEDROCK_VERSION}
 
     async def credentials(self, target: Target) -> Credentials | ReadOnlyCredentials:
+        from botocore.credentials import Credentials
+
         keys = aws_keys(target.connection.plain_secret)
         if keys is not None:
             return Credentials(keys["access_key_id"], keys["secret_access_key"], keys.get("session_token") or None)
@@ -120,6 +124,9 @@ class Bedrock(Adapter):
         self, target: Target, url: str, body: dict, client_headers: dict[str, str], stream: bool
     ) -> UpstreamRequest:
         """The POST of `body` to `url`, SigV4-signed over the whole request."""
+        from botocore.auth import SigV4Auth
+        from botocore.awsrequest import AWSRequest
+
         content = json.dumps(body).encode()
         headers = {
             "content-type": "application/json",
@@ -154,6 +161,8 @@ async def decode_event_stream(chunks: AsyncIterator[bytes]) -> AsyncIterator[SSE
     """Bedrock's event stream as Anthropic SSE events. A `chunk` carries one Anthropic event
     (base64 JSON in `bytes`); an exception message becomes Anthropic's `error` event, after
     which the stream is over (its usage incomplete: charged at the worst case)."""
+    from botocore.eventstream import EventStreamBuffer
+
     buffer = EventStreamBuffer()
     async for chunk in chunks:
         buffer.add_data(chunk)

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import httpx
-from botocore.eventstream import EventStreamBuffer
 
 from catalog.pricing import Usage
 from gateway.providers.base import UpstreamRequest
@@ -108,6 +107,8 @@ class BedrockConverse(Bedrock):
 
 async def decode_converse_stream(chunks: AsyncIterator[bytes]) -> AsyncIterator[SSEEvent]:
     """Converse's event stream as one event per message, `{name: payload}`."""
+    from botocore.eventstream import EventStreamBuffer
+
     buffer = EventStreamBuffer()
     async for chunk in chunks:
         buffer.add_data(chunk)

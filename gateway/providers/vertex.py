@@ -25,62 +25,21 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 import httpx
-from google.auth import exceptions as google_exceptions
-from google.auth import transport
-from google.oauth2 import service_account
 
-from catalog.kinds import VERTEX_SCOPES as SCOPES
 from catalog.kinds import service_account_key
 from gateway.providers.anthropic import beta_headers
 from gateway.providers.base import Adapter, UpstreamRequest, register
-from gateway.upstream.transport import client
 
 if TYPE_CHECKING:
+    from google.oauth2 import service_account
+
     from gateway.admission.routing import Target
 
 VERTEX_VERSION = "vertex-2023-10-16"
-_TOKEN_TIMEOUT = 10.0
 
 
 class TokenUnavailable(httpx.ConnectError):
     """The service account's token could not be had: nothing was sent to Vertex (not billed)."""
-
-
-class _LoopRequest(transport.Request):
-    """google-auth's HTTP hook, answered by the gateway's own upstream client on the event loop
-    (called from the worker thread google-auth refreshes in)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-
-    def __call__(self, url, method="GET", body=None, headers=None, timeout=None, **kwargs):  # type: ignore[override]
-
-        future = asyncio.run_coroutine_threadsafe(
-            client().request(method, url, content=body, headers=headers, timeout=timeout or _TOKEN_TIMEOUT),
-            self.loop,
-        )
-        try:
-            response = future.result(timeout=(timeout or _TOKEN_TIMEOUT) + 5)
-        except (httpx.HTTPError, TimeoutError) as exc:
-            raise google_exceptions.TransportError(f"{type(exc).__name__}: {exc}") from exc
-        return _Response(response)
-
-
-class _Response(transport.Response):
-    def __init__(self, response: httpx.Response):
-        self._r = response
-
-    @property
-    def status(self) -> int:
-        return self._r.status_code
-
-    @property
-    def headers(self):  # type: ignore[override]
-        return dict(self._r.headers)
-
-    @property
-    def data(self) -> bytes:
-        return self._r.content
 
 
 class _Tokens:
@@ -93,22 +52,25 @@ class _Tokens:
     async def token(self, target: Target) -> str:
         secret = target.connection.plain_secret
         key = (target.connection.id, hashlib.sha256(secret.encode()).hexdigest())
+        # google-auth is imported with the first token (gateway/providers/vertex_auth.py).
+        from gateway.providers import vertex_auth
+
         creds = self._creds.get(key)
         if creds is None:
             try:
                 info = service_account_key(secret)
             except ValueError as exc:
                 raise TokenUnavailable(str(exc)) from None
-            creds = self._creds[key] = service_account.Credentials.from_service_account_info(info, scopes=SCOPES)
+            creds = self._creds[key] = vertex_auth.credentials(info)
         if creds.valid:  # google-auth counts a token within its refresh margin of expiry as invalid
             return str(creds.token)
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             if not creds.valid:
-                request = _LoopRequest(asyncio.get_running_loop())
+                request = vertex_auth.LoopRequest(asyncio.get_running_loop())
                 try:
                     await asyncio.to_thread(creds.refresh, request)
-                except google_exceptions.GoogleAuthError as exc:
+                except vertex_auth.GoogleAuthError as exc:
                     raise TokenUnavailable(f"the service account's token could not be refreshed: {exc}") from None
         return str(creds.token)
 

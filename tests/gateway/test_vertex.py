@@ -324,11 +324,11 @@ def test_token_guard_removed_lets_a_tenant_key_reach_an_internal_address(wired, 
     import google.auth.transport.requests
 
     from gateway.admission.routing import Target
-    from gateway.providers import vertex as adapter
+    from gateway.providers import vertex_auth
 
     upstream.reset()
     settings.CAPGATE = {**settings.CAPGATE, "UPSTREAM_ALLOWED_NETWORKS": []}
-    monkeypatch.setattr(adapter, "_LoopRequest", lambda loop: google.auth.transport.requests.Request())
+    monkeypatch.setattr(vertex_auth, "LoopRequest", lambda loop: google.auth.transport.requests.Request())
     conn = Connection(
         id=10_002,
         organization=wired.org,
