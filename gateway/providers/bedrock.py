@@ -20,7 +20,7 @@ gateway/providers/bedrock_converse.py).
   `amazon-bedrock-invocationMetrics` fills in counts a stream did not report.
 
 botocore is imported where a Bedrock connection first needs it, not with this module: a worker
-that routes to no Bedrock connection does not hold it (about 7 MiB, docs/performance.md).
+that routes to no Bedrock connection does not hold it (about 6 MiB, docs/performance.md).
 """
 
 from __future__ import annotations
