@@ -144,38 +144,95 @@ def record_many(
     one INSERT for all of them, in one round trip with a relaxed commit (see relaxed_commit).
     Returns each item's record, or the exception it earned (RecordRejected, or ValueError for a
     negative cost), in order. A DatabaseError (database unreachable) is raised for the whole
-    batch: the callers spool their records."""
+    batch: the callers spool their records.
+
+    The gateway may run the batch's statement itself, on the event loop's own connection
+    (gateway/upstream/loopdb.py): it calls `prepare_batch`, executes `statement` and finishes with
+    `complete_batch`, which is what this does on a thread's connection."""
+    batch = prepare_batch(items, keep_late_report=keep_late_report)
+    if not batch.todo:
+        return batch.out
+    if connection.in_atomic_block:  # a caller's transaction (tests, release): the careful path
+        return record_each(batch)
+    try:
+        with _server_cursor() as cursor:
+            cursor.execute(batch.sql, batch.params)
+            result = cursor.fetchone()
+    except IntegrityError:
+        if not GUARDS.split_refused_batch:
+            raise
+        return record_each(batch)
+    return complete_batch(batch, result)
+
+
+@dataclass
+class Batch:
+    """A group commit's records, built and not yet written: the one statement and its two
+    parameters (_insert_sql), and where each item's result goes."""
+
+    out: list[UsageRecord | Exception]  # each item's result, in order (filled in by complete_batch)
+    todo: list[tuple[int, UsageRecord, Outcome, Reservation]]  # the items to write, by index in `out`
+    carved: list[Reservation]  # those to carve from their slices in the same statement
+    sql: str
+    params: list[Any]
+    keep_late_report: bool = True
+
+
+def prepare_batch(items: Sequence[tuple[Reservation, Outcome]], *, keep_late_report: bool = True) -> Batch:
+    """The records of `items` and the statement that writes them. Reads nothing from the
+    database, so any thread (or the event loop) may call it. An item with a negative cost gets its
+    ValueError in `out` and is not written."""
     out: list[UsageRecord | Exception] = []
     todo: list[tuple[int, UsageRecord, Outcome, Reservation]] = []
     now = timezone.now()
     for i, (reservation, outcome) in enumerate(items):
         try:
             todo.append((i, _unsaved_record(reservation, outcome, now), outcome, reservation))
-            out.append(RecordRejected("not written"))  # replaced below
+            out.append(RecordRejected("not written"))  # replaced by complete_batch
         except ValueError as exc:
             out.append(exc)
-    if not todo:
-        return out
-    if connection.in_atomic_block:  # a caller's transaction (tests, release): the careful path
-        for i, row, outcome, reservation in todo:
-            out[i] = _record_one(row, outcome, reservation, keep_late_report)
-        return out
-    try:
-        inserted = _insert([(row, reservation) for _, row, _, reservation in todo])
-    except IntegrityError:
-        if not GUARDS.split_refused_batch:
-            raise
-        for i, row, outcome, reservation in todo:
-            out[i] = _record_one(row, outcome, reservation, keep_late_report)
-        return out
-    for i, row, outcome, reservation in todo:
+    carved = [r for _, _, _, r in todo if r.slice_id is not None and not r.carved]
+    sql, attnames = _insert_sql(carving=bool(carved))
+    writers = _json_writers(attnames)
+    rows = []
+    for _, row, _, reservation in todo:
+        values = row.__dict__
+        item = [values[a] for a in attnames]
+        for i, write in writers:
+            item[i] = write(item[i])
+        if carved:
+            item.append(None if reservation.slice_id is None or reservation.carved else str(reservation.slice_id))
+        rows.append(item)
+    params = [json.dumps(rows), now] if todo else []
+    return Batch(out=out, todo=todo, carved=carved, sql=sql, params=params, keep_late_report=keep_late_report)
+
+
+def complete_needs_database(batch: Batch, result: tuple[int, list | None, list | None]) -> bool:
+    """Whether completing `batch` after its statement returned `result` reads or writes the
+    database: some request was recorded before (or twice in the batch), or some slice was charged
+    whole by expiry before its carve. Otherwise `complete_batch` only fills in ids."""
+    n, request_ids, _ = result
+    return n < len(batch.carved) or len(request_ids or []) < len(batch.todo)
+
+
+def complete_batch(batch: Batch, result: tuple[int, list | None, list | None]) -> list[UsageRecord | Exception]:
+    """Each item's record once `batch.sql` has committed and returned `result` (how many were
+    carved, and the request ids and ids of the rows it inserted)."""
+    n, request_ids, ids = result
+    inserted = dict(zip(request_ids or [], ids or [], strict=True))
+    if n < len(batch.carved):  # recorded before, or the slice was charged whole by expiry
+        log.info("%d of %d requests not carved from their slices", len(batch.carved) - n, len(batch.carved))
+        costs = {row.request_id: row.cost_nano for _, row, _, _ in batch.todo}
+        settle_charged_slices(carved=batch.carved, costs=costs, inserted=list(inserted))
+    out = batch.out
+    for i, row, outcome, reservation in batch.todo:
         pk = inserted.pop(row.request_id, None)
         if pk is None:  # recorded before (or twice in this batch): the first record wins
             existing = UsageRecord.objects.filter(request_id=row.request_id).first()
             out[i] = (
-                _second_report(existing, outcome, keep_late_report)
+                _second_report(existing, outcome, batch.keep_late_report)
                 if existing is not None
-                else _record_one(row, outcome, reservation, keep_late_report)
+                else _record_one(row, outcome, reservation, batch.keep_late_report)
             )
             continue
         row.pk = pk
@@ -183,6 +240,14 @@ def record_many(
         row._state.db = "default"
         out[i] = row
     return out
+
+
+def record_each(batch: Batch) -> list[UsageRecord | Exception]:
+    """The batch's records one at a time through the ORM (a batch the database refused as a whole,
+    or a caller's transaction): one bad record cannot lose the others."""
+    for i, row, outcome, reservation in batch.todo:
+        batch.out[i] = _record_one(row, outcome, reservation, batch.keep_late_report)
+    return batch.out
 
 
 def _unsaved_record(reservation: Reservation, outcome: Outcome, now: datetime) -> UsageRecord:
@@ -265,34 +330,6 @@ def _server_cursor() -> CursorWrapper:
     db.ensure_connection()
     with db.wrap_database_errors:
         return db._prepare_cursor(ServerBindingCursor(db.connection))  # type: ignore[attr-defined, call-arg]
-
-
-def _insert(rows: list[tuple[UsageRecord, Reservation]]) -> dict[str, int]:
-    """INSERT .. ON CONFLICT (request_id) DO NOTHING for all rows, carving those admitted from a
-    headroom slice (ledger/slices.py) in the same statement (_insert_sql). Returns {request_id:
-    id} of the rows this call inserted."""
-    carved = [r for _, r in rows if r.slice_id is not None and not r.carved]
-    sql, attnames = _insert_sql(carving=bool(carved))
-    writers = _json_writers(attnames)
-    items = []
-    for row, reservation in rows:
-        values = row.__dict__
-        item = [values[a] for a in attnames]
-        for i, write in writers:
-            item[i] = write(item[i])
-        if carved:
-            item.append(None if reservation.slice_id is None or reservation.carved else str(reservation.slice_id))
-        items.append(item)
-    with _server_cursor() as cursor:
-        cursor.execute(sql, [json.dumps(items), rows[0][0].created_at])
-        n, request_ids, ids = cursor.fetchone()
-    inserted = dict(zip(request_ids or [], ids or [], strict=True))
-    if n < len(carved):  # recorded before, or the slice was charged whole by expiry
-        log.info("%d of %d requests not carved from their slices", len(carved) - n, len(carved))
-        settle_charged_slices(
-            carved=carved, costs={row.request_id: row.cost_nano for row, _ in rows}, inserted=list(inserted)
-        )
-    return inserted
 
 
 def _uuid_text(value: uuid.UUID | None) -> str | None:

@@ -307,6 +307,9 @@ CAPGATE = {
     # smaller than MIN_REQUESTS worst cases is not taken (one admission per request, near the
     # cap). A slice admits for SECONDS at most, then gives back what it did not use.
     "SLICES": env.bool("CAPGATE_SLICES", default=True),
+    # The group commit's statement sent from the event loop on its own connection, and written on
+    # a database thread only when that fails (gateway/upstream/loopdb.py). Off: always a thread.
+    "LOOP_RECORDS": env.bool("CAPGATE_LOOP_RECORDS", default=True),
     "SLICE_SHARE": env.float("CAPGATE_SLICE_SHARE", default=0.5),
     "SLICE_MIN_REQUESTS": env.int("CAPGATE_SLICE_MIN_REQUESTS", default=4),
     "SLICE_MAX_REQUESTS": env.int("CAPGATE_SLICE_MAX_REQUESTS", default=256),

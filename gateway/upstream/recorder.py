@@ -1,6 +1,7 @@
 """Group commit for usage records: the records of requests that finish while one
-write is in flight go to the database together, in one INSERT on one settle thread
-(ledger/recording.py `record_many`), instead of one transaction per request.
+write is in flight go to the database together, in one INSERT (ledger/recording.py
+`record_many`), instead of one transaction per request. The INSERT is sent from the event loop
+on its own connection (gateway/upstream/loopdb.py), or on a settle thread when that fails.
 
 Nothing waits for a batch to fill: a record finding no write in flight starts one at once (so a
 lone request pays no delay), and the records arriving meanwhile form the next batch. Every
@@ -12,11 +13,17 @@ only ever sees committed records.
 from __future__ import annotations
 
 import asyncio
+import logging
+
+import psycopg
 
 from gateway.upstream import runtime
+from gateway.upstream.loopdb import LoopConnection, Unavailable
 from ledger import slices
 from ledger.models import Reservation, UsageRecord
-from ledger.recording import Outcome, record_many
+from ledger.recording import Outcome, complete_batch, complete_needs_database, prepare_batch, record_many
+
+log = logging.getLogger("capgate.gateway")
 
 MAX_BATCH = 200  # records per INSERT (each row is ~27 parameters)
 
@@ -34,6 +41,7 @@ class Recorder:
         # until it does. Also spooled to disk where the disk allows, but memory is what keeps a
         # record when the spool cannot, and what tells this process's slices it settled.
         self.parked: list[tuple[Reservation, Outcome]] = []
+        self.loop_db = LoopConnection()
 
     async def record(self, *, reservation: Reservation, outcome: Outcome) -> UsageRecord:
         """The record once committed; raises what `record` would (RecordRejected, ValueError,
@@ -50,7 +58,7 @@ class Recorder:
             while self._pending:
                 batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
                 try:
-                    results = await runtime.db(record_many, items=[(r, o) for r, o, _ in batch], lane="settle")
+                    results = await self._write_batch([(r, o) for r, o, _ in batch])
                 except BaseException as exc:  # every waiter gets it (a DatabaseError: each spools)
                     for _, _, done in batch:
                         if not done.done():
@@ -75,6 +83,28 @@ class Recorder:
                         done.set_result(result)
         finally:
             self._writing = False
+
+    async def _write_batch(self, items: list[tuple[Reservation, Outcome]]) -> list[UsageRecord | Exception]:
+        """`record_many(items)`: its statement sent from this loop when the loop's connection is
+        up (gateway/upstream/loopdb.py), else the whole of it on a settle thread."""
+        batch = prepare_batch(items)
+        if batch.todo:
+            try:
+                result = await self.loop_db.fetchone(batch.sql, batch.params)
+            except Unavailable:
+                pass
+            except psycopg.IntegrityError:
+                pass  # a record refused: the thread path writes the others one by one, and logs it
+            except (psycopg.Error, OSError) as exc:
+                log.warning("usage records: the loop's database connection failed (%s); writing on a thread", exc)
+            else:
+                if complete_needs_database(batch, result):
+                    return await runtime.db(complete_batch, batch, result, lane="settle")
+                return complete_batch(batch, result)
+        return await runtime.db(record_many, items=items, lane="settle")
+
+    async def close(self) -> None:
+        await self.loop_db.close()
 
     def park(self, *, reservation: Reservation, outcome: Outcome) -> None:
         self.parked.append((reservation, outcome))

@@ -166,3 +166,49 @@ def test_the_group_commit_is_prepared_on_a_direct_connection_and_stays_correct(a
     assert UsageRecord.objects.count() == 10
     assert drain() == 10
     assert window_of(budget).spent_nano == 70
+
+
+def _run_on_own_connection(batch: recording.Batch) -> tuple:
+    """The batch's statement on a connection of its own, as the gateway's event loop sends it
+    (gateway/upstream/loopdb.py)."""
+    import psycopg
+
+    from gateway.upstream.loopdb import connection_params
+
+    params = {**connection_params(), "prepare_threshold": None}
+    params.pop("connect_timeout")
+    with psycopg.connect(**params) as conn:
+        return conn.execute(batch.sql, batch.params).fetchone()
+
+
+def test_a_batch_written_elsewhere_is_completed_without_the_database_unless_it_must_be(acme):
+    # given: three admitted requests, one of them recorded already
+    budget = acme.budget(amount="1")
+    reservations = _admitted(acme, 3)
+    [first] = record_many(items=[(reservations[0], Outcome(status="served", cost_nano=7))])
+    fresh = recording.prepare_batch([(r, Outcome(status="served", cost_nano=7)) for r in reservations[1:]])
+    again = recording.prepare_batch([(reservations[0], Outcome(status="served", cost_nano=9))])
+    # when: each statement runs on a connection of its own
+    fresh_result, again_result = _run_on_own_connection(fresh), _run_on_own_connection(again)
+    # then: the fresh records need nothing more than their ids, read from the statement's answer
+    assert not recording.complete_needs_database(fresh, fresh_result)
+    out, sent = _statements(lambda: recording.complete_batch(fresh, fresh_result))
+    assert sent == [] and [r.request_id for r in out] == [r.request_id for r in reservations[1:]]
+    assert {r.pk for r in out} == set(UsageRecord.objects.exclude(pk=first.pk).values_list("pk", flat=True))
+    # the second report must look its first record up: completed as record_many completes it
+    assert recording.complete_needs_database(again, again_result)
+    [kept] = recording.complete_batch(again, again_result)
+    assert kept.pk == first.pk and kept.cost_nano == 7 and kept.reported_cost_nano == 9
+    assert UsageRecord.objects.count() == 3
+    drain()
+    w = window_of(budget)
+    assert (w.spent_nano, w.reserved_nano) == (21, 0)
+
+
+def test_a_batch_with_nothing_to_write_has_no_statement(acme):
+    # given: an outcome with a negative cost (refused before any write)
+    [reservation] = _admitted(acme, 1)
+    batch = recording.prepare_batch([(reservation, Outcome(status="served", cost_nano=-1))])
+    # then: nothing to send, and the item's error in its place
+    assert batch.todo == [] and batch.params == []
+    assert [type(r) for r in batch.out] == [ValueError]
