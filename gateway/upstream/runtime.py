@@ -113,7 +113,8 @@ class Background:
                 await db(stop, instance_id=self.instance_id)
         except DatabaseError:
             log.warning("database unavailable at shutdown: beat will settle this process's records")
-        await recorder().close()
+        finally:
+            await recorder().close()  # the loop's own connection (gateway/upstream/loopdb.py)
 
     async def _heartbeat(self) -> None:
         # On the `live` lane (its own thread and connection, never queued behind requests), and

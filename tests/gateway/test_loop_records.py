@@ -141,3 +141,27 @@ def test_a_record_the_database_refuses_on_the_loop_is_written_on_a_thread_and_th
     wait_settled()
     assert UsageRecord.objects.count() == 3 and UsageRecord.objects.filter(request_id=first).exists()
     assert window_of(budget).spent_nano == sum(r.cost_nano for r in UsageRecord.objects.all())
+
+
+def _loop_backends() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND datname = current_database()",
+            [loopdb.APPLICATION_NAME],
+        )
+        return cursor.fetchone()[0]
+
+
+def test_the_loop_connection_is_closed_when_the_gateway_stops(gateway, wired):
+    # given: the loop's connection open after a request
+    wired.budget(amount="100")
+    _chat(gateway)
+    assert _loop_backends() == 1
+    # when: the gateway shuts down (its lifespan's shutdown)
+    gateway.server.should_exit = True
+    gateway.thread.join(timeout=15)
+    # then: its session is gone, so nothing holds the database open after the process
+    deadline = time.monotonic() + 5
+    while _loop_backends() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _loop_backends() == 0
