@@ -26,6 +26,7 @@ from ledger.recording import Outcome, complete_batch, complete_needs_database, p
 log = logging.getLogger("capgate.gateway")
 
 MAX_BATCH = 200  # records per INSERT (each row is ~27 parameters)
+CLOSE_WAIT_SECONDS = 10.0  # at shutdown, for the write in flight
 
 
 class Recorder:
@@ -104,6 +105,15 @@ class Recorder:
         return await runtime.db(record_many, items=items, lane="settle")
 
     async def close(self) -> None:
+        """At shutdown: the write in flight finishes first (its records committed, or handed to
+        a thread), for at most CLOSE_WAIT_SECONDS, then the loop's connection is closed. Closing
+        it under a statement would leave that batch's records to the loop's end, which cancels
+        them unwritten."""
+        task = self._task
+        if task is not None and not task.done():
+            await asyncio.wait({task}, timeout=CLOSE_WAIT_SECONDS)
+            if not task.done():
+                log.error("usage records: a write was still in flight after %.0f s at shutdown", CLOSE_WAIT_SECONDS)
         await self.loop_db.close()
 
     def park(self, *, reservation: Reservation, outcome: Outcome) -> None:
