@@ -17,6 +17,7 @@ from django.db import connections, transaction
 
 from catalog.models import Connection, Model, Provider, Route, RouteTarget
 from gateway.upstream import dbthreads, runtime
+from gateway.upstream import recorder as recorder_module
 from tenants.models import ApiKey, hash_key
 from tests.conftest import Tenant, make_tenant
 from tests.upstream.server import run_in_thread
@@ -36,7 +37,10 @@ class _Server(uvicorn.Server):
     test's server stops once; the tick is most of its wait). The tick's other work runs as before
     (the date header every 10 ticks)."""
 
+    loop: asyncio.AbstractEventLoop | None = None  # the gateway's event loop, once serving
+
     async def main_loop(self) -> None:
+        self.loop = asyncio.get_running_loop()
         counter = 0
         should_exit = await self.on_tick(counter)
         while not should_exit:
@@ -50,6 +54,10 @@ class LiveGateway:
     url: str
     server: _Server
     thread: threading.Thread
+
+    def recorder(self) -> recorder_module.Recorder:
+        """This gateway's usage recorder (gateway/upstream/recorder.py): its event loop's."""
+        return recorder_module._recorders[self.server.loop]
 
 
 def _free_port() -> int:

@@ -5,6 +5,8 @@ no record is written twice."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,7 +14,6 @@ import httpx
 from django.db import connection
 
 from gateway.upstream import loopdb
-from gateway.upstream import recorder as recorder_module
 from ledger.models import Reservation, UsageRecord
 from tenants.models import EndCustomer
 from tests.conftest import window_of
@@ -32,12 +33,6 @@ _PER_REQUEST = {
 }
 
 
-def _live_recorder() -> recorder_module.Recorder:
-    """The recorder of the test's gateway (its event loop is the one still open)."""
-    (found,) = [r for loop, r in recorder_module._recorders.items() if not loop.is_closed()]
-    return found
-
-
 def _chat(gateway) -> str:
     r = httpx.post(gateway.url + "/v1/chat/completions", json=BODY, headers={"authorization": f"Bearer {KEY}"})
     assert r.status_code == 200, r.text
@@ -54,11 +49,11 @@ def test_a_record_sent_from_the_loop_is_the_one_a_thread_writes(gateway, wired, 
     budget = wired.budget(amount="100")
     # when: one request recorded from the loop, one with the loop's connection turned off
     on_loop = _chat(gateway)
-    statements = _live_recorder().loop_db.statements
+    statements = gateway.recorder().loop_db.statements
     settings.CAPGATE = {**settings.CAPGATE, "LOOP_RECORDS": False}
     on_thread = _chat(gateway)
     # then: the first went through the loop's connection and the second did not
-    assert statements == 1 and _live_recorder().loop_db.statements == 1
+    assert statements == 1 and gateway.recorder().loop_db.statements == 1
     # and, once drained, the two records are alike in every column a request does not make its own
     wait_settled()
     assert _record(on_loop) == _record(on_thread)
@@ -83,7 +78,7 @@ def test_a_dropped_loop_connection_loses_no_record_and_comes_back(gateway, wired
     monkeypatch.setattr(loopdb, "RETRY_SECONDS", 0.3)
     budget = wired.budget(amount="100")
     ids = [_chat(gateway)]
-    db = _live_recorder().loop_db
+    db = gateway.recorder().loop_db
     assert (db.statements, db.failures) == (1, 0)
     # when: the database drops that connection (as a restart or an idle timeout would)
     _drop_loop_connection()
@@ -109,7 +104,7 @@ def test_a_record_the_database_refuses_on_the_loop_is_written_on_a_thread_and_th
     # given: a request in flight for an end customer, the loop's connection open from a first request
     budget = wired.budget(amount="100")
     first = _chat(gateway)
-    db = _live_recorder().loop_db
+    db = gateway.recorder().loop_db
     wired.echo.options = {"delay_ms": 1000}
     wired.echo.save()
     with ThreadPoolExecutor(1) as pool:
@@ -164,4 +159,40 @@ def test_the_loop_connection_is_closed_when_the_gateway_stops(gateway, wired):
     deadline = time.monotonic() + 5
     while _loop_backends() and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert _loop_backends() == 0
+
+
+def test_a_record_in_flight_at_shutdown_is_written_before_the_connection_closes(gateway, wired, monkeypatch):
+    # given: the loop's statement slowed past uvicorn's graceful shutdown (2 s in these tests), so
+    # the request is cancelled at shutdown while its record is being written
+    wired.budget(amount="100")
+    _chat(gateway)
+    real = loopdb.LoopConnection.fetchone
+
+    async def slow(self, sql, params):
+        await asyncio.sleep(3)
+        return await real(self, sql, params)
+
+    monkeypatch.setattr(loopdb.LoopConnection, "fetchone", slow)
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(
+            httpx.post,
+            gateway.url + "/v1/chat/completions",
+            json=BODY,
+            headers={"authorization": f"Bearer {KEY}"},
+            timeout=30,
+        )
+        deadline = time.monotonic() + 10
+        while UsageRecord.objects.count() < 1 or not Reservation.objects.exists():
+            assert time.monotonic() < deadline, "the second request never got in flight"
+            time.sleep(0.02)
+        time.sleep(0.5)  # its upstream call answered: its record is in the slowed statement
+        # when: the gateway shuts down meanwhile
+        gateway.server.should_exit = True
+        gateway.thread.join(timeout=30)
+        assert not gateway.thread.is_alive()
+        with contextlib.suppress(httpx.HTTPError):
+            pending.result()
+    # then: both requests have their records, and the loop's session is gone
+    assert UsageRecord.objects.count() == 2
     assert _loop_backends() == 0

@@ -15,7 +15,6 @@ from django.core.management import CommandError, call_command
 
 from alerts.audit import audit_counters
 from gateway.upstream import loopdb
-from gateway.upstream import recorder as recorder_module
 from ledger import admission, slices
 from ledger.errors import BudgetExceeded
 from ledger.models import Reservation, UsageRecord
@@ -136,5 +135,5 @@ def test_capcheck_holds_at_200_through_pgbouncer(pgbouncer, gateway_slices, gate
     # (gateway/upstream/loopdb.py), and never fell back to the threads
     params = loopdb.connection_params()
     assert (params["port"], params["prepare_threshold"]) == (pgbouncer.port, None)
-    (recorder,) = [r for loop, r in recorder_module._recorders.items() if not loop.is_closed()]
-    assert recorder.loop_db.statements > 0 and recorder.loop_db.failures == 0
+    db = gateway.recorder().loop_db
+    assert db.statements > 0 and db.failures == 0
