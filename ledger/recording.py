@@ -147,8 +147,8 @@ def record_many(
     batch: the callers spool their records.
 
     The gateway may run the batch's statement itself, on the event loop's own connection
-    (gateway/upstream/loopdb.py): it calls `prepare_batch`, executes `statement` and finishes with
-    `complete_batch`, which is what this does on a thread's connection."""
+    (gateway/upstream/loopdb.py): it calls `prepare_batch`, executes the batch's `sql` with its
+    `params` and finishes with `complete_batch`, which is what this does on a thread's connection."""
     batch = prepare_batch(items, keep_late_report=keep_late_report)
     if not batch.todo:
         return batch.out

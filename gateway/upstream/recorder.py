@@ -88,8 +88,9 @@ class Recorder:
     async def _write_batch(self, items: list[tuple[Reservation, Outcome]]) -> list[UsageRecord | Exception]:
         """`record_many(items)`: its statement sent from this loop when the loop's connection is
         up (gateway/upstream/loopdb.py), else the whole of it on a settle thread."""
-        batch = prepare_batch(items)
-        if batch.todo:
+        # Built here only when the loop will send it: record_many builds it again on its thread.
+        batch = prepare_batch(items) if self.loop_db.enabled else None
+        if batch is not None and batch.todo:
             try:
                 result = await self.loop_db.fetchone(batch.sql, batch.params)
             except Unavailable:
