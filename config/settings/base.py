@@ -296,6 +296,9 @@ CAPGATE = {
     # wheel carries the files there when they were built before it, Dockerfile).
     "TOKENIZER_DIR": env.path("CAPGATE_TOKENIZER_DIR", default=str(Path(sys.prefix) / "share" / "tiktoken")),
     "EXACT_COUNT_SHARE": env.float("CAPGATE_EXACT_COUNT_SHARE", default=0.05),
+    # The token counter's Unix socket (gateway/admission/token_counter.py): set, a worker loads no
+    # encoding and asks the one counter process on its host; empty, each worker loads its own.
+    "TOKEN_COUNTER": env("CAPGATE_TOKEN_COUNTER", default=""),
     # Prompts up to this many bytes are counted exactly under a blocking cap whenever the model's
     # tokenizer is known (~15 ms for the slowest text on a 2-core host: bench/prompt_counts.py);
     # larger ones only past EXACT_COUNT_SHARE of the tightest room (gateway/admission/sizing.py).

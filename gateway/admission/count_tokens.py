@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import DatabaseError
 
 from core.errors import CapgateError
-from gateway.admission import tokens
+from gateway.admission import token_counter, tokens
 from gateway.admission.bounds import Shape, parse_json, shape_messages
 from gateway.admission.limits import enforce_limits
 from gateway.admission.request_fields import collecting_unclassified
@@ -61,7 +61,10 @@ def local_count(body: dict, encoding_name: str) -> int | None:
     if system is not None:
         messages.insert(0, {"role": "system", "content": system})
     billed = {"messages": messages, "tools": body.get("tools")}
-    return tokens.count(tokens.Prompt(kind="chat", billed=billed), enc)
+    try:
+        return tokens.count(tokens.Prompt(kind="chat", billed=billed), enc)
+    except token_counter.Unavailable:  # the token counter did not answer (logged)
+        return None
 
 
 async def _ask_provider(targets: list[Target], body: dict, headers: dict[str, str]) -> dict | None:

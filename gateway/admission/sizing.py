@@ -27,7 +27,7 @@ from catalog.pricing import (
     rates_for,
     worst_case_nano,
 )
-from gateway.admission import tokens, unclassified
+from gateway.admission import token_counter, tokens, unclassified
 from gateway.admission.bounds import Shape
 from gateway.admission.routing import Target, target_format
 from gateway.http.errors import GatewayError
@@ -207,7 +207,10 @@ def _exact_prompt(
         enc = tokens.encoding(name)
         if enc is None:  # data missing or altered: fail safe
             return shape, "bytes"
-        counts.append(tokens.count(shape.prompt, enc))
+        try:
+            counts.append(tokens.count(shape.prompt, enc))
+        except token_counter.Unavailable:  # the token counter did not answer (logged): fail safe
+            return shape, "bytes"
     exact = max(counts)
     if exact >= shape.text_tokens:
         return shape, "bytes"

@@ -30,16 +30,17 @@ or altered, `encoding()` returns None and the gateway keeps the byte bound.
 
 An encoding is loaded only when a model needs it: at startup for those named by the catalog's
 routed models (`warm`), else at its first count. A loaded encoding holds 40-110 MiB per process,
-so a deployment that routes to no such model (Anthropic, Gemini, the echo demo) loads none.
+so a deployment that routes to no such model (Anthropic, Gemini, the echo demo) loads none. With
+CAPGATE_TOKEN_COUNTER set, a worker loads none at all: one token counter process per host holds
+them and counts for every worker (gateway/admission/token_counter.py).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,16 +50,13 @@ from django.db import DatabaseError, connection
 
 from catalog.models import Model
 from gateway import billing
+from gateway.admission import encodings, token_counter
 
 log = logging.getLogger(__name__)
 
-ENCODINGS = ("o200k_base", "cl100k_base")
-# sha256 of each .tiktoken file, as tiktoken_ext/openai_public.py pins them (a test checks).
-_SHA256 = {
-    "o200k_base": "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
-    "cl100k_base": "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
-}
-_URL = "https://openaipublic.blob.core.windows.net/encodings/{}.tiktoken"
+ENCODINGS = encodings.ENCODINGS
+SHA256 = encodings.SHA256
+cache_name = encodings.cache_name
 
 # The chat format's documented framing (OpenAI cookbook, gpt-3.5-turbo-0613 and later).
 TOKENS_PER_MESSAGE = 3  # <|start|>, the separator after the role, <|end|>
@@ -118,60 +116,23 @@ _lock = threading.Lock()
 _loaded: dict[str, Any] = {}
 
 
-def cache_name(name: str) -> str:
-    """The file name tiktoken's read_file_cached() looks for in TIKTOKEN_CACHE_DIR."""
-    return hashlib.sha1(_URL.format(name).encode()).hexdigest()
-
-
 def encoding(name: str | None) -> Any | None:
-    """The tiktoken Encoding for `name`, or None (use bytes) when it is unknown or its file is
-    missing or fails its checksum. Loaded once per process (~0.5 s for o200k_base)."""
-    if name not in _SHA256:
+    """What counts for `name`: the tiktoken Encoding, loaded once per process (~0.5 s for
+    o200k_base), or, with CAPGATE_TOKEN_COUNTER set, the token counter's (token_counter.Remote,
+    nothing loaded here). None (use bytes) when the name is unknown or its file is missing or
+    fails its checksum."""
+    if name not in SHA256:
         return None
+    counter = settings.CAPGATE["TOKEN_COUNTER"]
+    if counter:
+        return token_counter.Remote(counter, name)
     enc = _loaded.get(name)
     if enc is not None:
         return enc or None  # False: known missing
     with _lock:
         if name not in _loaded:
-            _loaded[name] = _load(name)
+            _loaded[name] = encodings.load(name, Path(settings.CAPGATE["TOKENIZER_DIR"])) or False
         return _loaded[name] or None
-
-
-def _load(name: str) -> Any:
-    directory = Path(settings.CAPGATE["TOKENIZER_DIR"])
-    path = directory / cache_name(name)
-    try:
-        data = path.read_bytes()
-    except OSError:
-        log.warning("tokenizer %s missing at %s: byte bound kept (run scripts/bootstrap.sh)", name, path)
-        return False
-    if hashlib.sha256(data).hexdigest() != _SHA256[name]:
-        # tiktoken would delete it and download again: never at request time.
-        log.error("tokenizer %s at %s fails its sha256: byte bound kept", name, path)
-        return False
-    import tiktoken
-
-    # Verified above, so tiktoken reads it from its cache and does not fetch.
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(directory)
-    try:
-        enc = tiktoken.get_encoding(name)
-    except Exception:  # noqa: BLE001 — any failure here only means "use bytes"
-        log.exception("tokenizer %s failed to load: byte bound kept", name)
-        return False
-    _drop_python_ranks(enc)
-    return enc
-
-
-def _drop_python_ranks(enc: Any) -> None:
-    """Let go of the Python dict of the encoding's ranks once its Rust core holds them.
-
-    tiktoken keeps the dict it built the core from (`_mergeable_ranks`, one bytes object per
-    token) only to pickle an encoding it has not registered; `get_encoding`'s are registered and
-    pickle by name. For o200k_base that dict is 27 MiB of the 80 the encoding adds to a fresh
-    interpreter; a gateway worker's RSS falls by 12-15 MiB (the allocator keeps the rest for
-    reuse; docs/performance.md, "Gateway processes and memory"). Counting never reads it
-    (tests/gateway/test_exact_counts.py)."""
-    enc.__dict__.pop("_mergeable_ranks", None)
 
 
 def used() -> list[str]:
@@ -197,7 +158,12 @@ def warm() -> None:
     finally:
         connection.close()  # this thread's own connection (an executor's), not kept open
     for name in names:
-        encoding(name)
+        enc = encoding(name)
+        if isinstance(enc, token_counter.Remote):
+            try:
+                enc.lengths([])  # the counter loads it now
+            except token_counter.Unavailable:
+                pass  # logged: counts keep the byte bound until the counter answers
 
 
 def reset() -> None:
@@ -232,11 +198,11 @@ def _side(kind: str, body: dict) -> dict:
     }
 
 
-def _content(content: Any, n: Any, parts: tuple[str, ...]) -> int:
+def _content(content: Any, n: Callable[[str], int], parts: tuple[str, ...]) -> int:
     """A message's content: a string as its tokens; text parts as theirs plus a margin each; any
     other part (an image's stripped stub, a refusal) and any other key of a part as bytes."""
     if isinstance(content, str):
-        return len(n(content))
+        return n(content)
     if not isinstance(content, list):
         return _bytes(content) if content is not None else 0
     total = 0
@@ -244,17 +210,17 @@ def _content(content: Any, n: Any, parts: tuple[str, ...]) -> int:
         text = part.get("text") if isinstance(part, dict) and part.get("type") in parts else None
         if isinstance(text, str):
             rest = {k: v for k, v in part.items() if k not in ("type", "text")}
-            total += len(n(text)) + PART_MARGIN_TOKENS + (_bytes(rest) if rest else 0)
+            total += n(text) + PART_MARGIN_TOKENS + (_bytes(rest) if rest else 0)
         else:
             total += _bytes(part) + PART_MARGIN_TOKENS  # an image's payload is stripped
     return total
 
 
-def _role(role: Any, n: Any) -> int:
-    return len(n(role)) if isinstance(role, str) else _bytes(role)
+def _role(role: Any, n: Callable[[str], int]) -> int:
+    return n(role) if isinstance(role, str) else _bytes(role)
 
 
-def _chat(body: dict, n: Any) -> int:
+def _chat(body: dict, n: Callable[[str], int]) -> int:
     total = TOKENS_PER_REPLY
     extra = _side("chat", body)
     if extra:
@@ -263,7 +229,7 @@ def _chat(body: dict, n: Any) -> int:
         total += TOKENS_PER_MESSAGE + _role(message["role"], n)
         name = message.get("name")
         if name is not None:
-            total += TOKENS_PER_NAME + (len(n(name)) if isinstance(name, str) else _bytes(name))
+            total += TOKENS_PER_NAME + (n(name) if isinstance(name, str) else _bytes(name))
         total += _content(message.get("content"), n, _CHAT_PARTS)
         rest = {k: v for k, v in message.items() if k not in _TEXT_KEYS}
         if rest:
@@ -271,7 +237,7 @@ def _chat(body: dict, n: Any) -> int:
     return total
 
 
-def _responses(body: dict, n: Any) -> int:
+def _responses(body: dict, n: Callable[[str], int]) -> int:
     total = TOKENS_PER_REPLY
     extra = _side("responses", body)
     if extra:
@@ -279,8 +245,8 @@ def _responses(body: dict, n: Any) -> int:
     instructions = body.get("instructions")
     if instructions is not None:
         # A system message, or a developer message for a reasoning model: the longer role.
-        total += TOKENS_PER_MESSAGE + max(len(n("system")), len(n("developer")))
-        total += len(n(instructions)) if isinstance(instructions, str) else _bytes(instructions)
+        total += TOKENS_PER_MESSAGE + max(n("system"), n("developer"))
+        total += n(instructions) if isinstance(instructions, str) else _bytes(instructions)
     for item in body["input"]:
         kind = item.get("type", "message")
         field = _TEXT_ITEMS.get(kind) if isinstance(kind, str) else None
@@ -288,7 +254,7 @@ def _responses(body: dict, n: Any) -> int:
         if kind == "message":
             total += _role(item.get("role"), n)
         else:
-            total += max(len(n("assistant")), len(n("tool")))  # the header of a call or its output
+            total += max(n("assistant"), n("tool"))  # the header of a call or its output
         if field is not None:
             total += _content(item.get(field), n, _RESPONSES_PARTS)
         # The type of an item counted here only picks the framing counted above; every other
@@ -301,12 +267,29 @@ def _responses(body: dict, n: Any) -> int:
 
 
 def count(prompt: Prompt, enc: Any) -> int:
-    """An upper bound on the prompt tokens the provider bills for `prompt` under `enc`."""
-    n = enc.encode_ordinary  # text as text: a "<|endoftext|>" in a message is not a special token
+    """An upper bound on the prompt tokens the provider bills for `prompt` under `enc` (what
+    `encoding` gave). With the token counter's, the prompt's texts go to it in one request; raises
+    token_counter.Unavailable when it does not answer (the caller keeps the byte bound)."""
+    if isinstance(enc, token_counter.Remote):
+        texts: dict[str, None] = {}
+
+        def collect(text: str) -> int:
+            texts[text] = None
+            return 0
+
+        _count(prompt, collect)  # which texts, first: then one round trip counts them all
+        unique = list(texts)
+        return _count(prompt, dict(zip(unique, enc.lengths(unique), strict=True)).__getitem__)
+    encode = enc.encode_ordinary  # text as text: a "<|endoftext|>" in a message is not a special token
+    return _count(prompt, lambda text: len(encode(text)))
+
+
+def _count(prompt: Prompt, n: Callable[[str], int]) -> int:
+    """The bound, with `n` giving a text's tokens."""
     if prompt.kind == "embeddings":
         total = 0
         for item in prompt.billed["input"]:
-            total += len(n(item)) if isinstance(item, str) else (len(item) if isinstance(item, list) else 1)
+            total += n(item) if isinstance(item, str) else (len(item) if isinstance(item, list) else 1)
         return total + prompt.overhead
     if prompt.kind == "responses":
         return _responses(prompt.billed, n) + prompt.overhead

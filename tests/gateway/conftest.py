@@ -201,3 +201,20 @@ def assert_nothing_held() -> None:
     assert not Reservation.objects.exists()
     assert not Hold.objects.exists()
     assert not UsageRecord.objects.exists()
+
+
+@pytest.fixture
+def counted(wired, settings):
+    """gpt-test served by a model with a tokenizer (o200k_base); the fake upstream counts prompts like
+    OpenAI (tests/gateway/test_exact_counts.py, test_token_counter.py)."""
+    provider = Provider.objects.create(slug="openai", name="OpenAI")
+    model = Model.objects.create(
+        provider=provider,
+        name="gpt-counted",
+        input_usd_per_mtok=Decimal("1"),
+        output_usd_per_mtok=Decimal("2"),
+        max_output_tokens=4096,
+        tokenizer="o200k_base",
+    )
+    wired.route("gpt-test", wired.openai, model=model)
+    return wired

@@ -17,7 +17,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from tiktoken_ext import openai_public
 
-from catalog.models import Model, Provider
+from catalog.models import Model
 from gateway.admission import tokens
 from gateway.admission.bounds import shape_chat
 from ledger.models import UsageRecord
@@ -66,7 +66,7 @@ def _count(body: dict, encoding: str) -> int:
 
 def test_encodings_load_offline_and_match_tiktokens_pins():
     # tiktoken itself re-checks each file's sha256 when it reads it from the cache directory.
-    assert tiktoken_data.ENCODINGS == tokens._SHA256
+    assert tiktoken_data.ENCODINGS == tokens.SHA256
     for name in tokens.ENCODINGS:
         assert tokens.cache_name(name) == tiktoken_data.cache_name(name)
         assert tokens.encoding(name) is not None
@@ -120,22 +120,6 @@ MESSAGES = [{"role": "user", "content": "hi"}] * 20
 TRUE_PROMPT = 20 * (3 + 1 + 1) + 3  # what the provider bills, o200k_base
 PRICE_IN, PRICE_OUT = 1_000, 2_000  # nano-USD per token ($1 and $2 per 1M)
 TRUE_NANO = TRUE_PROMPT * PRICE_IN + 1 * PRICE_OUT
-
-
-@pytest.fixture
-def counted(wired, settings):
-    """gpt-test served by a model with a tokenizer; the fake upstream counts prompts like OpenAI."""
-    provider = Provider.objects.create(slug="openai", name="OpenAI")
-    model = Model.objects.create(
-        provider=provider,
-        name="gpt-counted",
-        input_usd_per_mtok=Decimal("1"),
-        output_usd_per_mtok=Decimal("2"),
-        max_output_tokens=4096,
-        tokenizer="o200k_base",
-    )
-    wired.route("gpt-test", wired.openai, model=model)
-    return wired
 
 
 def _burst(gateway, n: int, run: str) -> list[httpx.Response]:
