@@ -9,8 +9,10 @@
    (instructions, four tool definitions, a user message, a function call and its output) of
    10 KB to 1 MB. For each: the byte bound (what the gateway reserves without a count), the
    count (gateway/admission/tokens.py, o200k_base; a Responses body's tools and call keep their
-   bytes), the time the count takes in this process (the best of 5 or more: the CPU it needs),
-   and the room the count frees at gpt-4o's input rate ($2.50 per 1M tokens), per millisecond
+   bytes), the time the count takes in this process (the best of 5 or more: the CPU it needs)
+   and through the token counter process (gateway/admission/token_counter.py, started here on
+   its own socket: the same count, plus the round trip and the texts sent), and the room the
+   count frees at gpt-4o's input rate ($2.50 per 1M tokens), per millisecond
    of counting.
 2. A burst: N requests (default 500) released at once on a fresh organization whose blocking
    cap is worth exactly 100 true calls: the fake upstream bills the prompt as o200k_base counts
@@ -35,7 +37,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from decimal import Decimal
@@ -150,16 +154,18 @@ def cost_table() -> list[str]:
 
     django.setup()
     # Imported after django.setup(): these import models, which need the app registry.
-    from gateway.admission import tokens
+    from gateway.admission import token_counter, tokens
     from gateway.admission.bounds import shape_chat, shape_responses
 
     enc = tokens.encoding(ENCODING)
     if enc is None:
         raise SystemExit("o200k_base data missing: run scripts/bootstrap.sh")
+    counter = _start_counter()
+    remote = token_counter.Remote(counter[1], ENCODING)
     rows = [
-        "| body | text | body KB | byte bound (tokens) | count | count µs (best of 5+) | room freed $ (at $2.50/M) "
-        "| room freed $ per count ms |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| body | text | body KB | byte bound (tokens) | count | count µs (best of 5+) | through the counter µs "
+        "| room freed $ (at $2.50/M) | room freed $ per count ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     shapes = [
         (
@@ -174,15 +180,34 @@ def cost_table() -> list[str]:
         ("Responses, Codex turn", "ASCII + code, tools", kb, shape_responses(codex_body(kb * 1024)))
         for kb in (10, 40, 100, 1000)
     ]
-    for body, label, kb, shape in shapes:
-        assert shape.prompt is not None
-        exact, ms = _timed(shape.prompt, enc, max(5, 100 // kb))
-        freed = nano_to_usd((shape.text_tokens - exact) * PRICE_IN)
-        rows.append(
-            f"| {body} | {label} | {kb} | {shape.text_tokens} | {exact} | {ms * 1000:.0f} | {freed:.4f} "
-            f"| {freed / Decimal(ms):.3f} |"
-        )
+    try:
+        for body, label, kb, shape in shapes:
+            assert shape.prompt is not None
+            exact, ms = _timed(shape.prompt, enc, max(5, 100 // kb))
+            same, remote_ms = _timed(shape.prompt, remote, max(5, 100 // kb))
+            assert same == exact, (body, label, kb, same, exact)
+            freed = nano_to_usd((shape.text_tokens - exact) * PRICE_IN)
+            rows.append(
+                f"| {body} | {label} | {kb} | {shape.text_tokens} | {exact} | {ms * 1000:.0f} | {remote_ms * 1000:.0f} "
+                f"| {freed:.4f} | {freed / Decimal(ms):.3f} |"
+            )
+    finally:
+        counter[0].terminate()
+        counter[0].wait(30)
     return rows
+
+
+def _start_counter() -> tuple[subprocess.Popen, str]:
+    """The token counter on a socket of its own, once it answers."""
+    sock = os.path.join(tempfile.mkdtemp(prefix="cg-bench-counts-", dir="/tmp"), "counter.sock")
+    module = [PY, "-m", "gateway.admission.token_counter"]
+    proc = subprocess.Popen([*module, "serve", "--socket", sock, "--preload", ENCODING], cwd=ROOT)
+    deadline = time.monotonic() + 30
+    while subprocess.run([*module, "check", "--socket", sock], cwd=ROOT, capture_output=True).returncode:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("the token counter did not start")
+        time.sleep(0.1)
+    return proc, sock
 
 
 def _setup(modes: int) -> list[tuple[str, int, int]]:

@@ -11,7 +11,9 @@ a worker's resident memory by which encodings its catalog names.
    its own cap). Every request goes through admission; caps are far above the run.
 2. Memory: one worker's RSS (VmRSS, /proc) after startup and after a 3 s wrk run, with routed
    models naming no tokenizer, o200k_base, or both encodings (which is what every worker loaded
-   before encodings were loaded only for routed models, gateway/admission/tokens.py).
+   before encodings were loaded only for routed models, gateway/admission/tokens.py), and with
+   o200k_base counted by the token counter process (gateway/admission/token_counter.py), whose
+   own RSS is shown too. Every request is under a blocking cap, so each one is counted exactly.
 
 With --pgbouncer the workers reach Postgres through PgBouncer in transaction mode (scripts/
 services.sh, :16432; the slices' LISTEN direct). Own database (capgate_bench_scale), own port,
@@ -164,14 +166,45 @@ def throughput(seconds: int, extra: dict[str, str]) -> list[str]:
     return rows
 
 
+class TokenCounter:
+    """The token counter process (gateway/admission/token_counter.py) on a socket of its own."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="cg-bench-tc-", dir="/tmp"))
+        self.socket = str(self.dir / "counter.sock")
+        self.p = subprocess.Popen(
+            [str(ROOT / ".venv/bin/python"), "-m", "gateway.admission.token_counter", "serve", "--socket", self.socket],
+            cwd=ROOT, env=bench.env(DB), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        check = [str(ROOT / ".venv/bin/python"), "-m", "gateway.admission.token_counter", "check"]
+        deadline = time.monotonic() + 30
+        while subprocess.run([*check, "--socket", self.socket], cwd=ROOT, capture_output=True).returncode:
+            if self.p.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit("the token counter did not start")
+            time.sleep(0.1)
+
+    def rss_mib(self) -> float:
+        status = Path(f"/proc/{self.p.pid}/status").read_text()
+        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024
+
+    def stop(self) -> None:
+        self.p.terminate()
+        self.p.wait(timeout=30)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
 def memory(extra: dict[str, str]) -> list[str]:
-    rows = ["| routed models name | RSS after startup | RSS after 3 s at c=50 |", "|---|---:|---:|"]
-    cases: list[tuple[str, str | None, list[str]]] = [("no tokenizer", None, [])]
-    cases += [
-        ("o200k_base", "o200k_base", []),
-        ("o200k_base and cl100k_base (what every worker loaded before)", "o200k_base", ["cl100k_base"]),
+    rows = [
+        "| routed models name | RSS after startup | RSS after 3 s at c=50 | req/s in those 3 s | counter RSS after |",
+        "|---|---:|---:|---:|---:|",
     ]
-    for label, tokenizer, more in cases:
+    cases: list[tuple[str, str | None, list[str], bool]] = [("no tokenizer", None, [], False)]
+    cases += [
+        ("o200k_base", "o200k_base", [], False),
+        ("o200k_base and cl100k_base (what every worker loaded before)", "o200k_base", ["cl100k_base"], False),
+        ("o200k_base, counted by the token counter (CAPGATE_TOKEN_COUNTER)", "o200k_base", [], True),
+    ]
+    for label, tokenizer, more, remote in cases:
         set_tokenizer(tokenizer)
         if more:  # a second model naming the other encoding, routed to (unrouted ones load nothing)
             bench.manage(
@@ -182,19 +215,29 @@ def memory(extra: dict[str, str]) -> list[str]:
                 "RouteTarget.objects.create(route=r, connection=r.targets.get().connection, model=m, position=1)",
                 db=DB,
             )  # fmt: skip
-        gw = Gateway(1, extra)
+        else:
+            drop_second_model()
+        counter = TokenCounter() if remote else None
+        gw = Gateway(1, {**extra, "CAPGATE_TOKEN_COUNTER": counter.socket if counter else ""})
         try:
             started = gw.rss_mib()
-            wrk([key(i) for i in range(ORGS)], 3)
+            run = wrk([key(i) for i in range(ORGS)], 3)
             after = gw.rss_mib()
+            counted = f"{counter.rss_mib():.0f} MiB" if counter else "—"
         finally:
             gw.stop()
-        rows.append(f"| {label} | {started:.0f} MiB | {after:.0f} MiB |")
+            if counter:
+                counter.stop()
+        rows.append(f"| {label} | {started:.0f} MiB | {after:.0f} MiB | {run['rps']:.0f} | {counted} |")
         print(rows[-1], flush=True)
-    drop = "from catalog.models import Model, RouteTarget; RouteTarget.objects.filter(model__name='scale-2').delete(); "
-    bench.manage("shell", "-c", drop + "Model.objects.filter(name='scale-2').delete()", db=DB)
+    drop_second_model()
     set_tokenizer(None)
     return rows
+
+
+def drop_second_model() -> None:
+    drop = "from catalog.models import Model, RouteTarget; RouteTarget.objects.filter(model__name='scale-2').delete(); "
+    bench.manage("shell", "-c", drop + "Model.objects.filter(name='scale-2').delete()", db=DB)
 
 
 def main() -> None:

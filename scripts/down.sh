@@ -3,7 +3,7 @@
 # out). PostgreSQL and Redis keep running: `bash scripts/services.sh stop` stops them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-for name in gateway worker beat; do
+for name in gateway worker beat tokens; do  # the counter last: the gateway counts until it stops
   pidfile="var/run/$name.pid"
   [ -f "$pidfile" ] || continue
   pid=$(cat "$pidfile")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Bring up all of capgate on this machine with a demo organization: PostgreSQL, Redis, the
-# gateway + dashboard (uvicorn), a Celery worker and Celery beat. Safe to run again: it
+# gateway + dashboard (uvicorn), the token counter, a Celery worker and Celery beat. Safe to run again: it
 # restarts the app processes and leaves data in place. Stop with scripts/down.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +30,20 @@ start() {  # name, command...
   nohup "$@" >"var/log/$name.log" 2>&1 &
   echo $! >"var/run/$name.pid"
 }
+# One token counter for all the workers: exact prompt counts are sent to it, so no worker loads
+# an encoding (tens of MiB each; docs/operations.md, "The token counter").
+export CAPGATE_TOKEN_COUNTER="${CAPGATE_TOKEN_COUNTER-$PWD/var/run/tokens.sock}"
+if [ -n "$CAPGATE_TOKEN_COUNTER" ]; then
+  start tokens .venv/bin/python -m gateway.admission.token_counter serve --socket "$CAPGATE_TOKEN_COUNTER"
+  for _ in $(seq 100); do
+    .venv/bin/python -m gateway.admission.token_counter check --socket "$CAPGATE_TOKEN_COUNTER" 2>/dev/null && break
+    sleep 0.2
+  done
+  if ! .venv/bin/python -m gateway.admission.token_counter check --socket "$CAPGATE_TOKEN_COUNTER" 2>/dev/null; then
+    echo "the token counter did not start (var/log/tokens.log): each worker loads its own encodings" >&2
+    unset CAPGATE_TOKEN_COUNTER
+  fi
+fi
 # One uvicorn worker per core by default (CAPGATE_WEB_WORKERS overrides): a process's event
 # loop and its admission Python share one GIL. Each worker is a full gateway process with its
 # own pools, slots, drain and heartbeat; size them together (docs/operations.md, "Workers").
@@ -59,7 +73,7 @@ capgate is running.
   API docs    http://127.0.0.1:$PORT/api/docs/
   Demo key    $KEY
   Health      http://127.0.0.1:$PORT/healthz  and  /readyz      Metrics  http://127.0.0.1:$PORT/metrics
-  Logs        var/log/{gateway,worker,beat}.log        Stop: bash scripts/down.sh
+  Logs        var/log/{gateway,tokens,worker,beat}.log        Stop: bash scripts/down.sh
 
 The demo organization has a \$25 monthly blocking cap and a route "echo-1" to the built-in
 echo provider. Try:

@@ -30,8 +30,8 @@ def _test(service: dict) -> str:
 
 
 def test_each_service_has_an_image_or_is_built_from_this_repository(services):
-    assert set(services) == {"postgres", "redis", "mailpit", *APP}
-    for name in APP:
+    assert set(services) == {"postgres", "redis", "mailpit", "tokens", *APP}
+    for name in (*APP, "tokens"):
         assert services[name]["build"] == "." and "image" not in services[name], name
     assert services["postgres"]["image"] == "postgres:15"
     assert services["redis"]["image"] == "redis:7"
@@ -49,6 +49,14 @@ def test_commands(services):
     assert _words(services["worker"]["command"])[:4] == ["celery", "-A", "config", "worker"]
     assert _words(services["beat"]["command"])[:4] == ["celery", "-A", "config", "beat"]
     assert _words(services["postgres"]["command"]) == ["postgres", "-c", "max_connections=600"]
+    # the token counter serves the socket the web workers are told of, on a volume they share
+    counter = _words(services["tokens"]["command"])
+    assert counter[:4] == ["python", "-m", "gateway.admission.token_counter", "serve"]
+    socket = counter[counter.index("--socket") + 1]
+    assert services["web"]["environment"]["CAPGATE_TOKEN_COUNTER"] == socket
+    for name in ("tokens", "web"):
+        (volume,) = services[name]["volumes"]
+        assert volume == f"tokens:{Path(socket).parent}", name
 
 
 def test_app_commands_exist_in_the_installed_image(services):
@@ -78,6 +86,15 @@ def test_healthchecks(services):
     assert any("install" in r and " curl" in r for r in runtime.all("RUN"))
     # the worker answers a ping by its own node name ($$ is compose's escape for the shell's $)
     assert _test(services["worker"]).startswith("CMD-SHELL celery -A config inspect ping -d celery@$$HOSTNAME ")
+    # the token counter answers `check` on the socket it serves (exit 0) or fails it (exit 1)
+    counter = services["tokens"]
+    assert counter["healthcheck"]["test"] == [
+        "CMD",
+        *_words(counter["command"])[:3],
+        "check",
+        "--socket",
+        services["web"]["environment"]["CAPGATE_TOKEN_COUNTER"],
+    ]
     # beat answers no ping (it only sends); mailpit's image carries its own healthcheck
     assert "healthcheck" not in services["beat"] and "healthcheck" not in services["mailpit"]
 
@@ -87,6 +104,9 @@ def test_app_services_start_after_their_dependencies_are_healthy(services):
         needs = services[name]["depends_on"]
         assert needs["postgres"] == {"condition": "service_healthy"}, name
         assert needs["redis"] == {"condition": "service_healthy"}, name
+    # web counts through the counter; the counter itself needs nothing
+    assert services["web"]["depends_on"]["tokens"] == {"condition": "service_healthy"}
+    assert "depends_on" not in services["tokens"]
     for name in ("worker", "beat"):  # never against unapplied migrations
         assert services[name]["depends_on"]["web"] == {"condition": "service_healthy"}
     # production settings refuse to start without both secrets: compose refuses first

@@ -10,6 +10,8 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -64,15 +66,18 @@ def built(tmp_path_factory) -> tuple[Path, Path]:
     return wheel, env_dir
 
 
-def _run(env_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _env() -> dict[str, str]:
     # The dependencies come from this checkout's environment (its site-packages on the path,
     # where its editable capgate is not importable: .pth files are read only in site dirs);
     # capgate itself only from the installed wheel, run from a directory without the source.
     deps = sysconfig.get_paths()["purelib"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CAPGATE_", "DJANGO_", "PYTHON"))}
-    env |= {"PYTHONPATH": deps, "DJANGO_SETTINGS_MODULE": "config.settings.base"}
+    return env | {"PYTHONPATH": deps, "DJANGO_SETTINGS_MODULE": "config.settings.base"}
+
+
+def _run(env_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(env_dir / "bin" / "python"), *args], cwd=env_dir, env=env, capture_output=True, text=True, timeout=120
+        [str(env_dir / "bin" / "python"), *args], cwd=env_dir, env=_env(), capture_output=True, text=True, timeout=120
     )
 
 
@@ -106,3 +111,33 @@ def test_the_installed_package_imports_checks_and_finds_its_data(built):
     assert seen["loaded"] == {name: True for name in tokens.ENCODINGS}
     assert Path(seen["template"]).is_relative_to(env_dir / "share" / "capgate" / "templates")
     assert seen["prices"]
+
+
+def test_the_installed_token_counter_serves_counts_from_the_installed_data(built):
+    # given: the counter as the compose file runs it, from the install (its data by default)
+    _, env_dir = built
+    sock = Path(tempfile.mkdtemp(prefix="cg-wheel-", dir="/tmp")) / "counter.sock"
+    server = subprocess.Popen(
+        [str(env_dir / "bin" / "python"), "-m", "gateway.admission.token_counter", "serve", "--socket", str(sock)],
+        cwd=env_dir,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while _run(env_dir, "-m", "gateway.admission.token_counter", "check", "--socket", str(sock)).returncode:
+            assert server.poll() is None and time.monotonic() < deadline, server.stderr.read() if server.stderr else ""
+            time.sleep(0.1)
+        # when: a worker asks it for a count
+        ask = f"print(token_counter.lengths({str(sock)!r}, 'o200k_base', ['hello world']))"
+        asked = _run(env_dir, "-c", f"from gateway.admission import token_counter\n{ask}")
+    finally:
+        server.terminate()
+        server.wait(10)
+        shutil.rmtree(sock.parent, ignore_errors=True)
+    # then
+    assert asked.returncode == 0, asked.stderr
+    assert asked.stdout.strip() == "[2]"
+    assert "loaded o200k_base" in (server.stderr.read() if server.stderr else "")
