@@ -107,7 +107,13 @@ def gateway(transactional_db, upstream, settings, db_threads):
     yield LiveGateway(url=f"http://127.0.0.1:{port}", server=server, thread=thread)
     server.should_exit = True
     thread.join(timeout=15)
+    if thread.is_alive():
+        server.force_exit = True  # uvicorn: stop waiting for open connections and tasks
+        thread.join(timeout=5)
     _threads_idle()
+    # A server left running would go on answering, draining and recording into later tests (a
+    # different loop's futures, records drained twice): fail the test that left it.
+    assert not thread.is_alive(), "this test's capgate server did not stop within 20 s"
 
 
 @dataclass
