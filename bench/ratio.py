@@ -17,7 +17,8 @@ errors, non-2xx). Derived: the added p50 at c=1 (capgate − reference) and the 
 (capgate req/s ÷ reference req/s), checked against the targets; the capgate worker's resident
 memory (VmRSS) after the run; the usage rows capgate wrote (the static reply billed as a priced
 answer); the load (/proc/loadavg) at start and end. With --profile, py-spy samples the worker
-during an extra c=50 hot-run-cap cell (not in the table) and the top functions are printed.
+during an extra hot-run-cap cell (not in the table; c=50, or --profile-connections) and the top
+functions are printed, with the busy thread time per request.
 
 nginx (Debian package `nginx`, installed if missing) runs as its own process from a config
 generated in a temp dir. Own database (capgate_bench_ratio), own ports (18300-18302), only
@@ -366,8 +367,8 @@ def top_functions(raw: str, packages: set[str], limit: int = 25) -> tuple[int, i
     return busy, idled, out
 
 
-def profile(gateway: Service, seconds: int, workers: int) -> tuple[list[str], dict[str, float]]:
-    """py-spy on the worker during an extra c=50 hot-run-cap cell, written to var/."""
+def profile(gateway: Service, seconds: int, workers: int, connections: int) -> tuple[list[str], dict[str, float]]:
+    """py-spy on the worker during an extra hot-run-cap cell at `connections`, written to var/."""
     out = ROOT / "var" / f"bench-ratio-profile-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}.raw"
     # --nonblocking: sampling without stopping the worker, so the profiled cell runs near its speed.
     args = [
@@ -387,7 +388,7 @@ def profile(gateway: Service, seconds: int, workers: int) -> tuple[list[str], di
     spy = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
         time.sleep(1)  # attached before the load starts
-        cell = wrk(HOT_RUN, 50, seconds)
+        cell = wrk(HOT_RUN, connections, seconds)
         _, err = spy.communicate(timeout=seconds + 30)
     finally:
         if spy.poll() is None:
@@ -397,9 +398,11 @@ def profile(gateway: Service, seconds: int, workers: int) -> tuple[list[str], di
         raise RuntimeError(f"py-spy failed: {err.decode()[-2000:]}")
     busy, idled, tables = top_functions(out.read_text(), capgate_packages())
     whom = "each worker" if workers > 1 else "the worker"
+    per_request = busy * 10 / max(cell["requests"], 1)  # 100 Hz: a sample is 10 ms of a thread
     return [
-        f"py-spy --nonblocking at 100 Hz, every thread of {whom}, during a c=50 hot-per-run-cap cell ({seconds} s, "
-        f"{cell['rps']:.0f} req/s under sampling): {busy} busy samples ({idled} of idle threads left out), "
+        f"py-spy --nonblocking at 100 Hz, every thread of {whom}, during a c={connections} hot-per-run-cap cell "
+        f"({seconds} s, {cell['rps']:.0f} req/s and p50 {cell['p50']:.2f} ms under sampling): {busy} busy samples "
+        f"({idled} of idle threads left out), {per_request:.2f} ms of busy thread time per request, "
         f"in {out.relative_to(ROOT)}.",
         "",
         *tables,
@@ -472,7 +475,7 @@ def measure(args: argparse.Namespace, started: list[Service], nginx_dir: str) ->
     rss_after = max(rss_mib(pid) for pid in gateway.workers())
     spied: list[str] = []
     if args.profile:
-        spied, cell = profile(gateway, seconds, args.workers)
+        spied, cell = profile(gateway, seconds, args.workers, args.profile_connections)
         sent[HOT_RUN.org] += int(cell["requests"] - cell["non2xx"])
         settle(db)
     bill, billed = billing(db, sent)
@@ -523,7 +526,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="capgate's uvicorn worker processes")
     parser.add_argument("--pgbouncer", action="store_true", help="capgate's database through PgBouncer :16432")
     parser.add_argument("--slices", choices=("on", "off"), default="on", help="headroom slices (CAPGATE_SLICES)")
-    parser.add_argument("--profile", action="store_true", help="py-spy the worker during an extra c=50 hot-cap cell")
+    parser.add_argument("--profile", action="store_true", help="py-spy the worker during an extra hot-cap cell")
+    parser.add_argument("--profile-connections", type=int, default=50, help="that cell's connections (default 50)")
     parser.add_argument("--database", default=DB, help=f"the bench's own database, dropped first (default {DB})")
     args = parser.parse_args()
     args.seconds = max(1, min(args.seconds, 30))
