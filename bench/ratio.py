@@ -328,9 +328,14 @@ def frame_key(frame: str) -> tuple[str, str]:
 
 def idle(frames: list[tuple[str, str]]) -> bool:
     """A sample of a thread waiting for work: an executor's or the database pool's idle worker,
-    or the event loop in select. Not hot-path time (a wait inside capgate's own code stays)."""
+    or the event loop waiting for events: in select (asyncio's loop), or with no Python frame
+    above `Runner.run` (uvloop's, which uvicorn uses when installed: its poll is C; so is its
+    own socket I/O, which this counts as idle too). Not hot-path time (a wait inside capgate's
+    own code stays)."""
     name, path = frames[-1]
     if (name, path) == ("_worker", "concurrent/futures/thread.py") or path == "selectors.py":
+        return True
+    if (name, path) == ("Runner.run", "asyncio/runners.py"):
         return True
     callers = [f for f in frames if f[1] not in ("threading.py", "queue.py")]
     return path in ("threading.py", "queue.py") and bool(callers) and callers[-1][1].startswith("psycopg_pool/")
