@@ -12,8 +12,6 @@ coming back, so its lease runs out.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import itertools
 import threading
 import time
@@ -81,12 +79,18 @@ def listener(settings) -> Iterator[Listener]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    task = asyncio.run_coroutine_threadsafe(background._listen(), loop)
+
+    async def start() -> asyncio.Task:
+        return asyncio.create_task(background._listen())
+
+    async def stop(task: asyncio.Task) -> None:
+        task.cancel()  # the listener closes its connection as it ends: wait for that, on its loop
+        await asyncio.gather(task, return_exceptions=True)
+
+    task = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=5)
     _wait_for(invalidation.freshness.current)
     yield Listener(background=background, loop=loop, queued=[])
-    task.cancel()  # the listener closes its connection as it ends
-    with contextlib.suppress(concurrent.futures.CancelledError):
-        task.result(timeout=5)
+    asyncio.run_coroutine_threadsafe(stop(task), loop).result(timeout=10)
     loop.call_soon_threadsafe(loop.stop)
     thread.join(timeout=5)
     loop.close()
