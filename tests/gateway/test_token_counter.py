@@ -290,7 +290,9 @@ def test_a_second_counter_on_the_same_socket_refuses_and_a_stale_socket_is_repla
 # --- through HTTP -------------------------------------------------------------------------------
 
 
-def test_a_worker_counting_through_the_counter_holds_the_cap_and_loads_no_encoding(gateway, counted, remote):
+def test_a_worker_counting_through_the_counter_holds_the_cap_and_loads_no_encoding(
+    slices_mode, gateway, counted, remote
+):
     responses = _burst_and_check(gateway, "counter-run")
     served = [r for r in responses if r.status_code == 200]
     assert len(served) == 10  # the run budget is worth exactly 10 true calls
@@ -299,7 +301,7 @@ def test_a_worker_counting_through_the_counter_holds_the_cap_and_loads_no_encodi
     assert tokens._loaded == {}
 
 
-def test_with_the_counter_down_a_worker_keeps_the_byte_bound(gateway, counted, remote):
+def test_with_the_counter_down_a_worker_keeps_the_byte_bound(slices_mode, gateway, counted, remote):
     remote.stop()
     responses = _burst(gateway, 1, "counter-down-run")
     assert responses[0].status_code == 200
