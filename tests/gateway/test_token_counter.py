@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -151,16 +151,30 @@ def test_fuzz_the_counter_counts_exactly_what_the_worker_would(
     assert _remote({"input": inputs}, encoding, path, "embeddings") == _local({"input": inputs}, encoding, "embeddings")
 
 
+def _together(n: int, run: Callable[[int], None]) -> None:
+    """run(0) .. run(n - 1), each on a thread of its own, released together by a barrier."""
+    barrier = threading.Barrier(n)
+
+    def released(i: int) -> None:
+        barrier.wait()
+        run(i)
+
+    threads = [threading.Thread(target=released, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+
+
 def test_threads_each_get_their_own_counts(remote):
     # given: 8 threads, each with texts of its own and its own connection, released together
     n, rounds = 8, 40
     texts = [["word " * (i + 1), "x" * (3 * i + 1)] * (i + 1) for i in range(n)]
     want = [_expected(t) for t in texts]
-    barrier = threading.Barrier(n)
     got: list[list] = [[] for _ in range(n)]
 
     def run(i: int) -> None:
-        barrier.wait()
         for _ in range(rounds):
             try:
                 got[i].append(token_counter.lengths(remote.socket, "o200k_base", texts[i]))
@@ -168,12 +182,7 @@ def test_threads_each_get_their_own_counts(remote):
                 got[i].append(exc)
         token_counter._drop_connection()
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads)
+    _together(n, run)
     # then: every answer is the thread's own
     assert all(answer == want[i] for i in range(n) for answer in got[i])
     assert all(len(got[i]) == rounds for i in range(n))
@@ -196,11 +205,9 @@ def test_guard_removal_threads_sharing_one_connection_are_not_answered_their_own
     n, rounds = 8, 20
     texts = [["word " * (i + 1)] * (i + 1) for i in range(n)]
     want = [_expected(t) for t in texts]
-    barrier = threading.Barrier(n)
     outcomes: list[str] = []
 
     def run(i: int) -> None:
-        barrier.wait()
         for _ in range(rounds):
             try:
                 answer = token_counter.lengths(remote.socket, "o200k_base", texts[i])
@@ -209,12 +216,7 @@ def test_guard_removal_threads_sharing_one_connection_are_not_answered_their_own
             else:
                 outcomes.append("own" if answer == want[i] else "another's")
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads)
+    _together(n, run)
     assert "another's" not in outcomes
     assert "unavailable" in outcomes  # the invariant (every thread answered its own) broke
 
