@@ -12,9 +12,9 @@ which is an upper bound too: a request is then reserved higher, never lower.
     python -m gateway.admission.token_counter check --socket /run/capgate-tokens/counter.sock
 
 No Django here, so the counter holds the encodings and little else. The wire format, both ways
-big-endian: a request is its length (u32) and then the encoding's name (u8 length, ASCII), the
-number of texts (u32) and each text (u32 length, UTF-8 with lone surrogates passed through, so the
-counter tokenizes the very string the worker would have), after a sequence number (u32); the
+big-endian: a request is its length (u32) and then the encoding's name (u8 length, ASCII), a
+sequence number (u32), the number of texts (u32) and each text (u32 length, UTF-8 with lone
+surrogates passed through, so the counter tokenizes the very string the worker would have); the
 reply is that sequence number, the number of counts (i32; -1 when the encoding cannot be loaded
 here) and each count (u32). A reply that does not carry its request's number is never used. An
 empty name asks nothing (`check`); a name with no texts loads that encoding (a worker's warm-up).
@@ -40,8 +40,9 @@ from gateway.admission import encodings
 
 log = logging.getLogger("gateway.admission.tokens")
 
-# A worker waits this long for a count before keeping the byte bound. Counting is ~1 s per
-# 10 MB of text on this hardware; a request body is far smaller (CAPGATE_MAX_BODY_BYTES).
+# A worker waits this long for a count before keeping the byte bound. Counting takes 40-80 ms
+# per MB of text on this hardware (bench/prompt_counts.py), and a body is at most
+# CAPGATE_MAX_BODY_BYTES (20 MB by default).
 TIMEOUT_SECONDS = 10.0
 CONNECT_SECONDS = 1.0
 MAX_FRAME_BYTES = 256 * 1024 * 1024
