@@ -198,8 +198,8 @@ def _expected(texts: list[str]) -> list[int]:
 
 
 def test_guard_removal_threads_sharing_one_connection_are_not_answered_their_own(remote, monkeypatch):
-    # without a connection per thread, replies meet the wrong request: the sequence number turns
-    # that into "unavailable" (the byte bound), never another request's counts
+    # without a connection per thread, replies meet the wrong request: two threads reading one
+    # stream split replies between them, so a thread gets another request's counts, or none
     monkeypatch.setattr(token_counter, "_local", types.SimpleNamespace(sock=None, path=None))
     monkeypatch.setattr(token_counter, "TIMEOUT_SECONDS", 0.5)  # a reply another thread took
     n, rounds = 8, 20
@@ -217,8 +217,7 @@ def test_guard_removal_threads_sharing_one_connection_are_not_answered_their_own
                 outcomes.append("own" if answer == want[i] else "another's")
 
     _together(n, run)
-    assert "another's" not in outcomes
-    assert "unavailable" in outcomes  # the invariant (every thread answered its own) broke
+    assert set(outcomes) != {"own"}  # the invariant (every thread answered its own) broke
 
 
 def test_a_restarted_counter_is_reached_again_on_the_same_thread(remote):
