@@ -307,6 +307,9 @@ class UsageRecord(Charged):
             models.Index(fields=["organization", "admitted_at"]),
             models.Index(fields=["end_customer", "admitted_at"]),
             models.Index(fields=["api_key", "admitted_at"]),
+            # A run budget's first window is seeded with the run's recorded spend: found by run,
+            # not by scanning the organization's whole history (ledger.windows._create).
+            models.Index(fields=["organization", "run_id"], condition=Q(run_id__isnull=False), name="usage_run_idx"),
             # The per-request audit: records whose cost differs from what was reported for them.
             models.Index(
                 fields=["id"],
