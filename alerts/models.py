@@ -90,14 +90,22 @@ class AuditRun(models.Model):
     """One run of the counter audit (alerts/audit.py): what it checked and every drift found."""
 
     started_at = models.DateTimeField()
-    finished_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)  # None while it runs
     windows_checked = models.PositiveIntegerField(default=0)
     drift_count = models.PositiveIntegerField(default=0)
     # [{"window_id", "budget_id", "organization_id", "counter", "expected_nano", "actual_nano"}]
     drifts = models.JSONField(default=list, blank=True)
+    # The scheduled audit's lease: True while it runs, None after. One True row at most (the
+    # constraint), so two scheduled audits never run at once.
+    running = models.BooleanField(null=True, blank=True)
+    # An incremental run checked the windows changed since the previous run and a rolling
+    # sample of the rest: the live windows after this id (None: a full run).
+    sample_after_id = models.BigIntegerField(null=True, blank=True)
+    incremental = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         indexes = [models.Index(fields=["-started_at"], name="audit_run_recent_idx")]
+        constraints = [models.UniqueConstraint(fields=["running"], name="audit_one_running")]
 
     @property
     def ok(self) -> bool:

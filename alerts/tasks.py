@@ -3,8 +3,8 @@ schedule, and why each interval, is in config/celery.py; the ledger's own tasks 
 expiry, drain, spool replay) are in ledger/tasks.py.
 
 Every periodic task here is safe when two runs overlap (a slow run and the next tick, or two
-workers): alert delivery claims each event by compare-and-set, and the audit only reads the
-counters and records what it found.
+workers): alert delivery claims each event by compare-and-set, and the audit runs one at a time
+under its lease (alerts/audit.py, `scheduled_audit`).
 """
 
 from __future__ import annotations
@@ -12,13 +12,16 @@ from __future__ import annotations
 from smtplib import SMTPException
 
 from alerts import alert_delivery, webhooks
-from alerts.audit import audit_counters as run_audit
+from alerts.audit import scheduled_audit
 from core.celery import app
 
 
 @app.task
-def audit_counters() -> dict[str, int]:
-    report = run_audit()
+def audit_counters() -> dict[str, int] | None:
+    """The incremental audit; None when another run still holds the audit's lease."""
+    report = scheduled_audit()
+    if report is None:
+        return None
     return {"windows_checked": report.windows_checked, "drifts": len(report.drifts) + len(report.request_drifts)}
 
 

@@ -63,8 +63,8 @@ app.conf.beat_schedule = {
         "schedule": 3600.0,
         "options": {"expires": 3600},
     },
-    # The audit reads every live window and sums its holds and applied usage: too heavy for
-    # seconds, and drift is a bug to find within minutes, not a cap to keep (admission does).
+    # The incremental audit (the windows changed since its last run and a rolling sample): drift
+    # is a bug to find within minutes, not a cap to keep (admission does). One run at a time.
     "audit-counters": {
         "task": "alerts.tasks.audit_counters",
         "schedule": 300.0,

@@ -272,6 +272,17 @@ CAPGATE = {
     # A lifetime window (a finished run's) with no holds and no charge for this long leaves the
     # live audit set; it stays in history and rejoins it when charged again.
     "AUDIT_IDLE_LIFETIME": timedelta(hours=env.int("CAPGATE_AUDIT_IDLE_LIFETIME_HOURS", default=72)),
+    # The scheduled audit is incremental: the windows changed since its previous run (touched up
+    # to AUDIT_OVERLAP before it began: a drain that committed late) plus the next AUDIT_SAMPLE
+    # live windows in id order, so every window is checked every (live windows / sample) runs.
+    "AUDIT_SAMPLE": env.int("CAPGATE_AUDIT_SAMPLE", default=2000),
+    "AUDIT_OVERLAP": timedelta(seconds=env.int("CAPGATE_AUDIT_OVERLAP_SECONDS", default=300)),
+    # Windows read per transaction (one consistent snapshot each), and the statement timeout of
+    # each: an audit never holds a snapshot or a core for long while the gateway admits.
+    "AUDIT_BATCH": env.int("CAPGATE_AUDIT_BATCH", default=500),
+    "AUDIT_STATEMENT_TIMEOUT_MS": env.int("CAPGATE_AUDIT_STATEMENT_TIMEOUT_MS", default=60_000),
+    # A scheduled audit's lease older than this belonged to a worker that died mid-run.
+    "AUDIT_LEASE": timedelta(seconds=env.int("CAPGATE_AUDIT_LEASE_SECONDS", default=3600)),
     # Output ceiling used when neither the request nor the catalog gives one.
     "DEFAULT_MAX_OUTPUT_TOKENS": 32_768,
     # Per-message framing tokens added to the byte bound of the input.

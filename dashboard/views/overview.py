@@ -62,7 +62,7 @@ def overview(request: HttpRequest, access: Access) -> HttpResponse:
     )
     reservations = live_reservations(organization_id=org.id)
     held = reservations.aggregate(n=Count("id"), total=Sum("amount_nano"))
-    last_audit = AuditRun.objects.order_by("-started_at").first()
+    last_audit = AuditRun.objects.filter(finished_at__isnull=False).order_by("-started_at").first()
     org_drifts = [d for d in (last_audit.drifts if last_audit else []) if d.get("organization_id") == org.id]
     return render_org(
         request,
