@@ -33,7 +33,6 @@ from tenants.models import ApiKey
 # The endpoints an OpenAI batch may call, as the live endpoint kinds.
 BATCH_ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/responses": "responses", "/v1/embeddings": "embeddings"}
 MAX_LINES = 50_000  # OpenAI's and Anthropic's per-batch maximum
-OUTPUT_PARAMS = {"messages": "max_tokens", "responses": "max_output_tokens"}
 
 
 @dataclass
@@ -127,8 +126,9 @@ def size_line(
         default = _default_output(key, [target])
         if default is not None:
             output = min(output, default)
-        param = OUTPUT_PARAMS.get(kind) or target.connection.options.get("max_tokens_param", "max_completion_tokens")
-        out[param] = output
+    if output is not None and kind != "embeddings":
+        # The line's bound, alone, in the parameter the provider reads (as a live request's).
+        out = providers.adapter(target).with_ceiling(target, kind, out, output)
     try:
         rates = batch_rates(
             rates=rates_for(model=target.model, connection=target.connection, tier=target.tier(shape.service_tier)),

@@ -40,7 +40,7 @@ class Admission:
     reservation: Reservation
     targets: list[Target]
     worst_nano: int
-    inject_max_output: int | None  # send this output ceiling upstream (None: caller's own)
+    inject_max_output: int | None  # the output ceiling sent upstream, as reserved (None: none is sent)
     governed: bool  # False when unpriced traffic is allowed past blocking budgets
     budgets: list[Budget] = field(default_factory=list)
     remaining_nano: int | None = None  # the tightest ceiling's room after this reservation

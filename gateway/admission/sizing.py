@@ -50,7 +50,7 @@ class Sized:
     # prompt counted exactly when it was.
     shape: Shape | None = None
     output_tokens: int = 0  # the output ceiling per choice the worst case assumes
-    inject_max_output: int | None = None  # send this output ceiling upstream (None: caller's own)
+    inject_max_output: int | None = None  # the output ceiling sent upstream (None: none is sent)
     input_bound: str = "bytes"  # how the prompt was bounded: "exact" (its tokenizer) or "bytes"
     # The request translated for targets of other formats (gateway/translate/), by format, when
     # any is tried.
@@ -400,7 +400,10 @@ def size(
     cap = _catalog_max_output(targets)
     inject = None
     if shape.max_output is not None:
+        # Sent upstream as reserved, in the parameter the provider reads: a server that knows
+        # only max_tokens never sees a max_completion_tokens, so the caller's own would not hold it.
         output = shape.max_output
+        inject = output if proxied else None
     elif not proxied:
         output = cap
     else:

@@ -6,7 +6,8 @@ The proxy and the stream relay never look at `Connection.kind`; they ask the kin
 - which endpoints it serves in their own wire format (`endpoints`; routing keeps only those);
 - the upstream request for one call (`request`: URL, headers, body bytes), so a kind that signs
   the whole request (Bedrock's SigV4) or rewrites the body (the model id in the path) can;
-- which parameter carries an injected output ceiling (`max_tokens_param`);
+- which parameter carries the output ceiling the gateway reserved (`output_param`; `with_ceiling`
+  writes it there and drops every other ceiling parameter);
 - how usage is read from a body (`usage_from_body`) and from a stream (`events`, which turns
   the provider's stream into SSE events in the endpoint's format, and `StreamUsage`).
 
@@ -38,6 +39,9 @@ PATHS = {
     "embeddings": "/v1/embeddings",
     "responses": "/v1/responses",
 }
+# The parameters an output ceiling can travel in, in OpenAI's and Anthropic's formats (Gemini's and
+# Converse's top-level ceiling is moved into their config by their adapters).
+OUTPUT_CEILINGS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
 
 @dataclass
@@ -62,7 +66,7 @@ class Adapter:
     # "message_batches" (Anthropic's), "background" (background responses). A job routed to a
     # kind without its API is refused at submission.
     jobs: frozenset[str] = frozenset()
-    # The parameter an output ceiling chosen by the gateway is sent in, on the chat endpoint
+    # The parameter the output ceiling the gateway reserved is sent in, on the chat endpoint
     # (a connection's options.max_tokens_param overrides it: some servers know only max_tokens).
     max_tokens_param = "max_completion_tokens"
 
@@ -110,6 +114,14 @@ class Adapter:
             content=json.dumps(self.body(target, endpoint, body, stream=stream)).encode(),
             headers=self.headers(target, client_headers),
         )
+
+    def with_ceiling(self, target: Target, endpoint: str, body: dict, ceiling: int) -> dict:
+        """`body` carrying `ceiling` as its only output ceiling, in the parameter this provider
+        reads: a ceiling left beside it in another parameter is one a server may read instead
+        (several know only max_tokens and never see a max_completion_tokens)."""
+        out = {k: v for k, v in body.items() if k not in OUTPUT_CEILINGS}
+        out[self.output_param(target, endpoint)] = ceiling
+        return out
 
     def output_param(self, target: Target, endpoint: str) -> str:
         if endpoint == "messages":

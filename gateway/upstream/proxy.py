@@ -258,12 +258,7 @@ class ProxyCall:
         p = self.admission
         assert p is not None
         if p.inject_max_output is not None:
-            if kind == "chat":
-                out.pop("max_tokens", None)
-                out.pop("max_completion_tokens", None)
-            out[ad.output_param(target, kind)] = p.inject_max_output
-        elif kind == "chat" and "max_completion_tokens" in out and kind != self.kind:
-            out[ad.output_param(target, kind)] = out.pop("max_completion_tokens")
+            out = ad.with_ceiling(target, kind, out, p.inject_max_output)
         if kind == "chat" and body.get("stream"):
             out["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         return out

@@ -46,6 +46,11 @@ DEFAULTS: dict[str, Any] = {
     "fail_every": 0,
     "overbill": 1,
     "ignore_max_tokens": False,
+    # The one parameter "max" reads the ceiling from, as a server that knows only that one ("" =
+    # max_completion_tokens, else max_tokens, else max_output_tokens), and what a request without
+    # it is billed under "max" (the server's own default ceiling).
+    "ceiling_param": "",
+    "default_max_tokens": 16,
     # Paid features, billed the way the providers document them:
     "search_result_tokens": 0,  # input tokens each web search adds to the context
     "tier": "",  # the tier a request without one (or "auto") is served at ("" = standard)
@@ -105,7 +110,7 @@ def _coerce(knob: str, value: Any) -> Any:
         return "max"
     if knob == "overbill":
         return float(value)
-    if knob in ("tier", "count_prompt", "speed", "set_cookie"):
+    if knob in ("tier", "count_prompt", "speed", "set_cookie", "ceiling_param"):
         return str(value)
     if knob in ("ignore_max_tokens", "job_auto_complete", "tool_call"):
         truthy = {"1", "true", "yes", "on"}
@@ -118,8 +123,11 @@ def _coerce(knob: str, value: Any) -> Any:
 def _completion_tokens(knobs: dict[str, Any], body: dict[str, Any]) -> int:
     tokens = knobs["completion_tokens"]
     if tokens == "max":
-        requested = body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
-        tokens = requested if isinstance(requested, int) else 16
+        if knobs["ceiling_param"]:
+            requested = body.get(knobs["ceiling_param"])
+        else:
+            requested = body.get("max_completion_tokens") or body.get("max_tokens") or body.get("max_output_tokens")
+        tokens = requested if isinstance(requested, int) else knobs["default_max_tokens"]
         if knobs["ignore_max_tokens"]:
             tokens *= 4
     return int(tokens * knobs["overbill"])
