@@ -121,6 +121,8 @@ GUARDS = Guards(
     settle_finished="an admission about to refuse first applies the usage records already committed on "
     "its ceilings (their holds out, their costs in) and checks again, so a finished call's hold never "
     "refuses the next call",
+    wait_for_drains="that settling waits for the records another drain is applying, so it does not "
+    "refuse on holds that drain is about to take out",
 )
 # The ledger's one window lock (ledger/locks.py); the row-lock removal test swaps the clause.
 LOCK_CLAUSE = ADMIT_WINDOW_LOCK
@@ -359,7 +361,7 @@ def settle_finished(*, window_ids: Sequence[int]) -> bool:
     if not GUARDS.settle_finished or not window_ids or connection.in_atomic_block:
         return False
     try:
-        while drain(limit=500, window_ids=window_ids) == 500:
+        while drain(limit=500, window_ids=window_ids, wait=GUARDS.wait_for_drains) == 500:
             pass
     except OperationalError as exc:
         if getattr(exc.__cause__, "sqlstate", None) != "40P01":

@@ -84,14 +84,19 @@ RACE_DELAY_SECONDS = 0.0
 
 
 def drain(
-    *, limit: int = 500, request_ids: Sequence[str] | None = None, window_ids: Sequence[int] | None = None
+    *,
+    limit: int = 500,
+    request_ids: Sequence[str] | None = None,
+    window_ids: Sequence[int] | None = None,
+    wait: bool = False,
 ) -> int:
     """Apply up to `limit` unapplied records; return how many were applied.
 
-    1. Take unapplied records (oldest first), skipping those another drain holds. With
-       `window_ids`, only the records holding on one of those windows, and waiting for those
-       another drain holds (admission's refusal path, ledger/admission.py `settle_finished`:
-       once it returns, every record committed before it started is applied).
+    1. Take unapplied records (oldest first), skipping those another drain holds — or, with
+       `wait`, waiting for that drain to commit (admission's refusal path, ledger/admission.py
+       `settle_finished`: once it returns, every record committed before it started is applied,
+       by it or by the other drain). With `window_ids`, only the records holding on one of those
+       windows.
     2. Per window, their reservations' holds come out of `reserved` and each record's cost goes
        into `spent` (alert windows have zero holds and get the cost too); each record keeps the
        windows it was charged to (`window_ids`).
@@ -112,7 +117,7 @@ def drain(
         )
         params["window_ids"] = list(window_ids)
     delay = f"pg_sleep({float(RACE_DELAY_SECONDS)})::text = ''" if RACE_DELAY_SECONDS else "true"
-    skip = "" if window_ids is not None else "SKIP LOCKED"
+    skip = "" if wait else "SKIP LOCKED"
     sql = _DRAIN_SQL.format(only=only, delay=delay, lock=WINDOW_LOCK_STRENGTH, skip=skip)
     nested = connection.in_atomic_block
     # Inside a caller's transaction (release, tests) a savepoint keeps a failed drain from
