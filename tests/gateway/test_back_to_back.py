@@ -131,3 +131,40 @@ def test_a_third_call_that_does_not_fit_is_still_refused(slow_drain, wired, slic
         f"Refused by run budget: the request's worst case {format_usd_brief(worst, up=True)} exceeds the "
         f"{format_usd_brief(remaining)} remaining of {format_usd(int(budget * 10**9))}."
     )
+
+
+def _output_ceilings(gateway, upstream, *, settle_between: bool) -> list[int | None]:
+    """The output ceiling the gateway sent upstream for each of a run's two calls without
+    max_tokens (None: refused), the second sent as the first's response ends (or once it was
+    drained). The run's $0.20 affords fewer output tokens than the catalog's 4,096 at $75 per 1M,
+    and the first call holds all it affords."""
+    url = gateway.url + "/v1/chat/completions"
+    body = {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}
+    run = f"sized-{settle_between}"
+    sent: list[int | None] = []
+    with httpx.Client(timeout=30) as client:
+        for i in range(2):
+            resp = _call(client, url, body, run, Decimal("0.2"))
+            forwarded = upstream.last("/v1/chat/completions")["body"]
+            sent.append(
+                forwarded.get("max_completion_tokens") or forwarded["max_tokens"] if resp.status_code == 200 else None
+            )
+            if settle_between and i == 0:
+                wait_settled()
+    return sent
+
+
+def test_a_finished_calls_hold_does_not_shrink_the_next_calls_output_ceiling(slow_drain, wired, upstream, slices_mode):
+    at_once = _output_ceilings(slow_drain, upstream, settle_between=False)
+    drained = _output_ceilings(slow_drain, upstream, settle_between=True)
+    assert at_once == drained
+    assert at_once[1] is not None and at_once[1] < 4096
+
+
+def test_without_settling_a_finished_calls_hold_refuses_the_next_call_its_output(
+    slow_drain, wired, upstream, slices_mode, monkeypatch
+):
+    monkeypatch.setattr(admission.GUARDS, "settle_finished", False)
+    at_once = _output_ceilings(slow_drain, upstream, settle_between=False)
+    drained = _output_ceilings(slow_drain, upstream, settle_between=True)
+    assert at_once[1] is None and drained[1] is not None
