@@ -12,7 +12,7 @@ Display rounds half-up to the cent at $100 and more (`format_usd`).
 
 from __future__ import annotations
 
-from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import ROUND_CEILING, ROUND_DOWN, ROUND_HALF_UP, ROUND_UP, Decimal, InvalidOperation
 
 NANO_PER_USD = 1_000_000_000
 _NANO_PER_USD = Decimal(NANO_PER_USD)
@@ -98,3 +98,16 @@ def format_usd(nano: int, *, exact: bool = False, symbol: bool = True) -> str:
         else:
             text = f"{usd.normalize():,f}"
     return f"{sign}{'$' if symbol else ''}{text}"
+
+
+def format_usd_brief(nano: int, *, up: bool = False) -> str:
+    """USD for a sentence read at a glance: cents from $1 up, three significant digits below
+    (89_631_000 -> "$0.0896", 600_369_000 -> "$0.60", 123 -> "$0.000000123"), rounded toward zero,
+    or away from it with `up`: a refusal states its remaining rounded down and its worst case
+    rounded up, so the figures it shows compare as the exact ones did (those go in headers)."""
+    usd = nano_to_usd(nano)
+    sign, usd = ("-", -usd) if usd < 0 else ("", usd)
+    step = _CENT if usd >= 1 or usd == 0 else min(_CENT, Decimal(1).scaleb(usd.adjusted() - 2))
+    text = f"{usd.quantize(step, rounding=ROUND_UP if up else ROUND_DOWN):,f}"
+    whole, _, decimals = text.partition(".")
+    return f"{sign}${whole}.{decimals.rstrip('0').ljust(2, '0')}"

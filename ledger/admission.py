@@ -24,6 +24,7 @@ from django.db.models.functions import Least
 from django.utils import timezone
 
 from core.guards import Guards
+from ledger.drain import drain
 from ledger.errors import BudgetExceeded, BudgetUnavailable, SubjectGone
 from ledger.locks import ADMIT_WINDOW_LOCK
 from ledger.models import Budget, Reservation
@@ -117,6 +118,11 @@ GUARDS = Guards(
     "unlocked read and in its statement",
     check_stale_budgets="an admission that read its budgets before a blocking one was created or "
     "edited reads them again, so the new budget's window holds it",
+    settle_finished="an admission about to refuse first applies the usage records already committed on "
+    "its ceilings (their holds out, their costs in) and checks again, so a finished call's hold never "
+    "refuses the next call",
+    wait_for_drains="that settling waits for the records another drain is applying, so it does not "
+    "refuse on holds that drain is about to take out",
 )
 # The ledger's one window lock (ledger/locks.py); the row-lock removal test swaps the clause.
 LOCK_CLAUSE = ADMIT_WINDOW_LOCK
@@ -271,16 +277,23 @@ def admit(*, request: AdmissionRequest) -> Admitted:
     if worst < 0:
         raise ValueError("worst case must be >= 0")
     lease = request.lease or settings.CAPGATE["LEASE"]
+    budgets: list[Budget] | None = list(request.budgets) if request.budgets is not None else None
+    settled = False  # the finished calls on the ceilings were applied (once per admission)
     for _attempt in _attempts():
-        budgets = list(request.budgets) if request.budgets is not None and _attempt == 0 else matching_budgets(subject)
+        if budgets is None:
+            budgets = matching_budgets(subject)
         windows = current_windows(budgets=budgets, now=now)
         if any(b.id not in windows for b in budgets):
+            budgets = None
             continue  # a budget was deleted or reconfigured since it was read: read them again
         blocking_budgets = [b for b in budgets if b.mode == Budget.Mode.BLOCK]
         blocking = sorted(windows[b.id].id for b in blocking_budgets)
         seen = [_ceiling(b, windows[b.id], count_reserved=GUARDS.count_reserved) for b in blocking_budgets]
         refusal = _refusal(seen, worst)
         if refusal is not None:
+            if not settled and settle_finished(window_ids=blocking):
+                settled = True
+                continue  # read the ceilings again, with the finished calls applied
             raise refusal
         blocking_set = set(blocking)
         hold_windows = sorted(w.id for w in windows.values())
@@ -322,10 +335,39 @@ def admit(*, request: AdmissionRequest) -> Admitted:
             return Admitted(reservation=reservation, ceilings=ceilings)
         refusal = _refusal(ceilings, worst)
         if refusal is not None:
+            if not settled and settle_finished(window_ids=blocking):
+                settled = True
+                continue  # read the ceilings again, with the finished calls applied
             raise refusal
         # No ceiling is full, yet the statement refused: a window vanished under it (its budget
         # was deleted), was retired, or a budget appeared or changed. Match the budgets again.
+        budgets = None
     raise BudgetUnavailable("The request's budgets changed while it was being admitted; retry it.")
+
+
+def settle_finished(*, window_ids: Sequence[int]) -> bool:
+    """Apply the usage records already committed that hold on these windows: their holds leave
+    `reserved` and their costs enter `spent`, as the drain would a few ms later. Admission calls
+    it before refusing, so a call that finished (its record committed before its response ended)
+    never refuses its client's next call with a hold it no longer needs: a refusal counts recorded
+    spend and the holds of calls still in flight, nothing else. True when the caller should read
+    its ceilings again: always, once it ran (a drain running meanwhile may have applied the
+    records this one waited for, and then this one applies none).
+
+    Off the hot path (only an admission about to refuse pays it), and outside any lock the
+    admission holds: it runs between the admission's statements, and skips inside a caller's
+    transaction, whose window locks the drain's could not be ordered after. A deadlock (rare:
+    the drain waits for records another drain holds) refuses as before."""
+    if not GUARDS.settle_finished or not window_ids or connection.in_atomic_block:
+        return False
+    try:
+        while drain(limit=500, window_ids=window_ids, wait=GUARDS.wait_for_drains) == 500:
+            pass
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) != "40P01":
+            raise
+        return False
+    return True
 
 
 def renew(*, owner_ids: Sequence[int], now: datetime | None = None, lease: timedelta | None = None) -> int:
@@ -371,17 +413,21 @@ def renew_jobs(*, request_ids: Sequence[str], now: datetime | None = None, lease
     ).update(expires_at=Least(Value(now + lease, output_field=DateTimeField()), F("deadline_at")))
 
 
-def headroom(*, budgets: Sequence[Budget], now: datetime | None = None) -> Ceiling | None:
+def headroom(*, budgets: Sequence[Budget], now: datetime | None = None, settle: bool = False) -> Ceiling | None:
     """The tightest blocking ceiling's current state, read without locks.
 
     Used to pick an output ceiling a budget can afford before admission; admission re-checks
-    under the lock, so a stale read can only cause a refusal, never an overrun.
+    under the lock, so a stale read can only cause a refusal, never an overrun. With `settle`,
+    the usage records already committed on those windows are applied first (`settle_finished`:
+    for a caller whose choice the room constrains, so finished calls' holds do not shrink it).
     """
     now = now or timezone.now()
     blocking = [b for b in budgets if b.mode == Budget.Mode.BLOCK]
     if not blocking:
         return None
     windows = current_windows(budgets=blocking, now=now)
+    if settle and settle_finished(window_ids=sorted(w.id for w in windows.values())):
+        windows = current_windows(budgets=blocking, now=now)
     ceilings = [
         _ceiling(b, windows[b.id])
         for b in blocking

@@ -30,7 +30,7 @@ WITH batch AS MATERIALIZED (
      WHERE NOT applied {only}
      ORDER BY id
      LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
+       FOR UPDATE {skip}
 ), held AS MATERIALIZED (
     SELECT b.id AS record_id, h.window_id, h.amount_nano, b.cost_nano
       FROM batch b JOIN budgets_hold h ON h.reservation_id = b.reservation_id
@@ -83,10 +83,20 @@ SELECT done.records,
 RACE_DELAY_SECONDS = 0.0
 
 
-def drain(*, limit: int = 500, request_ids: Sequence[str] | None = None) -> int:
+def drain(
+    *,
+    limit: int = 500,
+    request_ids: Sequence[str] | None = None,
+    window_ids: Sequence[int] | None = None,
+    wait: bool = False,
+) -> int:
     """Apply up to `limit` unapplied records; return how many were applied.
 
-    1. Take unapplied records (oldest first), skipping those another drain holds.
+    1. Take unapplied records (oldest first), skipping those another drain holds — or, with
+       `wait`, waiting for that drain to commit (admission's refusal path, ledger/admission.py
+       `settle_finished`: once it returns, every record committed before it started is applied,
+       by it or by the other drain). With `window_ids`, only the records holding on one of those
+       windows.
     2. Per window, their reservations' holds come out of `reserved` and each record's cost goes
        into `spent` (alert windows have zero holds and get the cost too); each record keeps the
        windows it was charged to (`window_ids`).
@@ -100,8 +110,15 @@ def drain(*, limit: int = 500, request_ids: Sequence[str] | None = None) -> int:
     if request_ids is not None:
         only = "AND request_id = ANY(%(request_ids)s::varchar[])"
         params["request_ids"] = list(request_ids)
+    if window_ids is not None:
+        only += (
+            " AND EXISTS (SELECT 1 FROM budgets_hold h WHERE h.reservation_id = usage_usagerecord.reservation_id"
+            " AND h.window_id = ANY(%(window_ids)s::bigint[]))"
+        )
+        params["window_ids"] = list(window_ids)
     delay = f"pg_sleep({float(RACE_DELAY_SECONDS)})::text = ''" if RACE_DELAY_SECONDS else "true"
-    sql = _DRAIN_SQL.format(only=only, delay=delay, lock=WINDOW_LOCK_STRENGTH)
+    skip = "" if wait else "SKIP LOCKED"
+    sql = _DRAIN_SQL.format(only=only, delay=delay, lock=WINDOW_LOCK_STRENGTH, skip=skip)
     nested = connection.in_atomic_block
     # Inside a caller's transaction (release, tests) a savepoint keeps a failed drain from
     # aborting it; SET LOCAL then applies to that transaction, as relaxed_commit documents.

@@ -1,5 +1,5 @@
 from core.errors import CapgateError
-from core.money import format_usd
+from core.money import format_usd, format_usd_brief
 
 
 class BudgetExceeded(CapgateError):
@@ -12,10 +12,11 @@ class BudgetExceeded(CapgateError):
         self, *, code: str, budget_id: int, window_id: int, limit_nano: int, remaining_nano: int, worst_nano: int
     ):
         super().__init__(
-            # Exact to the nano-USD: the numbers that were compared, not a rounding of them.
+            # In dollars a person reads: the worst case rounded up and the remaining down, so they
+            # compare as the exact figures did; those (nano-USD) are in the 402's headers.
             f"Refused by {code.replace('_', ' ')}: the request's worst case "
-            f"{format_usd(worst_nano, exact=True)} exceeds the {format_usd(max(remaining_nano, 0), exact=True)} "
-            f"remaining of {format_usd(limit_nano, exact=True)}.",
+            f"{format_usd_brief(worst_nano, up=True)} exceeds the {format_usd_brief(max(remaining_nano, 0))} "
+            f"remaining of {format_usd(limit_nano)}.",
             code=code,
         )
         self.budget_id = budget_id

@@ -273,6 +273,23 @@ def _affordable_output(
     return output
 
 
+def _settled_output(
+    shape: Shape, shape_of: ShapeOf, priced: list[_Priced], tightest: Ceiling | None, cap: int, budgets: list[Budget]
+) -> int:
+    """`_affordable_output`, read again after applying the calls that finished on the ceilings
+    (ledger/admission.py `settle_finished`) when the room it read constrains the output (a lower
+    ceiling, or a refusal) and holds are counted in it: a finished call's hold must not shrink
+    the next call's output ceiling."""
+    try:
+        output = _affordable_output(shape, shape_of, priced, tightest, cap)
+        if output >= cap or tightest is None or tightest.reserved_nano == 0:
+            return output
+    except BudgetExceeded:
+        if tightest is None or tightest.reserved_nano == 0:
+            raise
+    return _affordable_output(shape, shape_of, priced, headroom(budgets=budgets, settle=True), cap)
+
+
 def _unpriced(exc: UnpricedModel | UnpricedFeature, *, proxied: bool) -> GatewayError:
     """The 402 for a request a blocking budget (or, unproxied, any sizing) cannot price."""
     if isinstance(exc, UnpricedFeature):
@@ -410,7 +427,7 @@ def size(
         default = _default_output(key, targets)
         if default is not None:
             cap = min(cap, default)
-        output = _affordable_output(shape, shape_of, priced, tightest, cap) if governed else cap
+        output = _settled_output(shape, shape_of, priced, tightest, cap, budgets) if governed else cap
         # Sent upstream under a cap or a configured default; Anthropic requires max_tokens, and
         # a Converse model's own default ceiling is not the catalog's, so it is always sent there.
         if governed or default is not None or CEILING_REQUIRED & {shape.kind, *translated}:

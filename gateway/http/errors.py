@@ -52,6 +52,7 @@ def error_headers(exc: CapgateError) -> list[tuple[bytes, bytes]]:
             (b"x-capgate-budget-code", exc.code.encode()),
             (b"x-capgate-budget-limit-usd", usd_str(exc.limit_nano).encode()),
             (b"x-capgate-budget-remaining-usd", usd_str(max(exc.remaining_nano, 0)).encode()),
+            (b"x-capgate-budget-worst-case-usd", usd_str(exc.worst_nano).encode()),
         ]
     retry_after = getattr(exc, "retry_after", None)
     if exc.status == 429 and retry_after is not None:

@@ -12,6 +12,7 @@ from core.money import (
     NANO_PER_USD,
     MoneyError,
     format_usd,
+    format_usd_brief,
     nano_to_usd,
     usd_input,
     usd_str,
@@ -130,3 +131,20 @@ def test_format_usd_exact_and_without_symbol():
 def test_usd_input_is_the_shortest_exact_decimal(nano, value):
     shown = usd_input(nano)
     assert str(shown) == value and shown == nano_to_usd(nano)
+
+
+@pytest.mark.parametrize(
+    ("nano", "up", "text"),
+    [
+        (89_631_000, False, "$0.0896"),  # a refusal's remaining: rounded down
+        (600_369_000, True, "$0.601"),  # its worst case: rounded up
+        (690_000_000, False, "$0.69"),
+        (0, False, "$0.00"),
+        (123, False, "$0.000000123"),
+        (999_600_000, True, "$1.00"),
+        (12_345_678_900_000, False, "$12,345.67"),
+        (-1_500_000_000, False, "-$1.50"),
+    ],
+)
+def test_format_usd_brief_reads_in_dollars_rounded_the_safe_way(nano, up, text):
+    assert format_usd_brief(nano, up=up) == text
