@@ -19,7 +19,8 @@ from ledger import recording
 from ledger import windows as budget_windows
 from ledger.models import Budget, Reservation, UsageRecord, Window
 from ledger.periods import period_bounds
-from tenants.models import ApiKey, ApiToken, AuditLogEntry, EndCustomer, hash_key
+from tenants.models import ApiKey, AuditLogEntry, EndCustomer, hash_key
+from tests.conftest import make_api_token
 from tests.gateway.conftest import KEY, wait_settled
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -86,11 +87,7 @@ def other_key(wired) -> ApiKey:
 
 
 def token(wired, scope: str) -> str:
-    raw, prefix, digest = ApiToken.generate()
-    ApiToken.objects.create(
-        organization=wired.org, name=f"{scope} token", scope=scope, prefix=prefix, token_hash=digest
-    )
-    return raw
+    return make_api_token(organization=wired.org, scope=scope, name=f"{scope} token")
 
 
 def in_range_spend(budget: Budget) -> int:
