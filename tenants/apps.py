@@ -9,8 +9,8 @@ from django.db.models.signals import pre_delete
 
 class TenantsConfig(AppConfig):
     """Who owns what. ready() connects the one hook tenants keeps on the user model: deleting a
-    user (the admin site, a shell) deletes their memberships without `remove_member`, so their API
-    tokens are revoked, audited, inside that deletion."""
+    user (the admin site, a shell) deletes their memberships without `remove_member`, so their
+    gateway keys and API tokens are revoked, audited, inside that deletion."""
 
     name = "tenants"
 
@@ -21,6 +21,6 @@ class TenantsConfig(AppConfig):
 def _user_deleting(sender: Any, instance: Any, **kwargs: Any) -> None:
     # Imported here: the app registry is not ready when this module loads.
     from tenants.audit import Actor
-    from tenants.members import revoke_user_tokens
+    from tenants.members import revoke_user_access
 
-    revoke_user_tokens(user=instance, actor=Actor(label=f"user {instance.get_username()} deleted"))
+    revoke_user_access(user=instance, actor=Actor(label=f"user {instance.get_username()} deleted"))

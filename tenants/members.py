@@ -97,27 +97,25 @@ def remove_member(*, member: Member, actor: Actor) -> None:
     with transaction.atomic():
         _lock_owner_change(member=member, new_role=None, actor=actor)
         lock_for_delete(Member, [member.pk])
-        for key in ApiKey.objects.select_for_update().filter(member=member, revoked_at__isnull=True).order_by("id"):
-            revoke_key(key=key, actor=actor)
-        revoke_member_tokens(member=member, actor=actor)
+        revoke_member_access(member=member, actor=actor)
         freeze_subject_name(organization_id=member.organization_id, name="member", pk=member.pk, label=str(member))
         audit(organization=member.organization, actor=actor, action="delete", obj=member)
         member.delete()
 
 
-def revoke_member_tokens(*, member: Member, actor: Actor) -> int:
-    """Revoke the member's live API tokens, each audited; returns how many."""
-    tokens = list(ApiToken.objects.select_for_update().filter(member=member, revoked_at__isnull=True).order_by("id"))
-    for token in tokens:
+def revoke_member_access(*, member: Member, actor: Actor) -> None:
+    """Revoke every live gateway key and API token the member holds, each audited."""
+    for key in ApiKey.objects.select_for_update().filter(member=member, revoked_at__isnull=True).order_by("id"):
+        revoke_key(key=key, actor=actor)
+    for token in ApiToken.objects.select_for_update().filter(member=member, revoked_at__isnull=True).order_by("id"):
         revoke_token(token=token, actor=actor)
-    return len(tokens)
 
 
-def revoke_user_tokens(*, user: Any, actor: Actor) -> int:
-    """Revoke the API tokens of every membership `user` holds (the user is being deleted, which
-    deletes the memberships without `remove_member`); returns how many."""
-    members = Member.objects.select_related("organization").filter(user=user).order_by("id")
-    return sum(revoke_member_tokens(member=m, actor=actor) for m in members)
+def revoke_user_access(*, user: Any, actor: Actor) -> None:
+    """Revoke the keys and API tokens of every membership `user` holds: the user is being
+    deleted, which deletes the memberships without `remove_member`."""
+    for member in Member.objects.select_related("organization").filter(user=user).order_by("id"):
+        revoke_member_access(member=member, actor=actor)
 
 
 # Tests widen the window between the owner checks and the write (the guard-removal test).

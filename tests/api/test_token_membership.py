@@ -58,6 +58,12 @@ def test_a_removed_admins_token_is_refused_at_once_and_changes_nothing(org_a: Or
     assert not ApiKey.objects.filter(name="backdoor").exists()
     # the owner's own tokens still work
     assert client(token=org_a.token_write).get(f"/api/orgs/{org_a.slug}/budgets/").status_code == 200
+    # and inviting the user back gives them a new membership, not their old tokens
+    r = client(user=org_a.owner).post(
+        f"/api/orgs/{org_a.slug}/members/", {"email": "admin@acme.test", "role": "admin"}, format="json"
+    )
+    assert r.status_code == 201
+    assert client(token=token).get(f"/api/orgs/{org_a.slug}/budgets/").status_code == 401
 
 
 @pytest.mark.django_db

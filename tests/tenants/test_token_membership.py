@@ -11,7 +11,9 @@ from django.apps import apps
 from django.contrib.auth import get_user_model
 
 from dashboard.services.apply_document import apply_config
+from tenants.audit import APPLY
 from tenants.models import ApiToken, AuditLogEntry, Member
+from tenants.services import create_key
 from tests.api.conftest import Org, client, make_token
 
 bind_tokens = importlib.import_module("tenants.migrations.0005_bind_api_tokens_to_members").bind_tokens
@@ -59,13 +61,22 @@ def test_a_deactivated_users_token_is_refused_until_they_are_active_again(org_a:
 
 
 @pytest.mark.django_db
-def test_deleting_a_user_revokes_their_tokens_in_every_organization_audited(org_a: Org, org_b: Org, role_users):
+def test_deleting_a_user_revokes_their_keys_and_tokens_in_every_organization_audited(
+    org_a: Org, org_b: Org, role_users
+):
     admin_user, admin = role_users["admin"]
     elsewhere = Member.objects.create(organization=org_b.tenant.org, user=admin_user, role="admin")
     raws = [make_token(admin, "write"), make_token(elsewhere, "write")]
     ids = list(ApiToken.objects.filter(member__user=admin_user).values_list("id", flat=True))
+    key, _ = create_key(
+        organization=org_a.tenant.org, project=org_a.tenant.project, name="own", member=admin, actor=APPLY
+    )
     # when
     admin_user.delete()
+    # then: their gateway key is revoked (audited) like a removed member's
+    key.refresh_from_db()
+    assert (key.member_id, key.revoked_at is not None) == (None, True)
+    assert AuditLogEntry.objects.filter(object_type="apikey", object_id=str(key.id), actor__endswith="deleted").exists()
     # then: both revoked (the membership is gone, the row stays), each audited, and refused
     tokens = ApiToken.objects.filter(id__in=ids)
     assert [(t.member_id, t.revoked_at is not None) for t in tokens] == [(None, True), (None, True)]
