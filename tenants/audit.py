@@ -43,7 +43,9 @@ class Actor:
 
     @classmethod
     def of_token(cls, token: ApiToken) -> Actor:
-        return cls(label=f"token {token.name} ({token.prefix}…)", user_id=token.created_by_id)
+        # No member_id: a token never acts as an owner (its scope's ceiling is admin).
+        user_id = token.member.user_id if token.member is not None else token.created_by_id
+        return cls(label=f"token {token.name} ({token.prefix}…)", user_id=user_id)
 
 
 APPLY = Actor(label="apply", operator=True)

@@ -1,5 +1,6 @@
-"""Members of an organization and the owner rules: add, change a role, remove (which revokes
-the member's keys and keeps their name on their usage records).
+"""Members of an organization and the owner rules: add, change a role (their API tokens follow
+it), remove (which revokes the member's keys and API tokens and keeps their name on their usage
+records).
 
 Every role change that grants or takes the owner role runs one at a time per organization
 (`_lock_roles`), so two admins cannot demote each other's last owner at once.
@@ -18,8 +19,8 @@ from django.db import transaction
 from core.errors import InvalidChange, NotAllowed
 from tenants.audit import Actor, audit, save_changes
 from tenants.deletion import deleting, freeze_subject_name, lock_for_delete
-from tenants.models import ApiKey, Member, Organization
-from tenants.services import revoke_key
+from tenants.models import ApiKey, ApiToken, Member, Organization
+from tenants.services import revoke_key, revoke_token
 
 
 def add_member(
@@ -66,26 +67,55 @@ def _check_role(role: str) -> None:
 
 
 def change_member_role(*, member: Member, role: str, actor: Actor) -> dict[str, list[Any]]:
+    """Change a member's role; their API tokens act with the new role from the next request (each
+    token whose role changes gets its own audit entry)."""
     _check_role(role)
     with transaction.atomic():
         _lock_owner_change(member=member, new_role=role, actor=actor)
-        return save_changes(obj=member, organization=member.organization, actor=actor, fields={"role": role})
+        before = member.role
+        changes = save_changes(obj=member, organization=member.organization, actor=actor, fields={"role": role})
+        if changes:
+            _audit_token_roles(member=member, before=before, actor=actor)
+        return changes
+
+
+def _audit_token_roles(*, member: Member, before: str, actor: Actor) -> None:
+    for token in ApiToken.objects.filter(member=member, revoked_at__isnull=True).order_by("id"):
+        was, now = token.role_for(before), token.role_for(member.role)
+        if was != now:
+            changes = {"role": [was, now]}
+            audit(organization=member.organization, actor=actor, action="update", obj=token, changes=changes)
 
 
 @deleting
 def remove_member(*, member: Member, actor: Actor) -> None:
     """Remove a member, in one audited transaction:
-    1. keep an owner; 2. revoke every key the member holds (each revocation audited): a removed
-    member's keys stop working; 3. freeze the member's name on their usage records, so their
-    spend history stays attributed after the reference goes; 4. delete the membership."""
+    1. keep an owner; 2. revoke every key and API token the member holds (each revocation
+    audited): a removed member's keys and tokens stop working; 3. freeze the member's name on
+    their usage records, so their spend history stays attributed after the reference goes;
+    4. delete the membership."""
     with transaction.atomic():
         _lock_owner_change(member=member, new_role=None, actor=actor)
         lock_for_delete(Member, [member.pk])
-        for key in ApiKey.objects.select_for_update().filter(member=member, revoked_at__isnull=True).order_by("id"):
-            revoke_key(key=key, actor=actor)
+        revoke_member_access(member=member, actor=actor)
         freeze_subject_name(organization_id=member.organization_id, name="member", pk=member.pk, label=str(member))
         audit(organization=member.organization, actor=actor, action="delete", obj=member)
         member.delete()
+
+
+def revoke_member_access(*, member: Member, actor: Actor) -> None:
+    """Revoke every live gateway key and API token the member holds, each audited."""
+    for key in ApiKey.objects.select_for_update().filter(member=member, revoked_at__isnull=True).order_by("id"):
+        revoke_key(key=key, actor=actor)
+    for token in ApiToken.objects.select_for_update().filter(member=member, revoked_at__isnull=True).order_by("id"):
+        revoke_token(token=token, actor=actor)
+
+
+def revoke_user_access(*, user: Any, actor: Actor) -> None:
+    """Revoke the keys and API tokens of every membership `user` holds: the user is being
+    deleted, which deletes the memberships without `remove_member`."""
+    for member in Member.objects.select_related("organization").filter(user=user).order_by("id"):
+        revoke_member_access(member=member, actor=actor)
 
 
 # Tests widen the window between the owner checks and the write (the guard-removal test).

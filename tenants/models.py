@@ -128,17 +128,30 @@ class EndCustomer(models.Model):
 TOKEN_PREFIX = "cgt_"
 
 
+# Roles from least to most power: a token acts with the lower of its member's role and its scope's.
+ROLE_ORDER = (Member.Role.VIEWER, Member.Role.MEMBER, Member.Role.ADMIN, Member.Role.OWNER)
+
+
 class ApiToken(models.Model):
     """A management API token for one organization (not a gateway key: it cannot call /v1/).
 
     Only its SHA-256 is stored, like gateway keys; `prefix` is what the dashboard shows.
+    A token belongs to the member who created it and acts with that member's current role, never
+    above its scope (read: viewer; write: admin); with no member it authenticates nothing.
     """
 
     class Scope(models.TextChoices):
         READ = "read"
         WRITE = "write"
 
+    # The most a scope allows: write never reaches owner (granting or taking the owner role
+    # needs an owner signed in, or the operator).
+    SCOPE_CEILING = {Scope.READ: Member.Role.VIEWER, Scope.WRITE: Member.Role.ADMIN}
+
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="api_tokens")
+    # The member it acts for. Removing the member revokes the token (tenants/members.py); a member
+    # deleted any other way (their user deleted) leaves it NULL, which authenticates nothing.
+    member = models.ForeignKey(Member, on_delete=models.SET_NULL, null=True, blank=True, related_name="api_tokens")
     name = models.CharField(max_length=200)
     scope = models.CharField(max_length=10, choices=Scope.choices, default=Scope.READ)
     prefix = models.CharField(max_length=16)
@@ -162,6 +175,18 @@ class ApiToken(models.Model):
     @property
     def can_write(self) -> bool:
         return self.scope == self.Scope.WRITE
+
+    def role_for(self, member_role: str | None) -> str | None:
+        """The role this token acts with for a member of `member_role` (None: no member, none)."""
+        if member_role is None:
+            return None
+        ceiling = self.SCOPE_CEILING[self.Scope(self.scope)]
+        return min(member_role, ceiling, key=ROLE_ORDER.index)
+
+    @property
+    def role(self) -> str | None:
+        """The role it acts with now (reads `member`: select it with the token)."""
+        return self.role_for(self.member.role if self.member is not None else None)
 
 
 class AuditLogEntry(models.Model):

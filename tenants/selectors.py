@@ -21,14 +21,14 @@ MANAGERS = (Member.Role.OWNER, Member.Role.ADMIN)
 @dataclass(frozen=True)
 class Access:
     organization: Organization
-    role: str  # a member's role; tokens act as admin (write scope) or viewer (read scope)
+    role: str  # a member's role; a token's member's role, capped by its scope (viewer or admin)
     actor: Actor
     member: Member | None = None
     token: ApiToken | None = None
 
     @property
     def can_manage(self) -> bool:
-        """Owners, admins and write tokens manage everything."""
+        """Owners and admins (and write tokens of owners and admins) manage everything."""
         return self.role in MANAGERS
 
     @property
@@ -59,7 +59,11 @@ def access_for_user(*, user: Any, slug: str) -> Access:
 
 
 def access_for_token(*, token: ApiToken, slug: str) -> Access:
-    if token.organization.slug != slug:
+    """A token acts for its member with the lower of the member's role and its scope's ceiling
+    (tenants.models.ApiToken); `authenticate_token` has read both at this request."""
+    role = token.role
+    if token.organization.slug != slug or role is None:
         raise Http404("No such organization.")
-    role = Member.Role.ADMIN if token.can_write else Member.Role.VIEWER
-    return Access(organization=token.organization, role=role, actor=Actor.of_token(token), token=token)
+    return Access(
+        organization=token.organization, role=role, actor=Actor.of_token(token), member=token.member, token=token
+    )

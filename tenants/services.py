@@ -247,21 +247,30 @@ def delete_end_customer(*, customer: EndCustomer, actor: Actor) -> None:
 # --- management API tokens ----------------------------------------------------------------------
 
 
-def create_token(*, organization: Organization, name: str, scope: str, actor: Actor) -> tuple[ApiToken, str]:
+def create_token(*, member: Member, name: str, scope: str, actor: Actor) -> tuple[ApiToken, str]:
+    """A token for `member`: it acts with the member's role as it is at each request (never above
+    its scope) and is revoked when the member is removed."""
     if scope not in ApiToken.Scope.values:
         raise InvalidChange("Scope is read or write.", param="scope")
     if not name.strip():
         raise InvalidChange("A token needs a name.", param="name")
     raw, prefix, digest = ApiToken.generate()
     token = ApiToken.objects.create(
-        organization=organization,
+        organization_id=member.organization_id,
+        member=member,
         name=name,
         scope=scope,
         prefix=prefix,
         token_hash=digest,
-        created_by_id=actor.user_id,
+        created_by_id=member.user_id,
     )
-    audit(organization=organization, actor=actor, action="create", obj=token, changes={"scope": [None, scope]})
+    audit(
+        organization=member.organization,
+        actor=actor,
+        action="create",
+        obj=token,
+        changes={"scope": [None, scope], "member": [None, str(member)], "role": [None, token.role]},
+    )
     return token, raw
 
 
@@ -271,9 +280,17 @@ def revoke_token(*, token: ApiToken, actor: Actor) -> None:
 
 
 def authenticate_token(raw: str) -> ApiToken | None:
+    """The live token for `raw`, or None. Live: not revoked, and its member still in the
+    organization with an active user; read at every request, so a removal, demotion or
+    deactivation applies to the next request."""
     token = (
-        ApiToken.objects.select_related("organization")
-        .filter(token_hash=hash_key(raw), revoked_at__isnull=True)
+        ApiToken.objects.select_related("organization", "member__user")
+        .filter(
+            token_hash=hash_key(raw),
+            revoked_at__isnull=True,
+            member__isnull=False,
+            member__user__is_active=True,
+        )
         .first()
     )
     if token is not None:

@@ -21,7 +21,7 @@ from django.utils import timezone
 from ledger.admission import AdmissionRequest, Subject, admit
 from ledger.models import Budget, Window
 from ledger.windows import ensure_windows
-from tenants.models import ApiKey, Organization, Project
+from tenants.models import ApiKey, ApiToken, Member, Organization, Project
 
 _ids = itertools.count()
 
@@ -79,6 +79,26 @@ def make_tenant(slug: str) -> Tenant:
         raw, prefix, digest = ApiKey.generate()
         key = ApiKey.objects.create(organization=org, project=project, name="default", prefix=prefix, key_hash=digest)
     return Tenant(org=org, project=project, key=key, keys=[key])
+
+
+def make_api_token(*, organization: Organization, scope: str, member: Member | None = None, name: str = "") -> str:
+    """A management API token (raw) of `member`, else of a new admin of the organization: every
+    token acts for a member."""
+    if member is None:
+        email = f"token-admin-{next(_ids)}@{organization.slug}.test"
+        admin = get_user_model().objects.create_user(email, email, "password")
+        member = Member.objects.create(organization=organization, user=admin, role=Member.Role.ADMIN)
+    raw, prefix, digest = ApiToken.generate()
+    ApiToken.objects.create(
+        organization=organization,
+        member=member,
+        created_by_id=member.user_id,
+        name=name or f"{scope}-token",
+        scope=scope,
+        prefix=prefix,
+        token_hash=digest,
+    )
+    return raw
 
 
 @pytest.fixture

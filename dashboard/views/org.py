@@ -190,8 +190,9 @@ def tokens(request: HttpRequest, access: Access) -> HttpResponse:
         require_manage(access)
         if form.is_valid():
             try:
+                assert access.member is not None  # a signed-in member: the token is theirs
                 created = services.create_token(
-                    organization=org,
+                    member=access.member,
                     name=form.cleaned_data["name"],
                     scope=form.cleaned_data["scope"],
                     actor=access.actor,
@@ -200,7 +201,13 @@ def tokens(request: HttpRequest, access: Access) -> HttpResponse:
                 add_service_error(form, exc)
             else:
                 form = TokenForm()
-    rows = ApiToken.objects.filter(organization=org).order_by("revoked_at", "-id") if access.can_manage else []
+    rows = (
+        ApiToken.objects.filter(organization=org)
+        .select_related("member__user", "created_by")
+        .order_by("revoked_at", "-id")
+        if access.can_manage
+        else []
+    )
     return render_org(request, access, "dashboard/tokens.html", "tokens", tokens=rows, form=form, created=created)
 
 

@@ -7,7 +7,8 @@ Who may act on a reservation:
 - one the gateway made for a proxied call is settled by that call only: 409
   `reservation_owned_by_gateway` here;
 - one made here, by the key that made it, or by a management-API token of the organization
-  with write scope (sent as the bearer key); a read token gets 403 `read_only_token`, another
+  with write scope whose member is an owner or admin (sent as the bearer key); a read token gets
+  403 `read_only_token`, a write token of a member below admin 403 `token_role_too_low`, another
   key 403 `not_reservation_owner`. Every settle and release is written to the audit log.
 
 Release and settle, after expiry and after each other (docs/decisions.md): the first
@@ -41,6 +42,7 @@ from ledger.models import Reservation, UsageRecord
 from ledger.recording import Outcome, note_conflict, record, release
 from tenants.audit import Actor, audit
 from tenants.models import TOKEN_PREFIX, ApiKey, ApiToken
+from tenants.selectors import MANAGERS
 from tenants.services import authenticate_token
 
 # The reservation API's own fields: everything else in a chat-shaped body is the chat request.
@@ -180,6 +182,12 @@ def _caller(raw_key: str | None) -> ApiKey | ApiToken:
         if not token.can_write:
             raise GatewayError(
                 "A read-only token cannot settle or release reservations.", code="read_only_token", status=403
+            )
+        if token.role not in MANAGERS:  # a write token acts with its member's role, now below admin
+            raise GatewayError(
+                "This token's member is no longer an owner or admin: it cannot settle or release reservations.",
+                code="token_role_too_low",
+                status=403,
             )
         return token
     return authenticate(raw_key)

@@ -1,5 +1,5 @@
-"""The API cast: acme's owner, admin, member and viewer, acme's read and write tokens, and
-globex — an outsider organization with its own owner, token and objects."""
+"""The API cast: acme's owner, admin, member and viewer, acme's read and write tokens (the
+owner's), and globex — an outsider organization with its own owner, token and objects."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from rest_framework.test import APIClient
 
 from catalog.models import Connection, Model, Provider, Route, RouteTarget
 from ledger.models import Budget, UsageRecord
-from tenants.models import ApiToken, EndCustomer, Member, Organization
-from tests.conftest import Tenant
+from tenants.models import EndCustomer, Member
+from tests.conftest import Tenant, make_api_token
 
 
 @dataclass
@@ -34,10 +34,9 @@ class Org:
         return self.tenant.org.slug
 
 
-def make_token(org: Organization, scope: str) -> str:
-    raw, prefix, digest = ApiToken.generate()
-    ApiToken.objects.create(organization=org, name=f"{scope}-token", scope=scope, prefix=prefix, token_hash=digest)
-    return raw
+def make_token(member: Member, scope: str) -> str:
+    """A token of `member` (the cast's tokens are the owner's: they act as admin or viewer)."""
+    return make_api_token(organization=member.organization, member=member, scope=scope)
 
 
 def user(email: str):
@@ -76,8 +75,8 @@ def populate(tenant: Tenant, owner_email: str) -> Org:
     return Org(
         tenant=tenant,
         owner=owner,
-        token_write=make_token(org, "write"),
-        token_read=make_token(org, "read"),
+        token_write=make_token(member_row, "write"),
+        token_read=make_token(member_row, "read"),
         budget=budget,
         connection=connection,
         route=route,

@@ -52,7 +52,7 @@ def test_an_owner_and_an_organization_token_cannot_classify(operator_client):
     assert owner.post(URL, {**BETA, "organization": "acme"}, format="json").status_code == 403
     assert owner.get(URL).status_code == 403
     token = APIClient()
-    token.credentials(HTTP_AUTHORIZATION=f"Bearer {make_token(org.tenant.org, 'write')}")
+    token.credentials(HTTP_AUTHORIZATION=f"Bearer {make_token(org.member_row, 'write')}")
     assert token.post(URL, {**BETA, "organization": "acme"}, format="json").status_code == 403
     assert APIClient().get(URL).status_code in (401, 403)
     assert not Classification.objects.exists()

@@ -19,7 +19,10 @@ from ledger import recording
 from ledger import windows as budget_windows
 from ledger.models import Budget, Reservation, UsageRecord, Window
 from ledger.periods import period_bounds
+from tenants.audit import APPLY
+from tenants.members import change_member_role, remove_member
 from tenants.models import ApiKey, ApiToken, AuditLogEntry, EndCustomer, hash_key
+from tests.conftest import make_api_token
 from tests.gateway.conftest import KEY, wait_settled
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -86,11 +89,7 @@ def other_key(wired) -> ApiKey:
 
 
 def token(wired, scope: str) -> str:
-    raw, prefix, digest = ApiToken.generate()
-    ApiToken.objects.create(
-        organization=wired.org, name=f"{scope} token", scope=scope, prefix=prefix, token_hash=digest
-    )
-    return raw
+    return make_api_token(organization=wired.org, scope=scope, name=f"{scope} token")
 
 
 def in_range_spend(budget: Budget) -> int:
@@ -184,6 +183,30 @@ def test_api_reservations_answer_to_their_key_or_a_write_token_and_are_audited(g
     wait_settled()
     entries = AuditLogEntry.objects.filter(object_type="reservation").order_by("id")
     assert [(e.actor.split(" ")[0], e.changes["by"][1]) for e in entries] == [("key", "settle"), ("token", "release")]
+
+
+def test_a_write_token_acts_on_reservations_only_while_its_member_is_an_owner_or_admin(gateway, wired):
+    # given: a reservation, and the write token of an admin who is then demoted, then removed
+    wired.budget(amount="1")
+    write = token(wired, "write")
+    member = ApiToken.objects.select_related("member").get(token_hash=hash_key(write)).member
+    r = httpx.post(gateway.url + "/v1/reservations", json={"amount_usd": "0.01"}, headers=AUTH, timeout=30)
+    rid = r.json()["id"]
+
+    def release() -> httpx.Response:
+        return httpx.post(
+            gateway.url + f"/v1/reservations/{rid}/release", headers={"authorization": f"Bearer {write}"}, timeout=30
+        )
+
+    change_member_role(member=member, role="member", actor=APPLY)
+    # when / then: refused, and the reservation is still held
+    demoted = release()
+    assert (demoted.status_code, demoted.json()["error"]["code"]) == (403, "token_role_too_low")
+    remove_member(member=member, actor=APPLY)
+    removed = release()
+    assert (removed.status_code, removed.json()["error"]["code"]) == (401, "invalid_api_key")
+    assert Reservation.objects.filter(id=rid).exists()
+    assert not AuditLogEntry.objects.filter(object_type="reservation").exists()
 
 
 # --- item 6: one rule for release and settle ----------------------------------------------------

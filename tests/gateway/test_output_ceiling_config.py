@@ -8,8 +8,8 @@ from django.urls import reverse
 
 from catalog.models import Connection, Model, Provider, Route, RouteTarget
 from dashboard.services.apply_document import apply_config
-from tenants.models import ApiKey, ApiToken, Member
-from tests.conftest import make_tenant
+from tenants.models import ApiKey, Member
+from tests.conftest import make_api_token, make_tenant
 
 
 @pytest.fixture
@@ -20,9 +20,7 @@ def owner_client(client, acme, alice):
 
 
 def _token(tenant, scope="write") -> str:
-    raw, prefix, digest = ApiToken.generate()
-    ApiToken.objects.create(organization=tenant.org, name="t", scope=scope, prefix=prefix, token_hash=digest)
-    return raw
+    return make_api_token(organization=tenant.org, scope=scope, name="t")
 
 
 def test_api_sets_and_clears_a_keys_output_ceiling_and_refuses_bad_values(client, acme):
