@@ -12,16 +12,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseNotFound, JsonResponse
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseNotFound,
+    JsonResponse,
+    QueryDict,
+)
 
 NUL = "\x00"
 _API_PREFIX = "/api/"
 _FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 
-def holds_nul(pairs: object) -> bool:
-    """Whether any key or value of a QueryDict (its lists) holds a NUL."""
-    return any(NUL in key or any(NUL in value for value in values) for key, values in pairs.lists())  # type: ignore[attr-defined]
+def holds_nul(pairs: QueryDict) -> bool:
+    """Whether any key or value of a QueryDict (every value of a repeated key) holds a NUL."""
+    return any(NUL in key or any(NUL in value for value in values) for key, values in pairs.lists())
 
 
 class RefuseNulMiddleware:
