@@ -13,14 +13,16 @@ from alerts.selectors import GROUPS, UsageFilters, alert_events, totals, usage_r
 from catalog.api import UsdField
 from ledger.models import UsageRecord
 from tenants.api.base import OrgReadViewSet
+from tenants.api.fields import WholeNumberField
 
 
 class UsageFilterSerializer(serializers.Serializer):
     since = serializers.DateTimeField(required=False, help_text="admitted at or after (ISO 8601)")
     until = serializers.DateTimeField(required=False, help_text="admitted before (ISO 8601)")
-    project = serializers.IntegerField(required=False, min_value=1, max_value=2**63 - 1)
-    api_key = serializers.IntegerField(required=False, min_value=1, max_value=2**63 - 1)
-    end_customer = serializers.IntegerField(required=False, min_value=1, max_value=2**63 - 1)
+    # ids in ASCII digits (DRF's IntegerField reads "١" as 1 and "1_0" as 10)
+    project = WholeNumberField(required=False, min_value=1, max_value=2**63 - 1)
+    api_key = WholeNumberField(required=False, min_value=1, max_value=2**63 - 1)
+    end_customer = WholeNumberField(required=False, min_value=1, max_value=2**63 - 1)
     model = serializers.CharField(required=False, max_length=200)
     status = serializers.ChoiceField(choices=UsageRecord.Status.choices, required=False)
 

@@ -4,7 +4,8 @@ policy that lives on organizations and projects (default run budget, default end
 from __future__ import annotations
 
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema, extend_schema_field
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import mixins, serializers
 
 from budgets import services
@@ -165,6 +166,10 @@ class BudgetSerializer(serializers.ModelSerializer):
         return WindowStatusSerializer(current_status(budget=budget, now=timezone.now())).data
 
 
+_SCOPE_FILTER = OpenApiParameter("scope", OpenApiTypes.STR, enum=Budget.Scope.values)
+
+
+@extend_schema_view(list=extend_schema(parameters=[_SCOPE_FILTER]))
 class BudgetViewSet(OrgCrudViewSet):
     """Budgets of every scope. Scope and subject are fixed once created; `current` is the
     window of the period containing now (spent, reserved, remaining)."""

@@ -20,8 +20,15 @@ from django.db import models
 from rest_framework import serializers
 
 from catalog.models import TOKENIZERS, Model
-from core.money import MAX_AMOUNT_USD, nano_to_usd, usd_to_nano
+from core.money import MAX_AMOUNT_USD, is_decimal_text, nano_to_usd, usd_to_nano
 from tenants.api.fields import MAX_INT, NUMBER_MESSAGES, WholeNumberField, choice_field
+
+
+def _strict_text(data: Any) -> bool:
+    """A number given as text is ASCII digits with at most one decimal point, a minus sign allowed
+    in front (so a negative amount gets its own message); DRF's Decimal() would also read
+    "1_000", "1e3" and other scripts' digits. Numbers (JSON's, YAML's) pass to DRF as before."""
+    return not isinstance(data, str) or is_decimal_text(data.strip().removeprefix("-"))
 
 
 class UsdField(serializers.DecimalField):
@@ -39,7 +46,7 @@ class UsdField(serializers.DecimalField):
         self.min_value, self.max_value = least, most  # also what the OpenAPI schema shows
 
     def to_internal_value(self, data: Any) -> int:  # type: ignore[override]
-        if isinstance(data, bool):  # Decimal(True) is 1: a YAML `yes` is not an amount
+        if isinstance(data, bool) or not _strict_text(data):  # Decimal(True) is 1: a YAML `yes` is not an amount
             self.fail("invalid")
         amount = super().to_internal_value(data)
         if self.min_value is not None and amount < self.min_value:
@@ -61,7 +68,7 @@ class DecimalField(serializers.DecimalField):
         super().__init__(**kwargs)
 
     def to_internal_value(self, data: Any) -> Decimal:  # type: ignore[override]
-        if isinstance(data, bool):
+        if isinstance(data, bool) or not _strict_text(data):
             self.fail("invalid")
         return cast(Decimal, super().to_internal_value(data))
 

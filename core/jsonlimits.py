@@ -9,6 +9,9 @@ default depth (an OpenAI request with a JSON schema nests about 20 levels).
 JSON can carry a lone UTF-16 surrogate (`"\\ud800"`, or its raw bytes, which `json` decodes
 with surrogatepass). Such a string is not text: encoding it as UTF-8 fails wherever it is used
 (the gateway's byte bound, the database), so `loads` refuses it here, once for every door.
+A NUL character (`"\\u0000"`) is refused the same way: PostgreSQL text and jsonb cannot hold
+it, so a string carrying one fails at the first query that names it (a model, a request id, a
+stored input) — a 400 here instead of a database error there.
 """
 
 from __future__ import annotations
@@ -28,16 +31,23 @@ _CONTAINERS = (dict, list)
 _MAYBE_SURROGATE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 _MAYBE_SURROGATE_STR = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+# JSON writes NUL only as an escape (a raw control character is a parse error); `\\u0000` matches
+# an escaped backslash before "u0000" too, and the walk then finds no NUL.
+_MAYBE_NUL_BYTES = re.compile(rb"\\u0000")
+_MAYBE_NUL_STR = re.compile(r"\\u0000|\x00")
+_NUL = re.compile("\x00")
 
 
 class JSONLimitError(ValueError):
-    """A body over a limit. `code` and `status` are what the endpoint reports."""
+    """A body over a limit. `code` and `status` are what the endpoint reports; `param`, where
+    known, the field that holds the refused string ("messages[0].content", "" for the top)."""
 
-    def __init__(self, message: str, *, code: str, status: int):
+    def __init__(self, message: str, *, code: str, status: int, param: str | None = None):
         super().__init__(message)
         self.message = message
         self.code = code
         self.status = status
+        self.param = param
 
 
 def max_depth() -> int:
@@ -64,30 +74,55 @@ def loads(raw: bytes | str, *, max_bytes: int | None = None, depth: int | None =
     if opens > limit and _deeper_than(value, limit):
         raise too_deep
     maybe = _MAYBE_SURROGATE_BYTES.search(raw) if isinstance(raw, bytes) else _MAYBE_SURROGATE_STR.search(raw)
-    if maybe and _has_lone_surrogate(value):
+    if maybe and (where := _found_in(value, _SURROGATE)) is not None:
         raise JSONLimitError(
-            "The request body holds a lone UTF-16 surrogate (\\ud800-\\udfff) in a string; it is not text.",
+            f"{_named(where)} holds a lone UTF-16 surrogate (\\ud800-\\udfff) in a string; it is not text.",
             code="invalid_unicode",
             status=400,
+            param=where,
+        )
+    maybe = _MAYBE_NUL_BYTES.search(raw) if isinstance(raw, bytes) else _MAYBE_NUL_STR.search(raw)
+    if maybe and (where := _found_in(value, _NUL)) is not None:
+        raise JSONLimitError(
+            f"{_named(where)} holds a NUL character (\\u0000); capgate cannot store one.",
+            code="nul_character",
+            status=400,
+            param=where,
         )
     return value
 
 
-def _has_lone_surrogate(value: Any) -> bool:
-    """Whether any string or key in parsed JSON holds a surrogate code point (json decodes a valid
-    pair into one character, so any left is lone), without recursion."""
-    stack = [value]
+def _named(where: str) -> str:
+    return f"'{where}'" if where else "The request body"
+
+
+def _found_in(value: Any, pattern: re.Pattern[str]) -> str | None:
+    """Where a string or key in parsed JSON matches `pattern` (a surrogate code point: json
+    decodes a valid pair into one character, so any left is lone; a NUL), as a path such as
+    "messages[0].content" ("" for the top value, an object for its own key); None if nowhere.
+    Without recursion; a path is built only for a container or a match (a long list of numbers
+    or strings costs no string per item)."""
+    if isinstance(value, str):
+        return "" if pattern.search(value) else None
+    stack: list[tuple[Any, str]] = [(value, "")] if isinstance(value, _CONTAINERS) else []
     while stack:
-        node = stack.pop()
-        if isinstance(node, str):
-            if _SURROGATE.search(node):
-                return True
-        elif isinstance(node, dict):
-            stack.extend(node.keys())
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-    return False
+        node, path = stack.pop()
+        pairs = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, child in pairs:
+            if isinstance(key, str) and pattern.search(key):
+                return path
+            if isinstance(child, str):
+                if pattern.search(child):
+                    return _child(path, key)
+            elif isinstance(child, _CONTAINERS):
+                stack.append((child, _child(path, key)))
+    return None
+
+
+def _child(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
 
 
 def _deeper_than(value: Any, limit: int) -> bool:

@@ -12,6 +12,7 @@ Display rounds half-up to the cent at $100 and more (`format_usd`).
 
 from __future__ import annotations
 
+import re
 from decimal import ROUND_CEILING, ROUND_DOWN, ROUND_HALF_UP, ROUND_UP, Decimal, InvalidOperation
 
 NANO_PER_USD = 1_000_000_000
@@ -23,6 +24,11 @@ _NANO_PER_USD = Decimal(NANO_PER_USD)
 # largest value a USD field accepts, so every accepted value converts to <= MAX_AMOUNT_NANO.
 MAX_AMOUNT_NANO = 2**62
 MAX_AMOUNT_USD = Decimal(MAX_AMOUNT_NANO // NANO_PER_USD)
+
+# A USD amount written as text: ASCII digits with at most one decimal point, nothing else.
+# Decimal() alone also reads "1_000" (a thousand), "1e3", "+5", "NaN", " 1 " and other scripts'
+# digits; a money header or field is never any of those.
+_DECIMAL_TEXT = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
 
 _CENT = Decimal("0.01")
 _NANO = Decimal("0.000000001")
@@ -37,18 +43,31 @@ class MoneyError(ValueError):
         self.message = message
 
 
+def is_decimal_text(text: str) -> bool:
+    """Whether `text` (already trimmed) is ASCII digits with at most one decimal point."""
+    return _DECIMAL_TEXT.fullmatch(text) is not None
+
+
 def usd_to_nano(usd: Decimal | str | int, *, round_up: bool = False, maximum: Decimal = MAX_AMOUNT_USD) -> int:
     """A USD amount (a Decimal, a decimal string such as "0.0012", or an int; never a float) ->
     nano-USD. Digits below a nano-USD round half-up, or up with `round_up` (worst cases).
-    Refuses (MoneyError) a float, a bool, anything that is not a finite decimal number, a negative
+    Refuses (MoneyError) a float, a bool, a string that is not ASCII digits with at most one
+    decimal point (around it, whitespace is trimmed), a number that is not finite, a negative
     amount and one above `maximum` (default MAX_AMOUNT_USD)."""
     if isinstance(usd, bool) or not isinstance(usd, Decimal | str | int):
         # A float has already lost the amount (0.1 is not 0.1): refuse it rather than guess.
         raise MoneyError(f"must be a decimal USD amount as a string, not {type(usd).__name__}")
-    try:
-        amount = Decimal(usd.strip() if isinstance(usd, str) else usd)
-    except InvalidOperation:
-        raise MoneyError(f'must be a decimal USD amount such as "0.25", not {str(usd)[:40]!r}') from None
+    if isinstance(usd, str):
+        text = usd.strip()
+        if text.startswith("-") and is_decimal_text(text[1:]):
+            raise MoneyError(f"must not be negative (got {text[:40]})")
+        if not is_decimal_text(text):
+            raise MoneyError(
+                f'must be a decimal USD amount such as "0.25" (ASCII digits and at most one decimal point), '
+                f"not {usd[:40]!r}"
+            )
+        usd = text
+    amount = Decimal(usd)
     if not amount.is_finite():
         raise MoneyError(f"must be a finite decimal USD amount, not {str(usd)[:40]!r}")
     if amount < 0:

@@ -1,8 +1,10 @@
-"""The management API's JSON parser: DRF's, with the size and depth limits of
-core/jsonlimits.py, so a huge or deeply nested body is a 413/400 in the API's error shape."""
+"""The management API's JSON parser: DRF's, with the limits of core/jsonlimits.py, so a huge or
+deeply nested body, or one holding a lone surrogate or a NUL, is a 413/400 in the API's error
+shape with the loader's code."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,8 +20,8 @@ class RequestTooLarge(exceptions.APIException):
     default_code = "request_too_large"
 
 
-class JSONTooDeep(exceptions.ParseError):
-    default_code = "json_too_deep"
+class JSONRefused(exceptions.ParseError):
+    """A body the loader refuses (too deep, a lone surrogate, a NUL), with the loader's code."""
 
 
 class LimitedJSONParser(parsers.JSONParser):
@@ -36,6 +38,10 @@ class LimitedJSONParser(parsers.JSONParser):
         except jsonlimits.JSONLimitError as exc:
             if exc.status == 413:
                 raise RequestTooLarge(exc.message) from None
-            raise JSONTooDeep(exc.message) from None
+            if exc.param:
+                # A string the loader refuses, inside a field: named as the API names a bad field.
+                field = re.split(r"[.\[]", exc.param, maxsplit=1)[0] or "non_field_errors"
+                raise exceptions.ValidationError({field: [exc.message]}, code=exc.code) from None
+            raise JSONRefused(exc.message, code=exc.code) from None
         except ValueError as exc:
             raise exceptions.ParseError(f"JSON parse error - {exc}") from None

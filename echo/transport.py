@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from core.strict import ascii_int
 from echo import jobs as echo_jobs
 from echo import provider
 from gateway.upstream.transport import CALL, Call, InProcess
@@ -70,7 +71,8 @@ def _fault(call: Call) -> int | None:
     fault = call.client_headers.get(FAULT_HEADER)
     if not fault or not call.connection.options.get("allow_fault_headers"):
         return None
-    return int(fault) if fault.isdigit() else 500
+    status = ascii_int(fault)
+    return 500 if status is None else status
 
 
 async def _live(request: httpx.Request, call: Call, kind: str, body: dict) -> httpx.Response:

@@ -15,6 +15,7 @@ from urllib.parse import parse_qsl
 
 import httpx
 
+from core.strict import ascii_int
 from gateway.http.errors import GatewayError, bad_request
 from gateway.http.request import Request
 from gateway.upstream import proxy, runtime
@@ -25,7 +26,8 @@ from tenants.models import ApiKey
 
 
 def parse_multipart(content_type: str, raw: bytes) -> dict[str, tuple[str | None, bytes]]:
-    """multipart/form-data fields: name -> (filename or None, bytes)."""
+    """multipart/form-data fields: name -> (filename or None, bytes). A NUL in a field's name, a
+    filename or a field that is not a file is refused (400): PostgreSQL text cannot hold one."""
     if not content_type.lower().startswith("multipart/form-data"):
         raise bad_request("Upload the file as multipart/form-data (fields 'purpose' and 'file').")
     message = BytesParser(policy=policy.HTTP).parsebytes(
@@ -38,7 +40,10 @@ def parse_multipart(content_type: str, raw: bytes) -> dict[str, tuple[str | None
         name = part.get_param("name", header="content-disposition")
         if isinstance(name, str):
             payload = part.get_payload(decode=True)
-            fields[name] = (part.get_filename(), payload if isinstance(payload, bytes) else b"")
+            filename, value = part.get_filename(), payload if isinstance(payload, bytes) else b""
+            if "\x00" in name or "\x00" in (filename or "") or (filename is None and b"\x00" in value):
+                raise bad_request("A form field holds a NUL character.", code="nul_character")
+            fields[name] = (filename, value)
     return fields
 
 
@@ -108,10 +113,9 @@ async def list_files(req: Request, key: ApiKey, match: re.Match[str]) -> None:
     """The organization's files, from capgate's own rows (no provider call): uploads and the
     batch output and error files registered for it."""
     query = dict(parse_qsl(req.scope.get("query_string", b"").decode("latin-1")))
-    try:
-        limit = int(query.get("limit", MAX_LIST_LIMIT))
-    except ValueError:
-        raise bad_request("'limit' must be an integer.", param="limit") from None
+    limit = ascii_int(query.get("limit", str(MAX_LIST_LIMIT)))
+    if limit is None:
+        raise bad_request("'limit' must be an integer.", param="limit")
     if not 1 <= limit <= MAX_LIST_LIMIT:
         raise bad_request(f"'limit' must be between 1 and {MAX_LIST_LIMIT}.", param="limit")
     order = query.get("order", "desc")

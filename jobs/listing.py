@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import httpx
 
+from core.strict import ascii_int
 from gateway.http.errors import bad_request
 from gateway.http.request import Request
 from gateway.upstream import proxy, runtime
@@ -28,10 +29,10 @@ async def page(
     last known (`last_known`), and a failed read is logged with the job's id. Returns the page as
     both APIs shape it: data, has_more, first_id, last_id."""
     query = dict(p.split("=", 1) for p in req.scope.get("query_string", b"").decode().split("&") if "=" in p)
-    try:
-        limit = max(1, min(int(query.get("limit", "20")), 100))
-    except ValueError:
-        raise bad_request("'limit' must be an integer.", param="limit") from None
+    asked = ascii_int(query.get("limit", "20"))
+    if asked is None:
+        raise bad_request("'limit' must be an integer.", param="limit")
+    limit = max(1, min(asked, 100))
     jobs = await runtime.db(
         service.owned_jobs, organization_id=key.organization_id, kind=kind, after=query.get(after), limit=limit + 1
     )

@@ -18,6 +18,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from core.guards import Guards
+from core.strict import ascii_int
 from gateway.providers import usage_anthropic, usage_openai, usage_responses
 from jobs.models import Job
 from jobs.settle import Report, apply_report
@@ -135,7 +136,7 @@ async def fetch(client: httpx.AsyncClient, job: Job) -> Report:
             usage = usage_responses(data)
             report.usages = [usage] if usage is not None else []
         elif status == "completed":  # a video: billed by the seconds it has
-            report.seconds = int(str(data.get("seconds") or "0")) if str(data.get("seconds") or "0").isdigit() else 0
+            report.seconds = ascii_int(str(data.get("seconds") or "0")) or 0
         return report
     except httpx.HTTPError as exc:
         return Report(kind="error", error=f"{type(exc).__name__}: {exc}")

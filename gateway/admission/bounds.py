@@ -73,7 +73,7 @@ def parse_json(raw: bytes) -> dict:
     try:
         return _require_dict(jsonlimits.loads(raw))
     except jsonlimits.JSONLimitError as exc:
-        raise bad_request(exc.message, code=exc.code) from None
+        raise bad_request(exc.message, code=exc.code, param=exc.param or None) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"The request body is not valid JSON: {exc}.") from None
 
@@ -112,7 +112,13 @@ def shape_chat(body: dict, headers: dict[str, str] | None = None) -> Shape:
     # Rejected prediction tokens are billed as output: bound them by the prediction's bytes.
     extra_output = len(json.dumps(prediction, ensure_ascii=False).encode()) if prediction is not None else 0
     parts = fields.PartCounter()
-    billed = {**body, "messages": [{**m, "content": parts.strip(m.get("content"))} for m in messages]}
+    billed = {
+        **body,
+        "messages": [
+            {**m, "content": parts.strip(m.get("content"), where=f"messages[{i}].content")}
+            for i, m in enumerate(messages)
+        ],
+    }
     return Shape(
         kind="chat",
         model=model,
@@ -154,8 +160,11 @@ def shape_messages(body: dict, headers: dict[str, str] | None = None) -> Shape:
     parts = fields.PartCounter()
     billed = {
         **body,
-        "system": parts.strip(system),
-        "messages": [{**m, "content": parts.strip(m.get("content"))} for m in messages],
+        "system": parts.strip(system, where="system"),
+        "messages": [
+            {**m, "content": parts.strip(m.get("content"), where=f"messages[{i}].content")}
+            for i, m in enumerate(messages)
+        ],
     }
     return Shape(
         kind="messages",
@@ -222,7 +231,11 @@ def shape_responses(body: dict, headers: dict[str, str] | None = None) -> Shape:
             raise bad_request(f"input[{i}] must be an object.", param=f"input[{i}]")
         if item.get("type") == "item_reference":
             refused.append("item_reference")  # a stored item the body does not show
-        billed_items.append({**item, "content": parts.strip(item["content"])} if "content" in item else item)
+        billed_items.append(
+            {**item, "content": parts.strip(item["content"], where=f"input[{i}].content")}
+            if "content" in item
+            else item
+        )
     tools = fields.classify_tools(body, "responses")
     patch: dict = {}
     searches = 0

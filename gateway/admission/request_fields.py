@@ -294,28 +294,36 @@ def stream(body: dict) -> bool:
 
 class PartCounter:
     """Walks content parts, counting images and unboundable parts and blanking their payload
-    so their base64 bytes do not inflate the text bound."""
+    so their base64 bytes do not inflate the text bound. The one walk of a body's content
+    parts: it refuses a part whose `type` is not a string (a 400 naming where), so nothing
+    after admission meets one (a list there is unhashable, a dict unprintable as a name)."""
 
     def __init__(self) -> None:
         self.images = 0
         self.unbounded = 0
 
-    def strip(self, content: Any) -> Any:
-        if isinstance(content, list):
-            out = []
-            for part in content:
-                if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
-                    self.images += 1
-                    out.append({"type": part["type"]})
-                elif isinstance(part, dict) and part.get("type") in UNBOUNDED_PARTS:
-                    self.unbounded += 1
-                    out.append({"type": part["type"]})
-                elif isinstance(part, dict) and part.get("type") == "tool_result":
-                    out.append({**part, "content": self.strip(part.get("content"))})
-                else:
-                    out.append(part)
-            return out
-        return content
+    def strip(self, content: Any, *, where: str = "content") -> Any:
+        if not isinstance(content, list):
+            return content
+        out = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict):
+                out.append(part)
+                continue
+            kind = part.get("type")
+            if kind is not None and not isinstance(kind, str):
+                raise bad_request(f"{where}[{i}].type must be a string.", param=f"{where}[{i}].type")
+            if kind in IMAGE_PARTS:
+                self.images += 1
+                out.append({"type": kind})
+            elif kind in UNBOUNDED_PARTS:
+                self.unbounded += 1
+                out.append({"type": kind})
+            elif kind == "tool_result":
+                out.append({**part, "content": self.strip(part.get("content"), where=f"{where}[{i}].content")})
+            else:
+                out.append(part)
+        return out
 
 
 def text_tokens(billed: dict, messages: list) -> int:

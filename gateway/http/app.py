@@ -8,6 +8,7 @@ still uses Django's ORM and settings, on a database thread pool (gateway/upstrea
 from __future__ import annotations
 
 import logging
+from urllib.parse import unquote_to_bytes
 
 from core.errors import CapgateError
 from gateway.http import metrics, ops, routes
@@ -21,7 +22,15 @@ log = logging.getLogger("capgate.gateway")
 
 async def handle(req: Request) -> None:
     """Send the request to its route (gateway/http/routes.py); no route is 404, a proxied path
-    asked with another method 405 in its endpoint's shape."""
+    asked with another method 405 in its endpoint's shape. A NUL in the path (an id that cannot
+    exist: PostgreSQL text cannot hold one) is a 404 and in the query string a 400, before any
+    handler can put it in a query (core/middleware.py does the same for Django's pages)."""
+    flavor = "anthropic" if req.path.startswith("/v1/messages") else "openai"
+    if "\x00" in req.path:
+        return await _error(req, GatewayError("No such object.", code="not_found", status=404), flavor)
+    if b"\x00" in unquote_to_bytes(req.scope.get("query_string", b"")):
+        message = "The query string holds a NUL character (%00)."
+        return await _error(req, GatewayError(message, code="nul_character", status=400), flavor)
     try:
         route, match = routes.TABLE.resolve(req.method, req.path.rstrip("/"))
     except MethodNotAllowed as refused:

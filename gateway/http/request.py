@@ -8,6 +8,7 @@ from typing import Any
 from django.conf import settings
 
 from core import fastjson
+from core.strict import ascii_int
 from gateway.http.errors import GatewayError
 
 Headers = list[tuple[bytes, bytes]]
@@ -33,8 +34,8 @@ class Request:
         """The whole body, at most `limit` bytes, read within BODY_READ_TIMEOUT_SECONDS: the
         server (uvicorn) bounds no request read, so a client dribbling a body byte by byte
         would otherwise hold its connection and task for as long as it likes (408 instead)."""
-        declared = self.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
+        declared = ascii_int(self.headers.get("content-length") or "")
+        if declared is not None and declared > limit:
             raise GatewayError(f"The request body exceeds {limit} bytes.", code="request_too_large", status=413)
         seconds = settings.CAPGATE["BODY_READ_TIMEOUT_SECONDS"]
         try:

@@ -96,5 +96,7 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         errors = response.data if isinstance(response.data, dict) else {"non_field_errors": response.data}
         response.data = {"code": "invalid", "detail": "Invalid input.", "errors": errors}
     elif isinstance(exc, exceptions.APIException):
-        response.data = {"code": exc.default_code, "detail": str(exc.detail), "errors": {}}
+        codes = exc.get_codes()  # the instance's code (core/parsers.py gives the loader's)
+        code = codes if isinstance(codes, str) else exc.default_code
+        response.data = {"code": code, "detail": str(exc.detail), "errors": {}}
     return response

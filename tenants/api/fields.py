@@ -15,6 +15,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from rest_framework import serializers
 
+from core.strict import ascii_int
 from tenants.services import MAX_OUTPUT_CEILING
 
 # One wording for "not a number", whichever field and path (DRF's and Django's differ).
@@ -45,7 +46,8 @@ def choice_field(label: str, choices: Any, *, nullable: bool = False, **kwargs: 
 
 
 class WholeNumberField(serializers.IntegerField):
-    """An integer; `1.5`, `"ten"` and a bool are not (DRF would read `true` as 1)."""
+    """An integer; `1.5`, `"ten"` and a bool are not (DRF would read `true` as 1), nor text other
+    than ASCII digits (with a minus sign in front): DRF's int() also reads "1_000" and "١"."""
 
     def __init__(self, **kwargs: Any):
         kwargs.setdefault("error_messages", WHOLE_NUMBER_MESSAGES)
@@ -53,6 +55,8 @@ class WholeNumberField(serializers.IntegerField):
 
     def to_internal_value(self, data: Any) -> int:
         if isinstance(data, bool) or (isinstance(data, float) and not data.is_integer()):
+            self.fail("invalid")
+        if isinstance(data, str) and ascii_int(data.strip().removeprefix("-")) is None:
             self.fail("invalid")
         return super().to_internal_value(data)
 

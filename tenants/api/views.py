@@ -10,10 +10,12 @@ from typing import Any
 
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from drf_spectacular.utils import extend_schema, extend_schema_view
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import exceptions, mixins, serializers, status
 from rest_framework.response import Response
 
+from core.strict import ascii_int
 from tenants import services
 from tenants.api.base import OrgCrudViewSet, OrgReadViewSet, Writes
 from tenants.api.base import OrgViewSet as OrgViewSet  # also exported beside the resources built on it
@@ -198,6 +200,7 @@ class EndCustomerSerializer(serializers.ModelSerializer):
         validators: list = []  # uniqueness is the service's to report, as a field error
 
 
+@extend_schema_view(list=extend_schema(parameters=[OpenApiParameter("project", OpenApiTypes.INT)]))
 class EndCustomerViewSet(OrgReadViewSet, mixins.CreateModelMixin, mixins.DestroyModelMixin):
     model = EndCustomer
     org_field = "project__organization"
@@ -207,8 +210,11 @@ class EndCustomerViewSet(OrgReadViewSet, mixins.CreateModelMixin, mixins.Destroy
     def org_queryset(self):
         qs = super().org_queryset()
         project = self.request.query_params.get("project")
-        if project and project.isdigit():
-            qs = qs.filter(project_id=int(project))
+        if project:
+            project_id = ascii_int(project)
+            if project_id is None:
+                raise exceptions.ValidationError({"project": ["A project id: ASCII digits only."]})
+            qs = qs.filter(project_id=project_id)
         return qs
 
     def create_kwargs(self, data: dict[str, Any]) -> dict[str, Any]:

@@ -72,9 +72,12 @@ def test_negative_amounts_are_refused(amount):
         ("", "decimal USD amount such as"),
         ("1,000", "decimal USD amount such as"),
         ("$5", "decimal USD amount such as"),
-        ("NaN", "finite decimal USD amount"),
-        ("Infinity", "finite decimal USD amount"),
-        ("-inf", "finite decimal USD amount"),
+        ("NaN", "decimal USD amount such as"),  # text is ASCII digits and one point, nothing else
+        ("Infinity", "decimal USD amount such as"),
+        ("-inf", "decimal USD amount such as"),
+        ("1_000", "decimal USD amount such as"),
+        (Decimal("NaN"), "finite decimal USD amount"),
+        (Decimal("-Infinity"), "finite decimal USD amount"),
         (0.1, "not float"),  # a float has already lost the amount
         (True, "not bool"),
         (None, "not NoneType"),

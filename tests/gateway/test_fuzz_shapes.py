@@ -1,7 +1,8 @@
 """Fuzzing the gateway's request shapes: every /v1 endpoint that takes a body, with bodies built
 from the official SDKs' request types (openai's and anthropic's TypedDicts, tests/gateway/
-sdk_types.py) and then broken — wrong types, lone surrogates, huge and deeply nested values,
-unknown fields — sent to a live gateway under a blocking cap.
+sdk_types.py) and then broken — wrong types (a part's `type` too, at any depth), lone surrogates,
+NUL characters, huge and deeply nested values, unknown fields — sent to a live gateway under a
+blocking cap.
 
 Asserted for every example: no 5xx; every 4xx is an error in the endpoint's own shape and leaves
 no reservation, no hold and no usage row (each example runs under its own key, so what a request
@@ -39,7 +40,8 @@ FUZZ = settings(
 # -- values ------------------------------------------------------------------------------------
 
 LONE_SURROGATES = st.sampled_from(["\ud800", "x\udfff", "\udbff\ud800z", "\udc00"])
-TEXT = st.one_of(st.text(max_size=12), LONE_SURROGATES)
+NULS = st.sampled_from(["\x00", "echo-1\x00", "a\x00b"])  # PostgreSQL text cannot hold one
+TEXT = st.one_of(st.text(max_size=12), LONE_SURROGATES, NULS)
 SCALARS = st.one_of(
     st.none(),
     st.booleans(),
@@ -77,12 +79,19 @@ def value_for(types: set[str]) -> st.SearchStrategy:
     return st.one_of(*(_RIGHT[t] for t in sorted(types)), WEIRD)
 
 
+PART_TYPES = ["text", "image_url", "image", "input_text", "input_image", "input_audio", "file", "tool_result"]
+# A part's type of the wrong kind: a list or an object (unhashable where a set of names is asked).
+ODD_TYPES = st.lists(TEXT, max_size=2) | st.dictionaries(TEXT, TEXT, max_size=2)
+
+
 def parts() -> st.SearchStrategy:
-    part_type = st.sampled_from(["text", "image_url", "image", "input_text", "input_image", "input_audio", "file"])
-    return st.lists(
-        st.fixed_dictionaries({"type": part_type | JSON}, optional={"text": TEXT | JSON, "image_url": JSON}),
-        max_size=3,
-    )
+    """Content parts, a tool_result's own parts nested inside, any `type` of any kind."""
+    part_type = st.sampled_from(PART_TYPES) | ODD_TYPES | JSON
+    return st.recursive(
+        st.lists(st.fixed_dictionaries({"type": part_type}, optional={"text": TEXT | JSON, "image_url": JSON})),
+        lambda inner: st.lists(st.fixed_dictionaries({"type": part_type, "content": inner}), max_size=2),
+        max_leaves=6,
+    ).map(lambda xs: xs[:3])
 
 
 def messages() -> st.SearchStrategy:
@@ -101,7 +110,12 @@ def tools() -> st.SearchStrategy:
 
 
 # Fields whose inner shape matters to sizing get structured values too.
-_NESTED: dict[str, st.SearchStrategy] = {"messages": messages(), "tools": tools(), "input": st.one_of(TEXT, messages())}
+_NESTED: dict[str, st.SearchStrategy] = {
+    "messages": messages(),
+    "tools": tools(),
+    "input": st.one_of(TEXT, messages()),
+    "system": st.one_of(TEXT, parts()),
+}
 BASE = {
     "chat": {"model": "echo-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16},
     "messages": {"model": "echo-1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 16},
@@ -204,15 +218,23 @@ LIVE = [
     ("/v1/responses", "responses", "openai"),
     ("/v1/messages", "messages", "anthropic"),
     ("/v1/embeddings", "embeddings", "openai"),
+    ("/v1/messages/count_tokens", "messages", "anthropic"),
 ]
+NESTED_TYPE = [{"role": "user", "content": [{"type": "tool_result", "content": [{"type": [], "text": "hi"}]}]}]
 
 
-@pytest.mark.parametrize(("path", "kind", "flavor"), LIVE, ids=[k for _, k, _ in LIVE])
+@pytest.mark.parametrize(("path", "kind", "flavor"), LIVE, ids=[p.removeprefix("/v1/") for p, _, _ in LIVE])
 def test_live_endpoints(fuzz, path, kind, flavor):
+    list_key = "input" if kind == "responses" else "messages"
+
     @FUZZ
     @given(body=body_for(kind))
     @example(body={**BASE[kind], "stream": True, "stream_options": "x"})
     @example(body={**BASE[kind], "model": "echo-1\ud800"})
+    @example(body={**BASE[kind], "model": "echo-1\x00"})
+    @example(body={**BASE[kind], list_key: [{"role": "user", "content": [{"type": {"a": 1}, "text": "hi"}]}]})
+    @example(body={**BASE[kind], list_key: NESTED_TYPE})
+    @example(body={**BASE[kind], "system": [{"type": [], "text": "hi"}]})
     def run(body):
         fuzz.send(path, flavor=flavor, body=body)
 
@@ -235,6 +257,9 @@ RESERVATION_FIELDS_ANY = {
 def test_reservations(fuzz):
     @FUZZ
     @given(body=body_for("chat", RESERVATION_FIELDS) | st.fixed_dictionaries({}, optional=RESERVATION_FIELDS_ANY))
+    @example(body={**BASE["chat"], "request_id": "a\x00b"})
+    @example(body={**BASE["chat"], "messages": [{"role": "user", "content": [{"type": [], "text": "hi"}]}]})
+    @example(body={"model": "echo-1", "amount_usd": "1_000"})
     def run(body):
         fuzz.send("/v1/reservations", body=body)
 
