@@ -30,7 +30,7 @@ def _refuse_every_request(wired) -> Budget:
     wired.project.save()
     wired.org.default_run_budget_nano = usd("1")
     wired.org.save()
-    return wired.budget(amount="0", scope="key", api_key=wired.key)
+    return wired.budget(amount="0.0001", scope="key", api_key=wired.key)
 
 
 def _send_distinct(gateway, n: int) -> list[int]:
