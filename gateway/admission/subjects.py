@@ -30,6 +30,7 @@ from gateway.http.errors import GatewayError, bad_request
 from ledger.admission import Subject
 from ledger.budget_cache import budgets_for
 from ledger.models import Budget
+from ratelimits.services import enforce_new_subjects
 from tenants.audit import Actor
 from tenants.models import ApiKey, EndCustomer
 
@@ -207,7 +208,8 @@ def founding(who: Payer) -> Iterator[Payer]:
     """Admit inside this, as the payer it gives. For a first call (a new end customer, its
     project's default cap, or a run's budget still to create) it is one transaction that creates
     them and then admits, so a refused first call leaves no row behind; any other call gets no
-    transaction of its own.
+    transaction of its own. Before it, the key's limits on new runs and new end customers a
+    minute (ratelimits.services.enforce_new_subjects): over them, 429 and nothing written.
 
     1. The end customer (get_or_create: a concurrent first call of the same customer waits on the
        unique index, then finds the committed row, or creates it if that call was refused).
@@ -218,6 +220,8 @@ def founding(who: Payer) -> Iterator[Payer]:
         yield who
         return
     key = who.key
+    # Rows a key may make a minute: a flood of new ids is 429 before anything is written.
+    enforce_new_subjects(key=key, runs=int(who.new_run_nano is not None), customers=int(who.new_customer is not None))
     with transaction.atomic() if GUARDS.found_in_admission else nullcontext():
         customer = who.customer
         if who.new_customer is not None:
@@ -227,5 +231,7 @@ def founding(who: Payer) -> Iterator[Payer]:
         who = replace(who, customer=customer, new_customer=None, customer_default=False)
         if who.new_run_nano is not None:
             assert who.run_id is not None
-            create_run_budget(key=key, run_id=who.run_id, amount_nano=who.new_run_nano, explicit=who.run_amount_explicit)
+            create_run_budget(
+                key=key, run_id=who.run_id, amount_nano=who.new_run_nano, explicit=who.run_amount_explicit
+            )
         yield who

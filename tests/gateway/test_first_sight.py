@@ -14,7 +14,7 @@ from gateway.admission.subjects import payer
 from ledger.errors import BudgetExceeded
 from ledger.instances import register
 from ledger.models import Budget, Window
-from tenants.models import AuditLogEntry, EndCustomer
+from tenants.models import ApiKey, AuditLogEntry, EndCustomer
 from tests.concurrency import race
 from tests.conftest import usd
 from tests.gateway.conftest import KEY
@@ -128,3 +128,50 @@ def test_concurrent_first_calls_of_one_new_subject_hold_its_cap(acme, settings, 
         assert Budget.objects.filter(scope="run").count() == 1
     for w in Window.objects.all():
         assert w.reserved_nano <= usd("0.065")
+
+
+def _first_calls(gateway, headers_of, n: int, path: str = "/v1/chat/completions", key: str = KEY):
+    body = {"model": "echo-1", "messages": MSG, "max_tokens": 10}
+    with httpx.Client(base_url=gateway.url, headers={"authorization": f"Bearer {key}"}, timeout=30) as client:
+        return [client.post(path, json=body, headers=headers_of(i)) for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    "setting,headers_of,code",
+    [
+        ("NEW_CUSTOMERS_PER_KEY_PER_MINUTE", lambda i: {"x-capgate-customer": f"c-{i}"}, "too_many_new_end_customers"),
+        (
+            "NEW_RUNS_PER_KEY_PER_MINUTE",
+            lambda i: {"x-capgate-run": f"r-{i}", "x-capgate-run-budget-usd": "1"},
+            "too_many_new_runs",
+        ),
+    ],
+    ids=["customers", "runs"],
+)
+def test_a_key_names_a_limited_number_of_new_subjects_a_minute(gateway, wired, settings, setting, headers_of, code):
+    # given: a key may name 5 new customers (or runs) a minute
+    settings.CAPGATE = {**settings.CAPGATE, setting: 5}
+    # when: it names 8
+    replies = _first_calls(gateway, headers_of, 8)
+    # then: 5 served, 3 refused with 429 in the endpoint's shape, and nothing written for those
+    assert [r.status_code for r in replies] == [200] * 5 + [429] * 3
+    err = replies[-1].json()["error"]
+    assert (err["type"], err["code"]) == ("rate_limit_error", code)
+    assert 1 <= int(replies[-1].headers["retry-after"]) <= 60
+    assert EndCustomer.objects.count() + Budget.objects.filter(scope="run").count() == 5
+    # the subjects it already named are not new: served
+    assert [r.status_code for r in _first_calls(gateway, headers_of, 2)] == [200, 200]
+    # the Anthropic endpoint answers in its own shape
+    (msg,) = _first_calls(gateway, lambda i: headers_of(100), 1, path="/v1/messages")
+    assert msg.status_code == 429 and msg.json()["type"] == "error"
+    assert msg.json()["error"]["type"] == "rate_limit_error"
+    # another key has its own count
+    raw, prefix, digest = ApiKey.generate()
+    ApiKey.objects.create(organization=wired.org, project=wired.project, name="k2", prefix=prefix, key_hash=digest)
+    assert _first_calls(gateway, lambda i: headers_of(200), 1, key=raw)[0].status_code == 200
+
+
+def test_new_subject_limits_off_at_zero(gateway, wired, settings):
+    settings.CAPGATE = {**settings.CAPGATE, "NEW_CUSTOMERS_PER_KEY_PER_MINUTE": 0}
+    replies = _first_calls(gateway, lambda i: {"x-capgate-customer": f"z-{i}"}, 12)
+    assert [r.status_code for r in replies] == [200] * 12
