@@ -310,7 +310,7 @@ def enforce_new_subjects(*, key: ApiKey, runs: int, customers: int) -> None:
     found it new); a burst can overshoot by the calls racing the last room, as rate limits do.
     """
     database = settings.DATABASES["default"]["NAME"]
-    checks = []
+    checks: list[tuple[RateLimitItem, str, str, int, str]] = []
     for kind, count in (("run", runs), ("customer", customers)):
         what, header, setting = _NEW_SUBJECTS[kind]
         per_minute = int(settings.CAPGATE[setting])
