@@ -10,7 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.guards import Guards
-from gateway.admission.subjects import creating_run_budget, payer
+from gateway.admission.subjects import founding, payer
 from gateway.http.errors import GatewayError
 from jobs.models import Job, JobFile
 from ledger.admission import (
@@ -52,9 +52,9 @@ def admit_job(
     """One admission for a job's whole worst case, through the same `admit` as a live request,
     for the same subjects (key, project, member, end customer, run). Under a blocking cap a job
     with something a live request would be refused for (refused_code) is refused with that code."""
-    who = payer(key=key, customer_id=customer_id, run_id=run_id, run_budget_usd=run_budget_usd)
-    subject = who.subject
-    with creating_run_budget(who):  # a run's first call creates its budget with this admission
+    # A first call creates its end customer and budgets with this admission (subjects.founding).
+    with founding(payer(key=key, customer_id=customer_id, run_id=run_id, run_budget_usd=run_budget_usd)) as who:
+        subject = who.subject
         budgets = matching_budgets(subject)
         if refused_code and any(b.mode == Budget.Mode.BLOCK for b in budgets):
             raise GatewayError(

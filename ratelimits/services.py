@@ -273,3 +273,73 @@ def enforce_rate_limits(
                 "rate limits: Redis unavailable (%s); counting in this process until it is back", exc.storage_error
             )
     _enforce(lim.local, checks)
+
+
+# --- new subjects per key ----------------------------------------------------------------------
+
+
+class NewSubjectsLimited(CapgateError):
+    """A first call over its key's limit on new runs or new end customers a minute: 429 with
+    Retry-After; nothing created, nothing reserved."""
+
+    status = 429
+    type = "rate_limit_error"
+
+    def __init__(self, *, what: str, header: str, per_minute: int, retry_after: int):
+        self.retry_after = retry_after
+        super().__init__(
+            f"This key named more than {per_minute:,} new {what} in a minute ({header}); "
+            f"reuse one, or retry after {retry_after} s.",
+            code=f"too_many_new_{what.replace(' ', '_')}",
+        )
+
+
+# (what, the header that names it, the setting with its per-key limit a minute)
+_NEW_SUBJECTS = {
+    "run": ("runs", "X-Capgate-Run", "NEW_RUNS_PER_KEY_PER_MINUTE"),
+    "customer": ("end customers", "X-Capgate-Customer", "NEW_CUSTOMERS_PER_KEY_PER_MINUTE"),
+}
+
+
+def enforce_new_subjects(*, key: ApiKey, runs: int, customers: int) -> None:
+    """Count a first call's new run (its budget to create) and new end customer against its
+    key's limits a minute (CAPGATE_NEW_RUNS_PER_KEY_PER_MINUTE,
+    CAPGATE_NEW_CUSTOMERS_PER_KEY_PER_MINUTE; 0: no limit), or raise NewSubjectsLimited counting
+    it against neither. The same sliding-window counters as the declared rate limits, on Redis
+    or, while it is down, in this process. Racing first calls of one subject each count (each
+    found it new); a burst can overshoot by the calls racing the last room, as rate limits do.
+    """
+    database = settings.DATABASES["default"]["NAME"]
+    checks: list[tuple[RateLimitItem, str, str, int, str]] = []
+    for kind, count in (("run", runs), ("customer", customers)):
+        what, header, setting = _NEW_SUBJECTS[kind]
+        per_minute = int(settings.CAPGATE[setting])
+        if count and per_minute > 0:
+            item = RateLimitItemPerMinute(per_minute, namespace=f"capgate-new-{kind}")
+            checks.append((item, what, header, count, f"{database}:{key.pk}"))
+    if not checks:
+        return
+    lim = limiters()
+    if time.monotonic() - lim.redis_failed_at > REDIS_RETRY_SECONDS:
+        try:
+            return _enforce_new(lim.shared, checks)
+        except StorageError as exc:
+            lim.redis_failed_at = time.monotonic()
+            log.warning(
+                "rate limits: Redis unavailable (%s); counting in this process until it is back", exc.storage_error
+            )
+    _enforce_new(lim.local, checks)
+
+
+def _enforce_new(limiter: RateLimiter, checks: list[tuple[RateLimitItem, str, str, int, str]]) -> None:
+    # Test both before counting on either, as _enforce does.
+    for phase in ("test", "hit"):
+        for item, what, header, cost, ident in checks:
+            if not getattr(limiter, phase)(item, ident, cost=cost):
+                reset_at = limiter.get_window_stats(item, ident).reset_time
+                raise NewSubjectsLimited(
+                    what=what,
+                    header=header,
+                    per_minute=item.amount,
+                    retry_after=max(1, min(60, math.ceil(reset_at - time.time()))),
+                )

@@ -356,6 +356,12 @@ CAPGATE = {
     # Rate limits' counters (requests and tokens per minute) live here; if it is unreachable,
     # each process falls back to counting in its own memory (docs/security.md, "Rate limits").
     "RATE_LIMIT_STORAGE_URL": env("CAPGATE_RATE_LIMIT_STORAGE_URL", default=REDIS_URL),
+    # Per API key, the new runs (a run budget to create: X-Capgate-Run) and new end customers
+    # (X-Capgate-Customer) its first calls may name a minute; over it, 429 before any row is
+    # written (ratelimits/services.py enforce_new_subjects). Each is a budget, a window and an
+    # audit row; 0: no limit.
+    "NEW_RUNS_PER_KEY_PER_MINUTE": env.int("CAPGATE_NEW_RUNS_PER_KEY_PER_MINUTE", default=300),
+    "NEW_CUSTOMERS_PER_KEY_PER_MINUTE": env.int("CAPGATE_NEW_CUSTOMERS_PER_KEY_PER_MINUTE", default=300),
     # Idle pooled Redis connections of a gateway process are closed this often (gateway/upstream/runtime.py).
     "REDIS_IDLE_DROP_SECONDS": env.float("CAPGATE_REDIS_IDLE_DROP_SECONDS", default=60.0),
     # A body larger than this is refused with 413 before it is parsed.

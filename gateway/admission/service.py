@@ -22,7 +22,7 @@ from gateway.admission.bounds import Shape
 from gateway.admission.limits import enforce_limits
 from gateway.admission.routing import Target, authenticate, resolve_route
 from gateway.admission.sizing import Sized, Translation, bound_tokens, size
-from gateway.admission.subjects import Payer, creating_run_budget, payer
+from gateway.admission.subjects import Payer, founding, payer
 from gateway.http.errors import GatewayError
 from ledger import admission as ledger_admission
 from ledger import slices
@@ -70,14 +70,15 @@ def admit(
     The worst case is `amount_nano` when the caller states it (the reservation API's
     `amount_usd`), else sized from `shape` over `targets` (gateway/admission/sizing.py). A proxied request
     is held to the tenant's concurrency and rate limits first, so a limited one reserves nothing.
-    A run's first call creates the run's budget in the same transaction as its admission: a
-    refused first call leaves no budget behind for the audit to carry.
+    A first call creates its new end customer, the customer's default cap and the run's budget
+    in the same transaction as its admission (subjects.founding): a refused first call leaves
+    none of them behind.
     `sliced`: the request may be admitted from this process's headroom slices (ledger/slices.py);
     only a proxied call that settles in this process (not a provider job) may.
     """
-    with creating_run_budget(payer):
+    with founding(payer) as who:
         return _admit(
-            payer=payer,
+            payer=who,
             request_id=request_id,
             model=model,
             shape=shape,

@@ -1,32 +1,47 @@
-"""Who pays for a request: its key, the end customer and run its headers name, and the budgets
-a first call creates for them (a project's default customer cap, a run's lifetime cap).
+"""Who pays for a request: its key, the end customer and run its headers name, and the rows
+a first call creates for them (the end customer, its project's default customer cap, a run's
+lifetime cap).
 
-Those budgets are created through budgets.services.create_budget — validated and audited like
-any other, the key as the actor. That work happens once, when the budget is first needed; a
-request whose customer or run already has its budget pays one indexed read for it.
+Refused means nothing written: those rows are created by `founding`, inside the transaction that
+admits the request, so a request refused (402, 429, 400 from sizing) rolls them back with it.
+Concurrent first calls of one new customer or run queue on the row's unique index: the first
+commits it with its admission (or rolls it back with its refusal), and the others then find it,
+or create it themselves.
+
+Budgets are created through budgets.services.create_budget — validated and audited like any
+other, the key as the actor. That work happens once, when the row is first needed; a request
+whose customer or run already has its budget pays one indexed read for it.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, replace
 from decimal import Decimal
 
 from django.db import IntegrityError, transaction
 
 from budgets.services import create_budget
+from core.guards import Guards
 from core.money import MoneyError, format_usd, usd_to_nano
 from gateway.http.errors import GatewayError, bad_request
 from ledger.admission import Subject
 from ledger.budget_cache import budgets_for
 from ledger.models import Budget
+from ratelimits.services import enforce_new_subjects
 from tenants.audit import Actor
 from tenants.models import ApiKey, EndCustomer
 
 _EXTERNAL_ID = re.compile(r"^[\w.@:+\-]{1,200}$")
 MAX_RUN_BUDGET_USD = Decimal("1000000")
+
+# Removal tests: tests/gateway/test_first_sight.py, tests/jobs/test_other_jobs.py.
+GUARDS = Guards(
+    found_in_admission="a first call's new end customer, default cap and run budget are created in "
+    "the transaction that admits it, so a refused call rolls them back",
+)
 
 
 def key_actor(key: ApiKey) -> Actor:
@@ -43,6 +58,13 @@ class Payer:
     run_id: str | None = None
     new_run_nano: int | None = None  # the run's budget, to create with its first admission
     run_amount_explicit: bool = False  # the amount came from X-Capgate-Run-Budget-Usd
+    new_customer: str | None = None  # an end customer's external id, to create with its first admission
+    customer_default: bool = False  # the customer's project default cap, to create with this admission
+
+    @property
+    def founds(self) -> bool:
+        """Its admission creates rows (a customer, a default cap, a run budget): see `founding`."""
+        return self.new_run_nano is not None or self.new_customer is not None or self.customer_default
 
     @property
     def subject(self) -> Subject:
@@ -58,9 +80,10 @@ class Payer:
 
 
 def payer(*, key: ApiKey, customer_id: str | None, run_id: str | None, run_budget_usd: str | None) -> Payer:
-    """Validate the customer and run headers and resolve who pays (creating a new end customer,
-    and its project's default cap, on first sight)."""
-    customer = end_customer(key=key, external_id=customer_id)
+    """Validate the customer and run headers and resolve who pays. Nothing is written here: a new
+    end customer, its project's default cap and a run's budget are created by `founding`, with
+    the request's admission."""
+    customer, new_customer, customer_default = end_customer(key=key, external_id=customer_id)
     new_run_nano = run_budget(key=key, run_id=run_id, amount_usd=run_budget_usd, customer=customer)
     return Payer(
         key=key,
@@ -68,38 +91,48 @@ def payer(*, key: ApiKey, customer_id: str | None, run_id: str | None, run_budge
         run_id=run_id,
         new_run_nano=new_run_nano,
         run_amount_explicit=run_budget_usd is not None,
+        new_customer=new_customer,
+        customer_default=customer_default,
     )
 
 
-def end_customer(*, key: ApiKey, external_id: str | None) -> EndCustomer | None:
-    """The end customer named by X-Capgate-Customer, created on first sight. A project's default
-    customer cap is materialised as the customer's own budget the first time it is needed."""
+def end_customer(*, key: ApiKey, external_id: str | None) -> tuple[EndCustomer | None, str | None, bool]:
+    """The end customer named by X-Capgate-Customer, read: (the customer or None, the external
+    id to create it under when it is new, whether its project's default cap is still to create)."""
     if external_id is None:
-        return None
+        return None, None, False
     if not _EXTERNAL_ID.match(external_id):
         raise bad_request(
             "X-Capgate-Customer must be 1-200 letters, digits or . _ @ : + -",
             code="invalid_customer",
         )
-    customer, _ = EndCustomer.objects.get_or_create(project_id=key.project_id, external_id=external_id)
+    customer = EndCustomer.objects.filter(project_id=key.project_id, external_id=external_id).first()
+    has_default = key.project.default_customer_budget_nano is not None
+    if customer is None:
+        return None, external_id, has_default
+    return customer, None, has_default and not Budget.objects.filter(end_customer=customer).exists()
+
+
+def _default_customer_budget(*, key: ApiKey, customer: EndCustomer) -> None:
+    """A project's default customer cap, materialised as the customer's own budget the first
+    time it is needed; inside the admitting transaction."""
     project = key.project
-    if project.default_customer_budget_nano is not None and not Budget.objects.filter(end_customer=customer).exists():
-        with transaction.atomic():
-            # Serialise racing first requests of one customer on its row: one default budget.
-            EndCustomer.objects.select_for_update().get(pk=customer.pk)
-            if not Budget.objects.filter(end_customer=customer).exists():
-                create_budget(
-                    organization=key.organization,
-                    actor=key_actor(key),
-                    scope=Budget.Scope.END_CUSTOMER,
-                    end_customer=customer,
-                    name="project default customer cap",
-                    period=project.default_customer_budget_period,
-                    mode=project.default_customer_budget_mode,
-                    amount_nano=project.default_customer_budget_nano,
-                    first_sight=True,
-                )
-    return customer
+    with transaction.atomic(savepoint=False):
+        # Serialise racing first requests of one customer on its row: one default budget.
+        EndCustomer.objects.select_for_update().get(pk=customer.pk)
+        if project.default_customer_budget_nano is None or Budget.objects.filter(end_customer=customer).exists():
+            return
+        create_budget(
+            organization=key.organization,
+            actor=key_actor(key),
+            scope=Budget.Scope.END_CUSTOMER,
+            end_customer=customer,
+            name="project default customer cap",
+            period=project.default_customer_budget_period,
+            mode=project.default_customer_budget_mode,
+            amount_nano=project.default_customer_budget_nano,
+            first_sight=True,
+        )
 
 
 def run_budget(
@@ -171,16 +204,34 @@ def create_run_budget(*, key: ApiKey, run_id: str, amount_nano: int, explicit: b
 
 
 @contextmanager
-def creating_run_budget(who: Payer) -> Iterator[None]:
-    """Admit inside this. For a run's first call (its budget still to create) it is one
-    transaction that creates the run's budget and then admits, so a refused first call leaves no
-    budget behind for the audit to carry; any other call gets no transaction of its own."""
-    if who.new_run_nano is None:
-        yield
+def founding(who: Payer) -> Iterator[Payer]:
+    """Admit inside this, as the payer it gives. For a first call (a new end customer, its
+    project's default cap, or a run's budget still to create) it is one transaction that creates
+    them and then admits, so a refused first call leaves no row behind; any other call gets no
+    transaction of its own. Before it, the key's limits on new runs and new end customers a
+    minute (ratelimits.services.enforce_new_subjects): over them, 429 and nothing written.
+
+    1. The end customer (get_or_create: a concurrent first call of the same customer waits on the
+       unique index, then finds the committed row, or creates it if that call was refused).
+    2. Its project's default cap, under the customer's row lock (one budget however many race).
+    3. The run's budget (a concurrent first call waits on its unique index, then compares).
+    """
+    if not who.founds:
+        yield who
         return
-    assert who.run_id is not None
-    with transaction.atomic():
-        create_run_budget(
-            key=who.key, run_id=who.run_id, amount_nano=who.new_run_nano, explicit=who.run_amount_explicit
-        )
-        yield
+    key = who.key
+    # Rows a key may make a minute: a flood of new ids is 429 before anything is written.
+    enforce_new_subjects(key=key, runs=int(who.new_run_nano is not None), customers=int(who.new_customer is not None))
+    with transaction.atomic() if GUARDS.found_in_admission else nullcontext():
+        customer = who.customer
+        if who.new_customer is not None:
+            customer, _ = EndCustomer.objects.get_or_create(project_id=key.project_id, external_id=who.new_customer)
+        if customer is not None and who.customer_default:
+            _default_customer_budget(key=key, customer=customer)
+        who = replace(who, customer=customer, new_customer=None, customer_default=False)
+        if who.new_run_nano is not None:
+            assert who.run_id is not None
+            create_run_budget(
+                key=key, run_id=who.run_id, amount_nano=who.new_run_nano, explicit=who.run_amount_explicit
+            )
+        yield who

@@ -3,7 +3,6 @@ admitted at submission, held by its job, settled from what the provider reports.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from datetime import timedelta
 
 import anthropic
@@ -13,8 +12,7 @@ from django.utils import timezone
 
 from alerts.audit import audit_counters
 from catalog.pricing import video_nano
-from gateway.admission.subjects import create_run_budget
-from jobs import service
+from gateway.admission import subjects
 from jobs.models import Job
 from jobs.poll import poll_jobs
 from ledger.models import Budget, Reservation, UsageRecord
@@ -100,15 +98,8 @@ def test_a_refused_first_job_of_a_run_leaves_no_run_budget(gateway, jobs_org, up
 
 
 def test_run_budget_transaction_removal_leaves_a_refused_runs_budget_behind(gateway, jobs_org, upstream, monkeypatch):
-    @contextmanager
-    def outside_the_admission(who):  # what the guard prevents: the budget committed on its own
-        if who.new_run_nano is not None:
-            create_run_budget(
-                key=who.key, run_id=who.run_id, amount_nano=who.new_run_nano, explicit=who.run_amount_explicit
-            )
-        yield
-
-    monkeypatch.setattr(service, "creating_run_budget", outside_the_admission)
+    # what the guard prevents: the budget committed on its own, before the admission refuses
+    monkeypatch.setattr(subjects.GUARDS, "found_in_admission", False)
     with pytest.raises(AssertionError):
         _refused_first_job_of_a_run(gateway, jobs_org)
 
