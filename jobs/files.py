@@ -17,6 +17,7 @@ from email.parser import BytesParser
 from urllib.parse import parse_qsl
 
 import httpx
+from django.conf import settings
 
 from gateway import billing
 from gateway.http.errors import GatewayError, bad_request
@@ -65,7 +66,7 @@ class _Upload:
     rewritten: bytes
 
 
-def prepare_upload(*, key: ApiKey, content_type: str, raw: bytes, allowed: list[str]) -> _Upload:
+def prepare_upload(*, key: ApiKey, content_type: str, raw: bytes, allowed: list[str], quota: int) -> _Upload:
     """An upload's form parsed, its file's lines sized and the organization's file quota checked:
     CPU work in proportion to the file, run in a sizing process (jobs/uploads.py), never on the
     gateway's event loop nor its threads, which serve every tenant's requests."""
@@ -89,7 +90,7 @@ def prepare_upload(*, key: ApiKey, content_type: str, raw: bytes, allowed: list[
         if name.split("[", 1)[0] == "expires_after" and part_filename is None
     }
     sized, rewritten = sizing.size_openai_file(key=key, raw=content)
-    uploads.check_room(organization_id=key.organization_id, adding=len(rewritten))
+    uploads.check_room(organization_id=key.organization_id, adding=len(rewritten), quota=quota)
     sized.bodies = []  # in `rewritten` already: not copied back from the sizing process twice
     return _Upload(filename=filename, expiry=expiry, sized=sized, rewritten=rewritten)
 
@@ -98,7 +99,8 @@ def prepare_upload(*, key: ApiKey, content_type: str, raw: bytes, allowed: list[
 async def upload(req: Request, key: ApiKey, match: re.Match[str]) -> None:
     async with uploads.upload_slot(key.organization_id):
         # An organization already at its quota is refused before its body is read.
-        await runtime.db(uploads.check_room, organization_id=key.organization_id, adding=1)
+        quota = settings.CAPGATE["ORG_STORED_FILE_BYTES"]
+        await runtime.db(uploads.check_room, organization_id=key.organization_id, adding=1, quota=quota)
         raw = await req.body(sizing.max_file_bytes())
         prepared = await uploads.sizing_turn(
             prepare_upload,
@@ -106,6 +108,7 @@ async def upload(req: Request, key: ApiKey, match: re.Match[str]) -> None:
             content_type=req.headers.get("content-type", ""),
             raw=raw,
             allowed=list(billing.JOB_FIELDS["files"]),
+            quota=quota,
         )
         await _send_upload(req, key, prepared)
 

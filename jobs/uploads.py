@@ -139,9 +139,9 @@ def stored_bytes(*, organization_id: int) -> int:
     return JobFile.objects.filter(organization_id=organization_id).aggregate(n=Sum("size_bytes"))["n"] or 0
 
 
-def check_room(*, organization_id: int, adding: int) -> None:
-    """413 `file_storage_quota` when the organization's stored files plus `adding` bytes pass its quota."""
-    quota = settings.CAPGATE["ORG_STORED_FILE_BYTES"]
+def check_room(*, organization_id: int, adding: int, quota: int) -> None:
+    """413 `file_storage_quota` when the organization's stored files plus `adding` bytes pass its
+    quota (given by the gateway process: its settings, not a sizing process's)."""
     stored = stored_bytes(organization_id=organization_id)
     if stored + adding > quota:
         raise GatewayError(
