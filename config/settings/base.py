@@ -275,10 +275,9 @@ CAPGATE = {
     "ORG_CONCURRENT_UPLOADS": env.int("CAPGATE_ORG_CONCURRENT_UPLOADS", default=2),
     "ORG_STORED_FILE_BYTES": env.int("CAPGATE_ORG_STORED_FILE_BYTES", default=10 * 1024 * 1024 * 1024),
     "SIZING_CONCURRENCY": env.int("CAPGATE_SIZING_CONCURRENCY", default=2),
-    # echo's job store in Redis (echo/jobs.py): how long it keeps an object, and the bytes one echo
-    # connection (one organization's) may keep there at once (more: 413 from echo).
+    # How long echo's job store in Redis keeps an object (echo/jobs.py): a demo's files and batches,
+    # bounded in bytes per organization by ORG_STORED_FILE_BYTES, do not sit in Redis for a week.
     "ECHO_STORE_SECONDS": env.int("CAPGATE_ECHO_STORE_SECONDS", default=86400),
-    "ECHO_STORE_BYTES": env.int("CAPGATE_ECHO_STORE_BYTES", default=64 * 1024 * 1024),
     # A lifetime window (a finished run's) with no holds and no charge for this long leaves the
     # live audit set; it stays in history and rejoins it when charged again.
     "AUDIT_IDLE_LIFETIME": timedelta(hours=env.int("CAPGATE_AUDIT_IDLE_LIFETIME_HOURS", default=72)),
