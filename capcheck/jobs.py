@@ -51,14 +51,18 @@ async def _burst(setup: Setup, plan: Plan, sent: list[Sent]) -> None:
     )
     limits = httpx.Limits(max_connections=len(sent), max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=plan.url, limits=limits, timeout=plan.request_timeout) as client:
+        # The files are the setup, not the burst: uploaded two at a time, within an organization's
+        # uploads at once (CAPGATE_ORG_CONCURRENT_UPLOADS, default 2), so none is refused with 429.
+        turns = asyncio.Semaphore(2)
 
         async def upload(s: Sent) -> str:
-            resp = await client.post(
-                "/v1/files",
-                headers={"authorization": f"Bearer {setup.keys[s.key]}"},
-                data={"purpose": "batch"},
-                files={"file": ("capcheck.jsonl", io.BytesIO(line.encode()), "application/jsonl")},
-            )
+            async with turns:
+                resp = await client.post(
+                    "/v1/files",
+                    headers={"authorization": f"Bearer {setup.keys[s.key]}"},
+                    data={"purpose": "batch"},
+                    files={"file": ("capcheck.jsonl", io.BytesIO(line.encode()), "application/jsonl")},
+                )
             return str(resp.json().get("id") or "") if resp.status_code == 200 else ""
 
         file_ids = await asyncio.gather(*(upload(s) for s in sent))

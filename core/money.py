@@ -13,7 +13,7 @@ Display rounds half-up to the cent at $100 and more (`format_usd`).
 from __future__ import annotations
 
 import re
-from decimal import ROUND_CEILING, ROUND_DOWN, ROUND_HALF_UP, ROUND_UP, Decimal, InvalidOperation
+from decimal import ROUND_CEILING, ROUND_DOWN, ROUND_HALF_UP, ROUND_UP, Decimal
 
 NANO_PER_USD = 1_000_000_000
 _NANO_PER_USD = Decimal(NANO_PER_USD)

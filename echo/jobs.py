@@ -20,8 +20,8 @@ A job is finished when it is created: the create call answers "validating" / "qu
 "in_progress", every later read answers it completed with priced usage (token usage per line as
 echo answers the same request live; a video bills its `seconds`), and a cancel, arriving after
 the end, answers the finished job unchanged. The objects are kept in Redis (settings.REDIS_URL,
-keys `capgate-echo:*`, 7 days), so any worker process can answer for a job another created
-(docs/decisions.md, 2026-12-01).
+keys `capgate-echo:*`, for CAPGATE_ECHO_STORE_SECONDS: a day by default), so any worker process
+can answer for a job another created (docs/decisions.md, 2026-12-01).
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ from gateway.http.routes import NoRoute, Route, RouteTable
 from gateway.providers import connection_url
 
 PREFIX = "capgate-echo:"
-TTL_S = 7 * 86400
 PURPOSES = {"assistants", "batch", "fine-tune", "vision", "user_data", "evals"}
 SECONDS = ("4", "8", "12")
 SIZES = ("720x1280", "1280x720", "1024x1792", "1792x1024")
@@ -81,7 +80,8 @@ class _Call:
                 self.files[name] = part
 
     async def put(self, key: str, value: Any) -> None:
-        await self.r.set(PREFIX + key, value if isinstance(value, bytes) else json.dumps(value), ex=TTL_S)
+        data = value if isinstance(value, bytes) else json.dumps(value)
+        await self.r.set(PREFIX + key, data, ex=settings.CAPGATE["ECHO_STORE_SECONDS"])
 
     async def raw(self, key: str) -> bytes | None:
         return await self.r.get(PREFIX + key)

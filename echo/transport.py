@@ -15,8 +15,6 @@ status (500 unless a number) with no body, as a failing provider would, before a
 
 from __future__ import annotations
 
-import email.parser
-import email.policy
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,6 +25,7 @@ from core.strict import ascii_int
 from echo import jobs as echo_jobs
 from echo import provider
 from gateway.upstream.transport import CALL, Call, InProcess
+from jobs.files import parse_multipart
 
 FAULT_HEADER = "x-capgate-echo-fail"
 LIVE = {
@@ -104,20 +103,13 @@ def _parts(request: httpx.Request, raw: bytes) -> tuple[Any, dict | None, dict |
     """The call's JSON body, or its multipart upload as files and fields (echo/jobs.py's form)."""
     content_type = request.headers.get("content-type", "")
     if content_type.startswith("multipart/form-data"):
-        message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-            b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + raw
-        )
         files: dict = {}
         data: dict = {}
-        for part in message.iter_parts():
-            name = part.get_param("name", header="content-disposition")
-            decoded = part.get_payload(decode=True)
-            payload = decoded if isinstance(decoded, bytes) else b""
-            filename = part.get_filename()
+        for name, (filename, payload) in parse_multipart(content_type, raw).items():
             if filename is None:
-                data[str(name)] = payload.decode()
+                data[name] = payload.decode()
             else:
-                files[str(name)] = (filename, payload, part.get_content_type())
+                files[name] = (filename, payload)
         return None, files, data
     if not raw:
         return None, None, None

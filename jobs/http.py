@@ -63,12 +63,15 @@ async def error(req: Request, exc: CapgateError, flavor: str, extra: list[tuple[
     await req.respond(status, body, headers + (extra or []))
 
 
-def refuse_unlisted(endpoint: str, names: Iterable[str], *, form: bool = False) -> None:
+def refuse_unlisted(
+    endpoint: str, names: Iterable[str], *, form: bool = False, allowed: Iterable[str] | None = None
+) -> None:
     """400 for a field the billing inventory does not list for this job endpoint
     (gateway/billing/jobs.py JOB_FIELDS, which is the endpoint's allowlist): a field nobody has
-    classified could change what the job bills. In a multipart form, `a[b]` is part of field `a`."""
+    classified could change what the job bills. In a multipart form, `a[b]` is part of field `a`.
+    `allowed`: the inventory's list as the gateway process holds it, for a check run elsewhere."""
     fields = {name.split("[", 1)[0] if form else name for name in names}
-    unknown = sorted(fields - set(billing.JOB_FIELDS[endpoint]))
+    unknown = sorted(fields - set(billing.JOB_FIELDS[endpoint] if allowed is None else allowed))
     if unknown:
         raise bad_request(f"Unsupported parameter: '{unknown[0]}'.", param=unknown[0], code="unsupported_parameter")
 
@@ -108,7 +111,8 @@ def install() -> None:
     """Register the job routes with the gateway's route table and the background-response
     hand-off with the proxy (once, from JobsConfig.ready: a second registration is refused)."""
     # Imported here: jobs.background imports the proxy, which is loaded once apps are ready.
-    from jobs import background
+    from jobs import background, uploads
 
     register(*routes())
     proxy.register_background(background.submit)
+    runtime.on_stop(uploads.stop_sizing)

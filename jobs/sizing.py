@@ -93,16 +93,33 @@ def _refusal(shape: Shape, target: Target) -> str:
     return ""
 
 
+def _route(key: ApiKey, name: str, kind: str, routes: dict[tuple[str, str], list[Target]] | None) -> list[Target]:
+    """The route's targets, resolved once per model name and endpoint for a whole file: every line
+    of one file sees the same routing, and 50,000 lines cost one lookup each, not 50,000."""
+    if routes is None:
+        return resolve_route(key=key, name=name, kind=kind)
+    found = routes.get((name, kind))
+    if found is None:
+        found = routes[(name, kind)] = resolve_route(key=key, name=name, kind=kind)
+    return found
+
+
 def size_line(
-    *, key: ApiKey, body: dict, kind: str, sized: SizedLines | None, where: str
+    *,
+    key: ApiKey,
+    body: dict,
+    kind: str,
+    sized: SizedLines | None,
+    where: str,
+    routes: dict[tuple[str, str], list[Target]] | None = None,
 ) -> tuple[Target, int, dict, str]:
     """One request of a job: (its target, its bound at the batch price, the body the provider
-    gets, the refusal code under a blocking cap or "")."""
+    gets, the refusal code under a blocking cap or ""). `routes` memoizes routing across one job's lines."""
     try:
         shape = SHAPERS[kind](body, {})
         if shape.stream:
             raise bad_request("a batched request cannot stream.", param="stream")
-        targets = resolve_route(key=key, name=shape.model, kind=kind)
+        targets = _route(key, shape.model, kind, routes)
     except CapgateError as exc:
         raise _line_error(where, exc) from None
     target = targets[0]  # a job runs where it was submitted: no failover
@@ -170,6 +187,7 @@ def size_openai_file(*, key: ApiKey, raw: bytes) -> tuple[SizedLines, bytes]:
         )
     sized: SizedLines | None = None
     seen: set[str] = set()
+    routes: dict[tuple[str, str], list[Target]] = {}
     out_lines: list[bytes] = []
     for i, line in enumerate(lines, 1):
         where = f"line {i}"
@@ -206,7 +224,7 @@ def size_openai_file(*, key: ApiKey, raw: bytes) -> tuple[SizedLines, bytes]:
             kind=kind,
             route=str(body.get("model")),
             custom_id=custom_id,
-            line=size_line(key=key, body=body, kind=kind, sized=sized, where=where),
+            line=size_line(key=key, body=body, kind=kind, sized=sized, where=where, routes=routes),
         )
         out_lines.append(json.dumps({**item, "method": "POST", "body": sized.bodies[-1]}).encode())
     assert sized is not None
@@ -223,6 +241,7 @@ def size_message_batch(*, key: ApiKey, body: dict) -> tuple[SizedLines, list[dic
         raise bad_request(f"A message batch holds at most {MAX_LINES} requests.", param="requests")
     sized: SizedLines | None = None
     seen: set[str] = set()
+    routes: dict[tuple[str, str], list[Target]] = {}
     out: list[dict] = []
     for i, item in enumerate(requests):
         where = f"requests[{i}]"
@@ -239,7 +258,7 @@ def size_message_batch(*, key: ApiKey, body: dict) -> tuple[SizedLines, list[dic
             kind="messages",
             route=str(item["params"].get("model")),
             custom_id=custom_id,
-            line=size_line(key=key, body=item["params"], kind="messages", sized=sized, where=where),
+            line=size_line(key=key, body=item["params"], kind="messages", sized=sized, where=where, routes=routes),
         )
         out.append({"custom_id": custom_id, "params": sized.bodies[-1]})
     assert sized is not None

@@ -14,6 +14,10 @@ STATE_DIR="${CAPGATE_STATE_DIR:-/var/tmp/capgate}"
 PG_DIR="$STATE_DIR/pg-$PG_PORT"
 PG_SOCK="$STATE_DIR/sock"
 REDIS_DIR="$STATE_DIR/redis-$REDIS_PORT"
+# A bound on Redis's memory, and never an eviction: Redis holds rate-limit counters, the Celery
+# broker's tasks and echo's job store; evicting any of them silently (a counter reset, a task lost)
+# is worse than a write refused with an error (docs/operations.md, "Redis").
+REDIS_MAXMEMORY="${CAPGATE_REDIS_MAXMEMORY:-512mb}"
 # PgBouncer in transaction mode, as production Postgres is often reached (docs/operations.md,
 # "PgBouncer"); tests/pgbouncer/ run money tests through it. Its config is generated here at
 # start, beside the cluster's (never committed): the postgres user it runs as reads it there.
@@ -103,7 +107,8 @@ redis_start() {
   fi
   log "starting redis on 127.0.0.1:$REDIS_PORT"
   redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --daemonize yes --dir "$REDIS_DIR" \
-    --pidfile "$REDIS_DIR/redis.pid" --logfile "$REDIS_DIR/redis.log" --save '' --appendonly no
+    --pidfile "$REDIS_DIR/redis.pid" --logfile "$REDIS_DIR/redis.log" --save '' --appendonly no \
+    --maxmemory "$REDIS_MAXMEMORY" --maxmemory-policy noeviction
   for _ in $(seq 50); do redis_running && return; sleep 0.1; done
   log "redis did not start; see $REDIS_DIR/redis.log"; exit 1
 }

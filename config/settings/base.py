@@ -271,6 +271,15 @@ CAPGATE = {
     "JOB_POLL_PER_RUN": env.int("CAPGATE_JOB_POLL_PER_RUN", default=100),
     # A batch input file larger than this is refused with 413 before it is parsed.
     "MAX_FILE_BYTES": env.int("CAPGATE_MAX_FILE_BYTES", default=100 * 1024 * 1024),
+    # One tenant cannot starve the others (jobs/uploads.py, docs/operations.md): uploads one
+    # organization may run at once in one gateway process (more: 429), the bytes of uploaded files
+    # it may keep (more: 413), and how many uploads one process sizes at once (the rest wait).
+    "ORG_CONCURRENT_UPLOADS": env.int("CAPGATE_ORG_CONCURRENT_UPLOADS", default=2),
+    "ORG_STORED_FILE_BYTES": env.int("CAPGATE_ORG_STORED_FILE_BYTES", default=10 * 1024 * 1024 * 1024),
+    "SIZING_CONCURRENCY": env.int("CAPGATE_SIZING_CONCURRENCY", default=2),
+    # How long echo's job store in Redis keeps an object (echo/jobs.py): a demo's files and batches,
+    # bounded in bytes per organization by ORG_STORED_FILE_BYTES, do not sit in Redis for a week.
+    "ECHO_STORE_SECONDS": env.int("CAPGATE_ECHO_STORE_SECONDS", default=86400),
     # A lifetime window (a finished run's) with no holds and no charge for this long leaves the
     # live audit set; it stays in history and rejoins it when charged again.
     "AUDIT_IDLE_LIFETIME": timedelta(hours=env.int("CAPGATE_AUDIT_IDLE_LIFETIME_HOURS", default=72)),

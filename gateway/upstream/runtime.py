@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -65,6 +66,16 @@ class Health:
 health = Health()
 
 
+_stop_hooks: list[Callable[[], None]] = []
+
+
+def on_stop(hook: Callable[[], None]) -> None:
+    """Run `hook` (blocking, on a thread) when the ASGI app stops: for what an app above the
+    gateway started in this process (jobs' sizing processes)."""
+    if hook not in _stop_hooks:
+        _stop_hooks.append(hook)
+
+
 class Background:
     """Loops that live as long as the ASGI app: heartbeat, micro-batch drain, spool replay."""
 
@@ -115,6 +126,8 @@ class Background:
             log.warning("database unavailable at shutdown: beat will settle this process's records")
         finally:
             await recorder().close()  # the loop's own connection (gateway/upstream/loopdb.py)
+            for hook in _stop_hooks:
+                await asyncio.get_running_loop().run_in_executor(None, hook)
 
     async def _heartbeat(self) -> None:
         # On the `live` lane (its own thread and connection, never queued behind requests), and
