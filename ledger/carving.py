@@ -175,9 +175,9 @@ def admit_unblocked(*, reservation: Reservation) -> bool:
 
 
 # Give a slice's unused part back: lock its row, take `amount` off it and its positive holds
-# (or delete them all when `close` and that is everything left), then lock the windows those holds
-# were on, in id order, and take the same amount off `reserved`. Reservation, holds, then windows
-# in ascending order: the ledger's lock order (ledger/locks.py).
+# (or delete them all, and its requests' claims, when `close` and that is everything left), then
+# lock the windows those holds were on, in id order, and take the same amount off `reserved`.
+# Reservation, holds, then windows in ascending order: the ledger's lock order (ledger/locks.py).
 _GIVE_BACK_SQL = f"""
 WITH s AS MATERIALIZED (
     SELECT r.id, r.amount_nano, %(close)s AND r.amount_nano = %(amount)s AS whole
@@ -196,6 +196,8 @@ WITH s AS MATERIALIZED (
     UPDATE budgets_reservation r SET amount_nano = r.amount_nano - %(amount)s FROM s WHERE r.id = s.id AND NOT s.whole
 ), gone AS (
     DELETE FROM budgets_reservation r USING s WHERE r.id = s.id AND s.whole
+), gone_claims AS (
+    DELETE FROM ledger_sliceclaim c USING s WHERE c.slice_id = s.id AND s.whole
 ), released AS MATERIALIZED (
     SELECT window_id FROM kept_holds UNION SELECT window_id FROM gone_holds WHERE amount_nano > 0
 ), locked AS MATERIALIZED (

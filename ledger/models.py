@@ -245,6 +245,30 @@ class Hold(models.Model):
         ]
 
 
+class SliceClaim(models.Model):
+    """A request admitted in memory from a headroom slice of a blocking ceiling, written before its
+    provider call (ledger/slice_claims.py). If the slice's process dies, expiry charges the slice
+    only these requests' worst cases (those not recorded yet) and gives the rest back.
+
+    Deliberately no foreign key to the slice's row: checking one takes FOR KEY SHARE on the
+    hottest reservation row from every admission (the multixact trouble ledger.models.Hold tells).
+    A claim outlives its request's record; it goes with its slice (closed, or settled by expiry),
+    and beat deletes those whose slice is gone another way."""
+
+    id = models.UUIDField(primary_key=True)  # the request's reservation id (a carve keeps it)
+    slice_id = models.UUIDField(db_index=True)
+    request_id = models.CharField(max_length=100)
+    model = models.CharField(max_length=200, blank=True)
+    amount_nano = models.BigIntegerField()  # the request's worst case
+    created_at = models.DateTimeField()  # its admission time: usage belongs to this period
+
+    class Meta:
+        db_table = "ledger_sliceclaim"
+        constraints = [
+            models.CheckConstraint(condition=Q(amount_nano__gte=0), name="slice_claim_amount_nonnegative"),
+        ]
+
+
 class UsageRecord(Charged):
     class Status(models.TextChoices):
         SERVED = "served"

@@ -30,6 +30,7 @@ from ledger.locks import claim_lapsed, lock_windows, record_for_update, relaxed_
 from ledger.models import Charged, Reservation, UsageRecord, Window, unsaved
 from ledger.scopes import CHARGED_COLUMNS
 from ledger.signals import send_after_commit
+from ledger.slice_claims import fence_dead_slices, settle_fenced_slices
 from tenants.models import AuditLogEntry, Organization
 
 Status = UsageRecord.Status
@@ -523,7 +524,15 @@ def expire(
     once. Returns the records this call inserted.
     """
     now = now or timezone.now()
-    lapsed_q = Q(expires_at__lt=now) | Q(deadline_at__lt=now)
+    if dead_owner_ids:
+        # A dead owner's slices keep only their requests in flight (ledger/slice_claims.py). The
+        # fence commits on its own before the claims are read.
+        fence_dead_slices(dead_owner_ids=dead_owner_ids, now=now, seen_before=dead_owner_seen_before)
+    settle_fenced_slices()
+    # A fenced slice not settled yet (another expiry holds it) is settled next time, never
+    # charged whole.
+    fenced = Q(origin=Reservation.Origin.SLICE, owner__isnull=True)
+    lapsed_q = (Q(expires_at__lt=now) | Q(deadline_at__lt=now)) & ~fenced
     if dead_owner_ids:
         dead_q = Q(owner_id__in=list(dead_owner_ids))
         if dead_owner_seen_before is not None:

@@ -23,10 +23,11 @@ NOTIFY on `capgate_slices`, gateway/upstream/runtime.py); its unused part then g
 (`give_back`), and its row is deleted once nothing of it is in flight (or by the carve that takes
 its last nano-dollar).
 
-A crash leaves the slice's row: it lapses with its owner like any reservation and is charged its
-remaining amount at worst case (`estimated`) — its unused part included, since nothing durable
-says how much of it was in flight. Slices are small (a share of the room, divided among the live
-processes, and a few hundred worst cases at most), and none is taken near the cap.
+A request from a slice of a blocking ceiling also writes a claim before its provider call (its
+worst case, one insert on no shared row: ledger/slice_claims.py). A crash leaves the slice's row
+and those claims: once its owner is taken for dead, expiry carves out the claims not yet
+recorded (each then charged at its worst case, `estimated`, under its own request id, and
+corrected by a late true report) and gives the rest of the slice back to the windows.
 
 A subject with no blocking budget gets a slice of zero at once: there is no ceiling to exhaust,
 so its requests need no admission statement. Each still gets its own reservation row (0 holds on
@@ -73,6 +74,7 @@ from ledger.errors import BudgetExceeded
 from ledger.models import Budget, Reservation, unsaved
 from ledger.periods import period_bounds
 from ledger.scopes import CHARGED_COLUMNS
+from ledger.slice_claims import claim, unclaim
 
 log = logging.getLogger(__name__)
 
@@ -207,12 +209,14 @@ class Book:
         the row is refused (a blocking budget appeared, or the slice was charged by expiry), the
         slice admits no more and the request is admitted afresh."""
         reservation = admitted.reservation
-        if reservation.slice_id is None or reservation.amount_nano == 0 or not GUARDS.write_unblocked:
+        if reservation.slice_id is None or reservation.amount_nano == 0:
             return admitted
         with self._lock:
             s = self._all.get(reservation.slice_id)
             blocking = s is None or s.blocking
-        if blocking:  # carved from its slice with its record (the slice's row holds it meanwhile)
+        if blocking:  # carved from its slice with its record; its claim says it is in flight
+            return self._claimed(admitted, request)
+        if not GUARDS.write_unblocked:
             return admitted
         if admit_unblocked(reservation=reservation):
             reservation.carved = True
@@ -225,6 +229,29 @@ class Book:
         fresh = replace(request, budgets=None)  # read the budgets again: one of them is new
         try:
             return admit(request=fresh)
+        except BudgetExceeded as exc:
+            self._refused(exc)
+            raise
+
+    def _claimed(self, admitted: Admitted, request: AdmissionRequest) -> Admitted:
+        """A request from a slice of a blocking ceiling writes its claim before the provider call
+        (ledger/slice_claims.py), so a crash charges the slice only what is in flight. If the
+        slice was fenced for this process's death meanwhile, it admits no more; the request
+        goes on if expiry carved its claim (it has its own reservation), else is admitted afresh."""
+        reservation = admitted.reservation
+        if claim(reservation=reservation):
+            return admitted
+        log.warning("slice %s was taken from this process by expiry: no longer admitting from it", reservation.slice_id)
+        with self._lock:
+            s = self._all.get(reservation.slice_id) if reservation.slice_id is not None else None
+            if s is not None:
+                self._retire(s)
+        if unclaim(reservation=reservation):
+            reservation.carved = True
+            return admitted
+        self.settled(reservation)
+        try:
+            return admit(request=replace(request, budgets=None))
         except BudgetExceeded as exc:
             self._refused(exc)
             raise
@@ -415,8 +442,9 @@ class Book:
             return len(hit)
 
     def charged(self, slice_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, int]:
-        """These slices' rows are gone without this process closing them: expiry charged them
-        whole (their owner was taken for dead). Admit nothing more from them, at once, and give
+        """These slices' rows are gone without this process closing them: expiry settled them
+        (their owner was taken for dead: ledger/slice_claims.py) or charged them whole (their
+        hard deadline passed). Admit nothing more from them, at once, and give
         nothing back (there is nothing left to give). Returns, for each one this process had,
         the part it never gave to a request (ledger/charged_slices.py takes it off the charge)."""
         with self._lock:

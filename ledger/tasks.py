@@ -19,6 +19,7 @@ from ledger.admission import renew
 from ledger.drain import drain_all
 from ledger.instances import alive_ids, dead_ids
 from ledger.recording import expire
+from ledger.slice_claims import delete_orphan_claims
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ def renew_and_expire() -> dict[str, int]:
     alive = alive_ids(grace=grace, now=now)
     renewed = renew(owner_ids=alive, now=now)
     expired = expire(now=now, dead_owner_ids=dead_ids(alive=alive), dead_owner_seen_before=now - grace)
+    delete_orphan_claims()
     if expired:
         log.info(
             "renew_and_expire: %s leases renewed, %s reservations expired at worst case",

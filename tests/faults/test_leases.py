@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 
 import capcheck
-from ledger.models import GatewayInstance, Reservation, UsageRecord, Window
+from ledger.models import GatewayInstance, Reservation, SliceClaim, UsageRecord, Window
 from tests.faults.conftest import (
     Renewer,
     database_url,
@@ -137,7 +137,7 @@ def test_kill_9_mid_stream_charges_its_reservations_at_worst_case_within_the_gra
     assert report.ok, report.problems
 
 
-def test_kill_9_with_headroom_slices_charges_the_slice_whole_and_leaves_nothing(settings, tmp_path):
+def test_kill_9_with_headroom_slices_charges_only_the_calls_in_flight_and_leaves_nothing(settings, tmp_path):
     # given: the same crash with headroom slices on: six streams, the first admitted alone (its
     # key's room unknown), the other five from one slice
     settings.CAPGATE = {**settings.CAPGATE, "LEASE": timedelta(seconds=2), "HEARTBEAT_GRACE": timedelta(seconds=3)}
@@ -182,13 +182,16 @@ def test_kill_9_with_headroom_slices_charges_the_slice_whole_and_leaves_nothing(
     assert all(s.status == 200 and s.error for s in sent), "every stream was cut by the kill"
     worst = setup.tokens.worst_nano
     records = list(UsageRecord.objects.filter(organization=setup.organization))
-    # then: the request admitted alone is charged its worst case under its own id; the slice is
-    # charged its whole remaining amount (its five streams' worst cases and its unused part) under
-    # its own id: the streams from it have no row of their own (docs/operations.md, "Hot ceilings")
-    assert {(r.status, r.cost_nano) for r in records if not r.request_id.startswith("slice-")} == {("estimated", worst)}
-    (charged,) = [r for r in records if r.request_id.startswith("slice-")]
-    assert (charged.status, charged.cost_nano) == ("estimated", slice_row.amount_nano)  # nothing was carved
-    assert charged.cost_nano >= 5 * worst
+    # then: each of the six streams in flight is charged its worst case under its own id (the
+    # five from the slice by their claims); the slice's unused room went back, nothing else charged
+    assert slice_row.amount_nano > 5 * worst  # the slice held unused room when the process died
+    assert not [r for r in records if r.request_id.startswith("slice-")]
+    assert len(records) == 6 and {(r.status, r.cost_nano) for r in records} == {("estimated", worst)}
     window = Window.objects.get(budget__organization=setup.organization)
-    assert window.spent_nano == worst + charged.cost_nano >= 6 * worst
-    assert window.spent_nano <= window.budget.amount_nano and window.reserved_nano == 0
+    assert (window.spent_nano, window.reserved_nano) == (6 * worst, 0)
+    # and the room the slice did not use admits requests again (under the whole-slice charge, the
+    # slice's unused part stayed spent)
+    assert window.budget.amount_nano - window.spent_nano >= slice_row.amount_nano - 5 * worst + worst
+    assert not SliceClaim.objects.exists()
+    report = capcheck.check_organization(organization_id=setup.organization.id, sent=sent)
+    assert report.ok, report.problems

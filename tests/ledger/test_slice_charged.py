@@ -1,9 +1,14 @@
-"""A slice charged by expiry while its process still uses it (the process was taken for dead):
-the first record that finds it charged makes the process stop admitting from it at once."""
+"""A slice charged whole by expiry while its process still uses it (its hard deadline passed):
+the first record that finds it charged makes the process stop admitting from it at once. (A slice
+of a process taken for dead keeps only its requests in flight: tests/ledger/test_slice_claims.py.)"""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.conf import settings
+from django.utils import timezone
 
 from alerts.audit import audit_counters
 from ledger import recording, slices
@@ -33,8 +38,8 @@ def _charged_under_a_live_process(acme, book: Book):
     book.admit(_request(acme, owner, budgets))  # alone: the key's room is unknown
     taken = book.admit(_request(acme, owner, budgets))
     assert taken.reservation.slice_id is not None
-    # when: beat takes the owner for dead and charges its slice whole
-    expire(dead_owner_ids=[owner])
+    # when: beat finds the slice past its hard deadline and charges it whole
+    expire(now=timezone.now() + settings.CAPGATE["MAX_REQUEST_LIFETIME"] + timedelta(seconds=1))
     drain_all()
     # and: the request from it finishes; its record finds the slice charged
     (result,) = record_many(items=[(taken.reservation, Outcome(status="served", cost_nano=usd("0.002")))])
@@ -55,7 +60,11 @@ def test_a_slice_charged_by_expiry_admits_nothing_more(acme, book):
 
 
 def test_removal_without_the_hook_the_process_admits_from_the_charged_slice(acme, book, monkeypatch):
+    from ledger import slice_claims
+
     monkeypatch.setattr(recording, "settle_charged_slices", lambda **kw: None)
+    # The claim's read of its slice (gone once its charge is drained) stops it too: off as well.
+    monkeypatch.setattr(slice_claims.GUARDS, "read_fence", False)
     _, owner, budgets, taken = _charged_under_a_live_process(acme, book)
     after = book.admit(_request(acme, owner, budgets))
     assert after.reservation.slice_id == taken.reservation.slice_id  # admitted against room already charged

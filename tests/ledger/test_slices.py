@@ -16,7 +16,7 @@ from ledger.admission import AdmissionRequest
 from ledger.drain import drain_all
 from ledger.errors import BudgetExceeded
 from ledger.instances import register
-from ledger.models import Hold, Reservation, UsageRecord, Window
+from ledger.models import Hold, Reservation, SliceClaim, UsageRecord, Window
 from ledger.recording import Outcome, expire, record_many
 from ledger.slices import Book
 from tests.concurrency import race
@@ -230,8 +230,9 @@ def test_with_the_race_widened_but_the_lock_in_place_a_slice_is_never_overdrawn(
     assert len(from_slice) == 19
 
 
-def test_a_crashed_process_is_charged_its_slice_at_worst_case(acme):
-    # given: a process with a slice of 20 and 5 requests in flight, 2 of them recorded
+def test_a_crashed_process_is_charged_only_its_requests_in_flight(acme):
+    # given: a process with a slice of 20 worst cases and 5 requests from it in flight, 2 of them
+    # recorded (and the request admitted alone, recorded)
     budget = acme.budget(amount="10")
     owner = register().id
     book = Book()
@@ -239,23 +240,24 @@ def test_a_crashed_process_is_charged_its_slice_at_worst_case(acme):
     alone = book.admit(_request(acme, owner, budgets))
     taken = [book.admit(_request(acme, owner, budgets)) for _ in range(5)]
     _settle(book, [alone, *taken[:2]], cost=usd("0.002"))
-    # when: it dies; expiry charges what is left of its reservations
+    assert SliceClaim.objects.count() == 5  # each request from the slice, before its provider call
+    # when: it dies; expiry settles its slice
     expire(dead_owner_ids=[owner])
     drain_all()
-    # then: the 2 recorded are charged their cost, the rest of the slice (18 worst cases) at worst
+    # then: the 3 recorded are charged their cost, the 3 still in flight their worst case each under
+    # their own ids; the slice's 15 unused worst cases went back to the window
     w = window_of(budget)
-    assert w.spent_nano == 3 * usd("0.002") + 18 * WORST
+    assert w.spent_nano == 3 * usd("0.002") + 3 * WORST
     assert w.reserved_nano == 0
-    assert not Reservation.objects.exists()
-    estimated = UsageRecord.objects.get(status="estimated")
-    assert estimated.request_id.startswith("slice-") and estimated.cost_nano == 18 * WORST
-    # a late record of a request from the charged slice is not charged again: it corrects the
-    # slice's estimate, its worst case replaced by its true cost (ledger/charged_slices.py)
+    assert not Reservation.objects.exists() and not SliceClaim.objects.exists()
+    estimated = UsageRecord.objects.filter(status="estimated")
+    assert {(r.request_id, r.cost_nano) for r in estimated} == {(a.reservation.request_id, WORST) for a in taken[2:]}
+    # a late record of a request in flight corrects its own estimate, once
+    _settle(book, taken[2:3], cost=usd("0.002"))
     _settle(book, taken[2:3], cost=usd("0.002"))
     drain_all()
     assert window_of(budget).spent_nano == w.spent_nano - (WORST - usd("0.002"))
-    estimated.refresh_from_db()
-    assert estimated.cost_nano == 18 * WORST - (WORST - usd("0.002"))
+    assert UsageRecord.objects.get(request_id=taken[2].reservation.request_id).status == "served"
     assert audit_counters(record=False).ok
 
 
