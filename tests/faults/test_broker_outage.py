@@ -11,9 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from alerts.alert_models import AlertDelivery
 from alerts.alerts import on_windows_changed
+from ledger.models import PeriodicRun
 from tests.alerts.test_alert_channels import Receiver, _webhook
 from tests.alerts.test_alerts import spend
 from tests.conftest import usd, window_of
@@ -53,6 +55,7 @@ def test_a_worker_holding_a_webhook_retry_outlives_a_redis_outage_and_delivers_i
         # then: the worker is still there
         assert worker.poll() is None, f"the worker exited during the outage:\n{_log(tmp_path)[-4000:]}"
         private_redis.start()
+        back = timezone.now()
         # and once the retry is due it is delivered, by the worker that lived through the outage
         wait_until(
             lambda: AlertDelivery.objects.filter(id=delivery.id, status="sent").exists(),
@@ -69,6 +72,12 @@ def test_a_worker_holding_a_webhook_retry_outlives_a_redis_outage_and_delivers_i
     assert len(receiver.received) == 2
     assert all(headers["x-capgate-delivery"] == str(delivery.id) for headers, _ in receiver.received)
     assert "Unrecoverable error" not in _log(tmp_path)
+    # and the worker's periodic runs were recorded (the beat staleness signal's source): beat
+    # registered every task of its schedule, and the catch-up's success since Redis came back
+    runs = {run.task: run for run in PeriodicRun.objects.all()}
+    assert set(runs) == {entry["task"] for entry in app.conf.beat_schedule.values()}
+    assert runs["alerts.tasks.send_pending_alerts"].last_success_at > back
+    assert runs["alerts.tasks.send_pending_alerts"].interval_seconds == 1.0
 
 
 def worker_process(redis_url: str, tmp_path: Path) -> subprocess.Popen:
