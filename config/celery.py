@@ -5,11 +5,17 @@ Every periodic task is safe to run twice at once (ledger/tasks.py and alerts/tas
 so a slow run overlapping the next tick, or two beats during a deploy, double no money. Each entry expires
 after its own interval: if workers were down, the queued copies of a periodic task are
 superseded by the next tick instead of piling up.
+
+Beat registers this schedule in the database when it starts, and a worker records each
+periodic task's success (the signals at the end; ledger/periodic.py), so /metrics says when a
+task has not run for longer than it should.
 """
 
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
+
+from celery.signals import beat_embedded_init, beat_init, task_success  # noqa: E402
 
 from core.celery import app  # noqa: E402  (after the settings module is named)
 
@@ -71,3 +77,37 @@ app.conf.beat_schedule = {
         "options": {"expires": 300},
     },
 }
+
+
+# --- when each periodic task last ran (ledger/periodic.py; /metrics reports the stale ones) ----
+
+
+def _intervals() -> dict[str, float]:
+    """Seconds between runs, by task name, for every beat entry."""
+    return {
+        entry["task"]: float(entry["schedule"])
+        for entry in app.conf.beat_schedule.values()
+        if isinstance(entry.get("schedule"), int | float)
+    }
+
+
+@beat_init.connect
+@beat_embedded_init.connect
+def _register_schedule(sender=None, **kwargs) -> None:
+    from django.utils import timezone
+
+    from ledger.periodic import register_schedule
+
+    register_schedule(intervals=_intervals(), now=timezone.now())
+
+
+@task_success.connect
+def _record_periodic_success(sender=None, **kwargs) -> None:
+    interval = _intervals().get(getattr(sender, "name", ""))
+    if interval is None:
+        return
+    from django.utils import timezone
+
+    from ledger.periodic import record_success
+
+    record_success(task=sender.name, interval_seconds=interval, now=timezone.now())

@@ -167,6 +167,17 @@ class GatewayInstance(models.Model):
         return self.name
 
 
+class PeriodicRun(models.Model):
+    """One of beat's periodic tasks: how often it is meant to run and when it last succeeded
+    (ledger/periodic.py), so /metrics can say when it has stopped running (beat or every worker
+    down, or the task failing every time)."""
+
+    task = models.CharField(max_length=200, primary_key=True)
+    interval_seconds = models.FloatField()
+    scheduled_since = models.DateTimeField()
+    last_success_at = models.DateTimeField(null=True, blank=True)
+
+
 class Charged(models.Model):
     """Who a row is charged to: its organization and the subject of every narrower scope
     (ledger/scopes.py), one column each. Reservations and usage records carry them. A subject

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Stop the app processes started by scripts/up.sh (the gateway drains its outbox on the way
-# out). PostgreSQL and Redis keep running: `bash scripts/services.sh stop` stops them.
+# out). Each pid file is a supervisor's (scripts/supervise.sh): TERM stops it from restarting its
+# process and passes TERM on, killing the process if it has not exited within 8 s.
+# PostgreSQL and Redis keep running: `bash scripts/services.sh stop` stops them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 for name in gateway worker beat tokens; do  # the counter last: the gateway counts until it stops

@@ -25,9 +25,13 @@ rm -rf "$PROMETHEUS_MULTIPROC_DIR" && mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
 .venv/bin/python manage.py load_prices >/dev/null
 .venv/bin/python manage.py apply deploy/demo.yaml >var/log/apply.log
 
+# Each long-running process runs under scripts/supervise.sh, which starts it again (with
+# backoff) whenever it exits: a worker or beat that dies is back within seconds, not gone until
+# someone notices (docs/operations.md, "Supervision"). The pid file is the supervisor's;
+# scripts/down.sh stops it, and it stops its process.
 start() {  # name, command...
   local name=$1; shift
-  nohup "$@" >"var/log/$name.log" 2>&1 &
+  nohup bash scripts/supervise.sh "$name" "$@" >"var/log/$name.log" 2>&1 &
   echo $! >"var/run/$name.pid"
 }
 # One token counter for all the workers: exact prompt counts are sent to it, so no worker loads

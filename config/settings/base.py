@@ -174,6 +174,12 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TIMEZONE = "UTC"
+# A broker outage never ends a worker or beat: they retry the connection for as long as it
+# takes (Celery's default gives up after 100 tries), at startup too. The consumer class keeps
+# a lost connection with unacknowledged messages from ending the worker (core/celery_consumer.py).
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_CONSUMER = "core.celery_consumer:Consumer"
 
 EMAIL_BACKEND = env("EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend")
 EMAIL_HOST = env("EMAIL_HOST", default="127.0.0.1")

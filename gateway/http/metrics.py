@@ -6,10 +6,10 @@ Two kinds of numbers, collected two ways:
   it at start) every process writes them to its own files there, and a scrape, whichever worker
   answers it, adds up all the files: the numbers are the server's, not one worker's.
 - State that lives in the database or on disk (outbox depth and lag, live reservations and
-  what they hold, alert deliveries, the spool) is read at scrape time by `StateCollector`, in
-  the scraping process only. Per-process gauges of shared state would be summed (or maxed)
-  across workers and go stale with them; one read at scrape time is exact and costs a scrape
-  a few indexed counts.
+  what they hold, alert deliveries, when each periodic task last ran, the spool) is read at
+  scrape time by `StateCollector`, in the scraping process only. Per-process gauges of shared
+  state would be summed (or maxed) across workers and go stale with them; one read at scrape
+  time is exact and costs a scrape a few indexed counts.
 
 Labels are bounded: endpoint (a fixed set), status, refusal code (capgate's own codes, read
 from capgate's own headers), connection id and organization slug. Never a customer, a run,
@@ -40,6 +40,7 @@ from prometheus_client.registry import REGISTRY, Collector
 from alerts.models import AlertDelivery, AlertEvent
 from core.money import nano_to_usd
 from ledger.models import Reservation, UsageRecord
+from ledger.periodic import staleness
 from ledger.spool import pending, spool_dir
 
 log = logging.getLogger("capgate.metrics")
@@ -185,6 +186,7 @@ def _state_rows() -> dict[str, Any]:
         "live": live,
         "alerts": alerts,
         "deliveries": deliveries,
+        "periodic": staleness(now=now),
     }
 
 
@@ -243,11 +245,34 @@ class StateCollector(Collector):
             for row in state["deliveries"]:
                 sent.add_metric(["webhook", row["status"]], row["n"])
             yield sent
+            yield from _periodic_families(state["periodic"])
         waiting, dead = _spool_lines()
         yield GaugeMetricFamily(
             "capgate_spool_depth", "Usage records spooled on this host, waiting for the database.", value=waiting
         )
         yield GaugeMetricFamily("capgate_spool_dead_letter_files", "Dead-letter spool files on this host.", value=dead)
+
+
+def _periodic_families(rows: list) -> Iterator[GaugeMetricFamily]:
+    """Beat's periodic tasks (ledger/periodic.py): one series each, labelled by task name."""
+    age = GaugeMetricFamily(
+        "capgate_beat_task_age_seconds",
+        "Seconds since the periodic task last succeeded (since beat registered it, if it never did).",
+        labels=["task"],
+    )
+    interval = GaugeMetricFamily(
+        "capgate_beat_task_interval_seconds", "How often beat runs the periodic task.", labels=["task"]
+    )
+    stale = GaugeMetricFamily(
+        "capgate_beat_task_stale",
+        "1 if the periodic task has not succeeded for a whole interval (and at least 30 s) past its due time.",
+        labels=["task"],
+    )
+    for row in rows:
+        age.add_metric([row.task], row.age_seconds)
+        interval.add_metric([row.task], row.interval_seconds)
+        stale.add_metric([row.task], 1.0 if row.stale else 0.0)
+    yield from (age, interval, stale)
 
 
 def multiprocess_dir() -> str | None:

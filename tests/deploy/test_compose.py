@@ -113,3 +113,12 @@ def test_app_services_start_after_their_dependencies_are_healthy(services):
     environment = services["web"]["environment"]
     assert environment["DJANGO_SECRET_KEY"].startswith("${DJANGO_SECRET_KEY:?")
     assert environment["CAPGATE_SECRET_KEY"].startswith("${CAPGATE_SECRET_KEY:?")
+
+
+def test_every_long_running_service_is_restarted_when_it_exits(services):
+    """A worker or beat that dies must come back (docs/operations.md, "Supervision"): Docker
+    restarts a service with a restart policy, with its own backoff, and `docker compose stop`
+    still stops it."""
+    assert {name: service.get("restart") for name, service in services.items()} == dict.fromkeys(
+        services, "unless-stopped"
+    )

@@ -121,6 +121,36 @@ def test_metrics_report_live_reservations_and_upstream_calls(gateway, wired, ups
     assert sample(text, "capgate_upstream_latency_seconds_count", connection=str(wired.openai.id)) >= 1
 
 
+def test_metrics_say_which_periodic_task_has_stopped_running(gateway):
+    """Beat's tasks (ledger/periodic.py): one ran a second ago, one last ran 10 minutes ago on a
+    15 s schedule (beat or the workers stopped), one beat registered a minute ago that never ran."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from ledger.periodic import record_success, register_schedule
+
+    # given
+    now = timezone.now()
+    record_success(task="ledger.tasks.drain_usage", interval_seconds=5.0, now=now - timedelta(seconds=1))
+    record_success(task="ledger.tasks.renew_and_expire", interval_seconds=15.0, now=now - timedelta(minutes=10))
+    register_schedule(intervals={"alerts.tasks.audit_counters": 300.0}, now=now - timedelta(minutes=1))
+    # when
+    text = httpx.get(gateway.url + "/metrics").text
+    # then
+    stale = {
+        task: sample(text, "capgate_beat_task_stale", task=task)
+        for task in ("ledger.tasks.drain_usage", "ledger.tasks.renew_and_expire", "alerts.tasks.audit_counters")
+    }
+    assert stale == {
+        "ledger.tasks.drain_usage": 0.0,
+        "ledger.tasks.renew_and_expire": 1.0,
+        "alerts.tasks.audit_counters": 0.0,
+    }
+    assert 600 <= sample(text, "capgate_beat_task_age_seconds", task="ledger.tasks.renew_and_expire") < 660
+    assert sample(text, "capgate_beat_task_interval_seconds", task="ledger.tasks.renew_and_expire") == 15.0
+
+
 def test_metrics_bearer_token(gateway, settings):
     # given
     settings.CAPGATE = {**settings.CAPGATE, "METRICS_TOKEN": "s3cret-token"}
