@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("ledger", "0002_budget_notices"),
+        ("ledger", "0004_slice_claims"),
     ]
 
     operations = [

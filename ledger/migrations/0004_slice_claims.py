@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('ledger', '0002_budget_notices'),
+        ('ledger', '0003_usage_run_index'),
     ]
 
     operations = [
