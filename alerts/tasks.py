@@ -13,6 +13,7 @@ from smtplib import SMTPException
 
 from alerts import alert_delivery, webhooks
 from alerts.audit import scheduled_audit
+from alerts.retention import prune_alert_events, prune_audit_runs
 from core.celery import app
 
 
@@ -56,3 +57,9 @@ def send_alert_email(event_id: int) -> str:
     the retries, the event stays `pending` and `send_pending_alerts` keeps trying until
     alert_delivery.MAX_ATTEMPTS."""
     return alert_delivery.deliver(event_id=event_id)
+
+
+@app.task
+def prune_alert_history() -> dict[str, int]:
+    """Retention: audit runs and alert events past their days (alerts/retention.py)."""
+    return {"audit_runs": prune_audit_runs(), "alert_events": prune_alert_events()}

@@ -69,6 +69,28 @@ app.conf.beat_schedule = {
         "schedule": 3600.0,
         "options": {"expires": 3600},
     },
+    # The rest of history's retention (core/retention.py; *_RETENTION_DAYS): hourly, like the
+    # request log's, so each run deletes about an hour's worth in short batches.
+    "prune-gateway-history": {
+        "task": "gateway.tasks.prune_gateway_history",
+        "schedule": 3600.0,
+        "options": {"expires": 3600},
+    },
+    "prune-alert-history": {
+        "task": "alerts.tasks.prune_alert_history",
+        "schedule": 3600.0,
+        "options": {"expires": 3600},
+    },
+    "prune-ledger-history": {
+        "task": "ledger.tasks.prune_ledger_history",
+        "schedule": 3600.0,
+        "options": {"expires": 3600},
+    },
+    "prune-audit-history": {
+        "task": "tenants.tasks.prune_audit_history",
+        "schedule": 3600.0,
+        "options": {"expires": 3600},
+    },
     # The incremental audit (the windows changed since its last run and a rolling sample): drift
     # is a bug to find within minutes, not a cap to keep (admission does). One run at a time.
     "audit-counters": {

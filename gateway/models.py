@@ -28,4 +28,8 @@ class StoredResponse(models.Model):
                 condition=models.Q(context_tokens__gte=0), name="stored_response_tokens_nonnegative"
             ),
         ]
-        indexes = [models.Index(fields=["organization", "conversation_id", "-id"])]
+        indexes = [
+            models.Index(fields=["organization", "conversation_id", "-id"]),
+            # retention deletes by age (gateway/retention.py)
+            models.Index(fields=["created_at"], name="stored_response_created_idx"),
+        ]

@@ -7,10 +7,12 @@ import os
 import socket
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
+from core.retention import delete_expired
 from ledger.models import GatewayInstance, Reservation
 
 
@@ -60,3 +62,17 @@ def dead_ids(*, alive: list[int]) -> list[int]:
     living = set(alive)
     owners = Reservation.objects.filter(owner_id__isnull=False).values_list("owner_id", flat=True).distinct()
     return [owner for owner in owners if owner not in living]
+
+
+def prune_instances() -> int:
+    """Retention: rows of processes silent for INSTANCE_RETENTION_DAYS (stopped or dead long ago),
+    except any that still owns a reservation (expiry charges those by owner)."""
+    days = settings.CAPGATE["INSTANCE_RETENTION_DAYS"]
+    if not days:
+        return 0
+    return delete_expired(
+        table="budgets_gatewayinstance",
+        age_column="heartbeat_at",
+        cutoff=timezone.now() - timedelta(days=days),
+        keep="EXISTS (SELECT 1 FROM budgets_reservation r WHERE r.owner_id = t.id)",
+    )

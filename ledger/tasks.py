@@ -17,7 +17,7 @@ from core.celery import app
 from ledger import spool
 from ledger.admission import renew
 from ledger.drain import drain_all
-from ledger.instances import alive_ids, dead_ids
+from ledger.instances import alive_ids, dead_ids, prune_instances
 from ledger.recording import expire
 from ledger.slice_claims import delete_orphan_claims
 
@@ -61,3 +61,9 @@ def replay_spool() -> int:
     """Move records spooled while the database was down into the outbox (this host's spool;
     each gateway process also replays its own)."""
     return spool.replay()
+
+
+@app.task
+def prune_ledger_history() -> int:
+    """Retention: rows of gateway processes gone for INSTANCE_RETENTION_DAYS (ledger/instances.py)."""
+    return prune_instances()

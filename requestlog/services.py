@@ -8,9 +8,10 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from core.retention import delete_expired
 from ledger.models import Budget
 from requestlog.buffer import DROPPED
 from requestlog.models import Refusal
@@ -102,21 +103,6 @@ def purge_expired(*, batch: int = 5000, max_batches: int = 200) -> int:
     Usage records are not deleted here: they are the book of record (the audit sums them for
     lifetime windows, mid-period budgets are seeded from them)."""
     cutoff = timezone.now() - timedelta(days=settings.CAPGATE["REQUEST_LOG_RETENTION_DAYS"])
-    total = 0
-    for _ in range(max_batches):
-        with connection.cursor() as cursor:
-            cursor.execute(
-                """
-                DELETE FROM requestlog_refusal WHERE id IN (
-                    SELECT id FROM requestlog_refusal WHERE created_at < %s
-                    ORDER BY created_at LIMIT %s FOR UPDATE SKIP LOCKED)
-                """,
-                [cutoff, batch],
-            )
-            deleted = cursor.rowcount
-        total += deleted
-        if deleted < batch:
-            break
-    if total:
-        log.info("request log retention: deleted %d refusal rows older than %s", total, cutoff.isoformat())
-    return total
+    return delete_expired(
+        table="requestlog_refusal", age_column="created_at", cutoff=cutoff, batch=batch, max_batches=max_batches
+    )

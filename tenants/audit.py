@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
+from core.retention import delete_expired
 from tenants.models import ApiToken, AuditLogEntry, Member, Organization
 
 SECRET_CHANGED = "(changed)"
@@ -137,3 +140,13 @@ def save_changes(
     }
     audit(organization=organization, actor=actor, action=AuditLogEntry.Action.UPDATE, obj=obj, changes=changes)
     return changes
+
+
+def prune_audit_log() -> int:
+    """Retention: audit log entries older than AUDIT_LOG_RETENTION_DAYS; 0 (the default) keeps
+    them for good, since the log is what an organization's own auditors ask for."""
+    days = settings.CAPGATE["AUDIT_LOG_RETENTION_DAYS"]
+    if not days:
+        return 0
+    cutoff = timezone.now() - timedelta(days=days)
+    return delete_expired(table="tenants_auditlogentry", age_column="created_at", cutoff=cutoff)

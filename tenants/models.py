@@ -218,7 +218,11 @@ class AuditLogEntry(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["organization", "-created_at"])]
+        indexes = [
+            models.Index(fields=["organization", "-created_at"]),
+            # retention deletes by age across organizations (tenants/audit.py, prune_audit_log)
+            models.Index(fields=["created_at"], name="audit_log_created_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.actor} {self.action} {self.object_type} {self.object_repr}"

@@ -403,6 +403,16 @@ CAPGATE = {
     "REQUEST_LOG_BUFFER": env.int("CAPGATE_REQUEST_LOG_BUFFER", default=10_000),
     # Refusal rows older than this are deleted by beat (usage records, the book of record, are not).
     "REQUEST_LOG_RETENTION_DAYS": env.int("CAPGATE_REQUEST_LOG_RETENTION_DAYS", default=90),
+    # History past its days is deleted by beat, hourly, in short batches (core/retention.py;
+    # docs/operations.md, "Retention"); 0 keeps it for good. Stored responses bound a later
+    # continuation (each conversation's latest is kept); audit runs and alert events (those of a
+    # current window or still being delivered are kept); gateway-process rows (those owning a
+    # reservation are kept); the audit log, kept for good unless an organization's policy says not.
+    "STORED_RESPONSE_RETENTION_DAYS": env.int("CAPGATE_STORED_RESPONSE_RETENTION_DAYS", default=30),
+    "AUDIT_RUN_RETENTION_DAYS": env.int("CAPGATE_AUDIT_RUN_RETENTION_DAYS", default=30),
+    "ALERT_EVENT_RETENTION_DAYS": env.int("CAPGATE_ALERT_EVENT_RETENTION_DAYS", default=400),
+    "INSTANCE_RETENTION_DAYS": env.int("CAPGATE_INSTANCE_RETENTION_DAYS", default=7),
+    "AUDIT_LOG_RETENTION_DAYS": env.int("CAPGATE_AUDIT_LOG_RETENTION_DAYS", default=0),
     # A gateway process that has not heartbeated for this long is presumed dead.
     "HEARTBEAT_GRACE": timedelta(seconds=env.int("CAPGATE_HEARTBEAT_GRACE_SECONDS", default=30)),
     # /readyz answers within this: a 503 naming the database when it has not answered by then.
