@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -59,11 +60,14 @@ def statuses(*, budgets: Sequence[Budget], now: datetime) -> list[BudgetStatus]:
             budget_id__in=[b.id for b in budgets], period_start__in={s for s, _ in bounds.values()}
         )
     }
+    recorded = _recorded_spends(
+        [b for b in budgets if (b.id, b.version, bounds[b.id][0]) not in windows], bounds=bounds
+    )
     out = []
     for b in budgets:
         start, end = bounds[b.id]
         w = windows.get((b.id, b.version, start))
-        spent, reserved = (w.spent_nano, w.reserved_nano) if w else (_recorded_spend(b, start, end), 0)
+        spent, reserved = (w.spent_nano, w.reserved_nano) if w else (recorded[b.id], 0)
         out.append(BudgetStatus(budget=b, period_start=start, period_end=end, spent_nano=spent, reserved_nano=reserved))
     return out
 
@@ -72,12 +76,33 @@ def current_status(*, budget: Budget, now: datetime) -> BudgetStatus:
     return statuses(budgets=[budget], now=now)[0]
 
 
-def _recorded_spend(budget: Budget, start: datetime, end: datetime | None) -> int:
-    subject = subject_filter(budget)
-    qs = UsageRecord.objects.filter(organization_id=budget.organization_id, admitted_at__gte=start, **subject)
-    if end is not None:
-        qs = qs.filter(admitted_at__lt=end)
-    return qs.aggregate(total=Sum("cost_nano"))["total"] or 0
+def _recorded_spends(
+    budgets: Sequence[Budget], *, bounds: dict[int, tuple[datetime, datetime | None]]
+) -> dict[int, int]:
+    """Each windowless budget's recorded spend in its period: one grouped query per organization,
+    subject column and period, however many budgets share them (a page of a thousand end-customer
+    caps is one query, not a thousand)."""
+    groups: dict[tuple[int, str | None, datetime, datetime | None], list[Budget]] = defaultdict(list)
+    for b in budgets:
+        column = next(iter(subject_filter(b)), None)
+        groups[(b.organization_id, column, *bounds[b.id])].append(b)
+    spends: dict[int, int] = {}
+    for (organization_id, column, start, end), members in groups.items():
+        qs = UsageRecord.objects.filter(organization_id=organization_id, admitted_at__gte=start)
+        if end is not None:
+            qs = qs.filter(admitted_at__lt=end)
+        if column is None:
+            total = qs.aggregate(total=Sum("cost_nano"))["total"] or 0
+            spends.update((b.id, total) for b in members)
+            continue
+        by_subject = dict(
+            qs.filter(**{f"{column}__in": {getattr(b, column) for b in members}})
+            .values(column)
+            .annotate(total=Sum("cost_nano"))
+            .values_list(column, "total")
+        )
+        spends.update((b.id, by_subject.get(getattr(b, column)) or 0) for b in members)
+    return spends
 
 
 def live_reservations(*, organization_id: int):
