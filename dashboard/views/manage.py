@@ -10,6 +10,7 @@ from urllib.parse import quote
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect
 from django.utils import timezone
@@ -31,6 +32,7 @@ from tenants.selectors import Access
 
 
 RUN_PAGE = 50  # per-run budgets per page of their tab
+KEY_PAGE = 50  # gateway keys per page
 
 
 @org_view()
@@ -137,7 +139,24 @@ def keys(request: HttpRequest, access: Access) -> HttpResponse:
         .select_related("project", "member__user")
         .order_by("revoked_at", "-id")
     )
-    return render_org(request, access, "dashboard/keys.html", "keys", keys=rows, form=form, created=created, now=now)
+    # A page at a time: each key's spend and last use are read for the keys shown, not all.
+    search = request.GET.get("q", "").strip()[:200]
+    if search:
+        rows = rows.filter(Q(name__icontains=search) | Q(prefix__startswith=search))
+    page = Paginator(rows, KEY_PAGE).get_page(request.GET.get("page"))
+    return render_org(
+        request,
+        access,
+        "dashboard/keys.html",
+        "keys",
+        keys=page.object_list,
+        page=page,
+        search=search,
+        query=f"q={quote(search)}" if search else "",
+        form=form,
+        created=created,
+        now=now,
+    )
 
 
 KEYS = Resource(ApiKey, "Key", "keys", label=attrgetter("name"))

@@ -75,3 +75,28 @@ def test_customers_are_searchable_and_paginated(org_a: Org, org_b: Org):
     before = state()
     assert browser(org_b.owner).get(url + "?q=user").status_code == 404
     assert state() == before
+
+
+@pytest.mark.django_db
+def test_keys_are_paginated_and_searchable_and_the_query_count_stays_flat(org_a: Org):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from dashboard.views.manage import KEY_PAGE
+
+    c = browser(org_a.owner)
+    url = reverse("dashboard:keys", args=[org_a.slug])
+    with CaptureQueriesContext(connection) as few:
+        c.get(url)
+    for i in range(KEY_PAGE + 5):
+        org_a.tenant.add_key(f"ci-{i:03}")
+    with CaptureQueriesContext(connection) as many:
+        first = c.get(url).content.decode()
+    # one page is drawn, and reading it costs what a page of one key costs
+    assert len(many) == len(few)
+    assert first.count("<td><code>") == KEY_PAGE and "page 1 of 2" in first
+    second = c.get(url, {"page": 2}).content.decode()
+    total = org_a.tenant.org.api_keys.count()
+    assert second.count("<td><code>") == total - KEY_PAGE and "page 2 of 2" in second
+    found = c.get(url, {"q": "ci-00"}).content.decode()
+    assert found.count("<td><code>") == 10 and "10 keys matching" in found
