@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from decimal import Decimal
 
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from budgets.services import create_budget
 from core.guards import Guards
@@ -30,6 +31,7 @@ from gateway.http.errors import GatewayError, bad_request
 from ledger.admission import Subject
 from ledger.budget_cache import budgets_for
 from ledger.models import Budget
+from ledger.windows import current_windows
 from ratelimits.services import enforce_new_subjects
 from tenants.audit import Actor
 from tenants.models import ApiKey, EndCustomer
@@ -222,6 +224,9 @@ def founding(who: Payer) -> Iterator[Payer]:
     key = who.key
     # Rows a key may make a minute: a flood of new ids is 429 before anything is written.
     enforce_new_subjects(key=key, runs=int(who.new_run_nano is not None), customers=int(who.new_customer is not None))
+    # The windows of the budgets that already apply are created before the transaction: they are
+    # no first call's to undo, and a refusal's alert names one of them (alerts.note_refusal).
+    current_windows(budgets=budgets_for(who.subject), now=timezone.now())
     with transaction.atomic() if GUARDS.found_in_admission else nullcontext():
         customer = who.customer
         if who.new_customer is not None:
