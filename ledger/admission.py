@@ -14,6 +14,8 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -25,7 +27,7 @@ from django.utils import timezone
 
 from core.guards import Guards
 from ledger.drain import drain
-from ledger.errors import BudgetExceeded, BudgetUnavailable, SubjectGone
+from ledger.errors import AdmitAgain, BudgetExceeded, BudgetUnavailable, SubjectGone
 from ledger.locks import ADMIT_WINDOW_LOCK
 from ledger.models import Budget, Reservation
 from ledger.scopes import CHARGED_COLUMNS, RANK, matching_sql, refusal_code
@@ -123,6 +125,9 @@ GUARDS = Guards(
     "refuses the next call",
     wait_for_drains="that settling waits for the records another drain is applying, so it does not "
     "refuse on holds that drain is about to take out",
+    admit_again_outside="an admission inside a caller's transaction creates no window and reads no "
+    "budget twice: it gives the transaction up (AdmitAgain) and its caller creates the windows first, "
+    "so no transaction holds a window's row while waiting for the reservations table's lock",
 )
 # The ledger's one window lock (ledger/locks.py); the row-lock removal test swaps the clause.
 LOCK_CLAUSE = ADMIT_WINDOW_LOCK
@@ -243,6 +248,21 @@ def _ceiling(budget: Budget, window: WindowState, *, count_reserved: bool = True
     )
 
 
+_callers_transaction: ContextVar[bool] = ContextVar("callers_transaction", default=False)
+
+
+@contextmanager
+def in_callers_transaction() -> Iterator[None]:
+    """Admissions made inside this run in the caller's open transaction (a first call's, which
+    creates its end customer or run budget with its admission): they create no window and read
+    no budget twice, and raise AdmitAgain instead (see `admit`)."""
+    token = _callers_transaction.set(True)
+    try:
+        yield
+    finally:
+        _callers_transaction.reset(token)
+
+
 def _attempts() -> Iterator[int]:
     """0, 1, 2, ...: the first two at once, then after a growing sleep, until ADMIT_RETRY_SECONDS
     have passed since the first."""
@@ -279,11 +299,18 @@ def admit(*, request: AdmissionRequest) -> Admitted:
     lease = request.lease or settings.CAPGATE["LEASE"]
     budgets: list[Budget] | None = list(request.budgets) if request.budgets is not None else None
     settled = False  # the finished calls on the ceilings were applied (once per admission)
+    # Inside a caller's transaction (a first call's, gateway/admission/subjects.py `founding`) no
+    # window is created: creating one locks the reservations table while this transaction holds
+    # its rows until commit, and a concurrent creation of the same window waits on this one while
+    # holding that lock: a deadlock. The caller creates the windows it needs before (AdmitAgain).
+    nested = _callers_transaction.get() and GUARDS.admit_again_outside
     for _attempt in _attempts():
         if budgets is None:
             budgets = matching_budgets(subject)
-        windows = current_windows(budgets=budgets, now=now)
+        windows = current_windows(budgets=budgets, now=now, create=not nested)
         if any(b.id not in windows for b in budgets):
+            if nested:
+                raise AdmitAgain("A budget of the request has no window for this period yet.")
             budgets = None
             continue  # a budget was deleted or reconfigured since it was read: read them again
         blocking_budgets = [b for b in budgets if b.mode == Budget.Mode.BLOCK]
@@ -340,7 +367,10 @@ def admit(*, request: AdmissionRequest) -> Admitted:
                 continue  # read the ceilings again, with the finished calls applied
             raise refusal
         # No ceiling is full, yet the statement refused: a window vanished under it (its budget
-        # was deleted), was retired, or a budget appeared or changed. Match the budgets again.
+        # was deleted), was retired, or a budget appeared or changed. Match the budgets again,
+        # unless a caller's transaction holds the locks the statement took (AdmitAgain).
+        if nested:
+            raise AdmitAgain("The request's budgets changed while it was being admitted.")
         budgets = None
     raise BudgetUnavailable("The request's budgets changed while it was being admitted; retry it.")
 

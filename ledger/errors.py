@@ -38,3 +38,10 @@ class SubjectGone(BudgetUnavailable):
     """Who the request is charged to (its project, member, key or end customer) was deleted while
     it was being admitted; nothing was reserved. The gateway resolves who pays again (an end
     customer named by header is created anew) and admits again; a deleted key is then refused."""
+
+
+class AdmitAgain(BudgetUnavailable):
+    """An admission inside a caller's transaction found its budgets changed after its statement
+    locked their windows. Reading them again there would create windows (a lock on the whole
+    reservations table) while holding those row locks: the order a concurrent transaction takes
+    the other way round, a deadlock. The caller rolls its transaction back and admits again."""

@@ -61,7 +61,9 @@ class WindowState:
     reserved_nano: int
 
 
-def current_windows(*, budgets: Sequence[Budget], now: datetime) -> dict[int, WindowState]:
+def current_windows(
+    *, budgets: Sequence[Budget], now: datetime, create: bool = True, new_subjects: bool = False
+) -> dict[int, WindowState]:
     """Return {budget_id: window state} for the period containing `now`, creating missing
     windows. The counters come from one unlocked statement: a consistent snapshot.
 
@@ -69,15 +71,18 @@ def current_windows(*, budgets: Sequence[Budget], now: datetime) -> dict[int, Wi
     A window created mid-life starts with the period's whole truth for its scope: recorded spend
     plus the holds of requests in flight (create_windows). A budget deleted or reconfigured
     since it was read has no window here: the caller reads the budgets again.
-    Runs outside the admission statement: it takes no lock the admission needs.
+    Runs outside the admission statement: it takes no lock the admission needs. `create=False`
+    only reads: a missing window is left out, as a deleted budget's is. `new_subjects`: the
+    budgets' subjects were created in the caller's open transaction, so no request of theirs can
+    be in flight and their windows need no lock on the reservations table (create_windows).
     """
     if not budgets:
         return {}
     bounds = {b.id: period_bounds(period=b.period, tz=b.timezone, now=now) for b in budgets}
     found = _read_windows(budgets, bounds)
     missing = [b for b in budgets if b.id not in found]
-    if missing:
-        create_windows(budgets=missing, bounds=bounds)
+    if missing and create:
+        create_windows(budgets=missing, bounds=bounds, lock=not new_subjects)
         found.update(_read_windows(missing, bounds))
     return found
 
@@ -108,9 +113,10 @@ def mid_life(budget: Budget, start: datetime) -> bool:
     return budget.version_at is not None and budget.version_at > start
 
 
-def create_windows(*, budgets: Sequence[Budget], bounds: Bounds) -> None:
+def create_windows(*, budgets: Sequence[Budget], bounds: Bounds, lock: bool = True) -> None:
     """Create each budget's window for its period (INSERT .. ON CONFLICT DO NOTHING: racing
-    first requests agree on one row), seeded with the period's truth for its scope."""
+    first requests agree on one row), seeded with the period's truth for its scope. `lock=False`
+    skips the reservations table's lock, for subjects no request can be in flight for yet."""
     plain = [b for b in budgets if not mid_life(b, bounds[b.id][0])]
     carried = [b for b in budgets if mid_life(b, bounds[b.id][0])]
     with transaction.atomic():
@@ -120,7 +126,7 @@ def create_windows(*, budgets: Sequence[Budget], bounds: Bounds) -> None:
         with transaction.atomic():
             # Run budgets are created by their run's own first call, before it admits: no
             # request of the run can hold a stale list, so they skip the table lock.
-            if GUARDS.carry_holds and any(b.scope != Budget.Scope.RUN for b in carried):
+            if GUARDS.carry_holds and lock and any(b.scope != Budget.Scope.RUN for b in carried):
                 lock_reservations_table()
             for b in carried:
                 _create(b, bounds[b.id], carry=GUARDS.carry_holds)

@@ -13,8 +13,11 @@ gateway/admission/subjects.py (who pays: customer and run budgets), gateway/admi
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
+
+from django.db import OperationalError
 
 from core.errors import CapgateError
 from gateway.admission import unclassified
@@ -28,7 +31,7 @@ from ledger import admission as ledger_admission
 from ledger import slices
 from ledger.admission import AdmissionRequest
 from ledger.budget_cache import budgets_for
-from ledger.errors import SubjectGone
+from ledger.errors import AdmitAgain, SubjectGone
 from ledger.models import Budget, Reservation
 from tenants.models import ApiKey
 
@@ -76,21 +79,34 @@ def admit(
     `sliced`: the request may be admitted from this process's headroom slices (ledger/slices.py);
     only a proxied call that settles in this process (not a provider job) may.
     """
-    with founding(payer) as who:
-        return _admit(
-            payer=who,
-            request_id=request_id,
-            model=model,
-            shape=shape,
-            targets=targets or [],
-            amount_nano=amount_nano,
-            proxied=proxied,
-            owner_id=owner_id,
-            lease=lease,
-            origin=origin,
-            sliced=sliced,
-            translation=translation,
-        )
+    deadline = time.monotonic() + ledger_admission.ADMIT_RETRY_SECONDS
+    while True:
+        try:
+            with founding(payer) as who:
+                return _admit(
+                    payer=who,
+                    request_id=request_id,
+                    model=model,
+                    shape=shape,
+                    targets=targets or [],
+                    amount_nano=amount_nano,
+                    proxied=proxied,
+                    owner_id=owner_id,
+                    lease=lease,
+                    origin=origin,
+                    sliced=sliced,
+                    translation=translation,
+                )
+        except AdmitAgain:
+            # A first call's transaction rolled back (its budgets changed mid-admission): again,
+            # from its first row, until ADMIT_RETRY_SECONDS, as an admission outside one retries.
+            if time.monotonic() > deadline:
+                raise
+        except OperationalError as exc:
+            # A first call's transaction chosen as a deadlock's victim (rolled back whole): again.
+            if getattr(exc.__cause__, "sqlstate", None) != "40P01" or time.monotonic() > deadline:
+                raise
+        time.sleep(ledger_admission.RETRY_MAX_SLEEP)
 
 
 def _admit(

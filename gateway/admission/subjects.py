@@ -28,8 +28,9 @@ from budgets.services import create_budget
 from core.guards import Guards
 from core.money import MoneyError, format_usd, usd_to_nano
 from gateway.http.errors import GatewayError, bad_request
-from ledger.admission import Subject
+from ledger.admission import Subject, in_callers_transaction
 from ledger.budget_cache import budgets_for
+from ledger.errors import SubjectGone
 from ledger.models import Budget
 from ledger.windows import current_windows
 from ratelimits.services import enforce_new_subjects
@@ -225,18 +226,35 @@ def founding(who: Payer) -> Iterator[Payer]:
     # Rows a key may make a minute: a flood of new ids is 429 before anything is written.
     enforce_new_subjects(key=key, runs=int(who.new_run_nano is not None), customers=int(who.new_customer is not None))
     # The windows of the budgets that already apply are created before the transaction: they are
-    # no first call's to undo, and a refusal's alert names one of them (alerts.note_refusal).
-    current_windows(budgets=budgets_for(who.subject), now=timezone.now())
-    with transaction.atomic() if GUARDS.found_in_admission else nullcontext():
-        customer = who.customer
-        if who.new_customer is not None:
-            customer, _ = EndCustomer.objects.get_or_create(project_id=key.project_id, external_id=who.new_customer)
-        if customer is not None and who.customer_default:
-            _default_customer_budget(key=key, customer=customer)
-        who = replace(who, customer=customer, new_customer=None, customer_default=False)
-        if who.new_run_nano is not None:
-            assert who.run_id is not None
-            create_run_budget(
-                key=key, run_id=who.run_id, amount_nano=who.new_run_nano, explicit=who.run_amount_explicit
-            )
-        yield who
+    # no first call's to undo, a refusal's alert names one of them (alerts.note_refusal), and an
+    # admission inside a transaction creates none (ledger.errors.AdmitAgain says why).
+    standing = budgets_for(who.subject)
+    current_windows(budgets=standing, now=timezone.now())
+    atomic = transaction.atomic() if GUARDS.found_in_admission else nullcontext()
+    try:
+        with atomic, in_callers_transaction():
+            customer, created = who.customer, False
+            if who.new_customer is not None:
+                customer, created = EndCustomer.objects.get_or_create(
+                    project_id=key.project_id, external_id=who.new_customer
+                )
+            if customer is not None and who.customer_default:
+                _default_customer_budget(key=key, customer=customer)
+            who = replace(who, customer=customer, new_customer=None, customer_default=False)
+            if who.new_run_nano is not None:
+                assert who.run_id is not None
+                create_run_budget(
+                    key=key, run_id=who.run_id, amount_nano=who.new_run_nano, explicit=who.run_amount_explicit
+                )
+            # The windows of the budgets this transaction created (no other can see them yet); a
+            # customer it created has no request in flight, so its cap's window locks nothing.
+            known = {b.id for b in standing}
+            founded = [b for b in budgets_for(who.subject) if b.id not in known]
+            current_windows(budgets=founded, now=timezone.now(), new_subjects=created)
+            yield who
+    except IntegrityError as exc:
+        # Its foreign keys are checked at commit: a customer found (created by a concurrent first
+        # call) and deleted before this commit leaves the admission charged to no one.
+        if getattr(exc.__cause__, "sqlstate", None) != "23503":
+            raise
+        raise SubjectGone("Who the request is charged to was deleted while it was admitted.") from exc
