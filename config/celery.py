@@ -118,7 +118,7 @@ def _intervals() -> dict[str, float]:
 def _register_schedule(sender=None, **kwargs) -> None:
     from django.utils import timezone
 
-    from ledger.periodic import register_schedule
+    from ledger.periodic import register_schedule  # Django's apps are ready only once beat runs
 
     register_schedule(intervals=_intervals(), now=timezone.now())
 
@@ -130,6 +130,6 @@ def _record_periodic_success(sender=None, **kwargs) -> None:
         return
     from django.utils import timezone
 
-    from ledger.periodic import record_success
+    from ledger.periodic import record_success  # Django's apps are ready only once a task runs
 
     record_success(task=sender.name, interval_seconds=interval, now=timezone.now())

@@ -15,6 +15,7 @@ from ratelimits import services as ratelimit_services
 from ratelimits.models import RateLimit
 from requestlog import buffer
 from requestlog.models import Refusal, RequestLogEntry
+from tenants.models import EndCustomer
 from tests.concurrency import race
 from tests.gateway.conftest import KEY, wait_settled
 
@@ -285,7 +286,9 @@ def test_reservation_api_refusals_are_logged_off_the_admission_path(gateway, wir
     row = rows[ids[0]]
     assert (row.status, row.code, row.http_status, row.budget_id) == ("refused", "organization_budget", 402, budget.id)
     assert row.reserved_nano == 200_000_000 and row.model == "echo-1" and row.run_id == "job-3"
-    assert (row.api_key_id, row.end_customer.external_id) == (wired.key.id, "acme-c1")
+    # a refused first call creates no end customer (refused means nothing written): none to name
+    assert (row.api_key_id, row.end_customer) == (wired.key.id, None)
+    assert not EndCustomer.objects.filter(external_id="acme-c1").exists()
     assert (rows[ids[1]].status, rows[ids[1]].code, rows[ids[1]].http_status) == ("rejected", "invalid_request", 400)
     assert Refusal.objects.get(request_id=ids[0]).endpoint == "reservations"
     time.sleep(buffer_flush_seconds() * 2)
