@@ -154,7 +154,11 @@ async def batch_create(call: _Call) -> Answer:
     meta = await call.raw(f"file:{file_id}")
     content = await call.raw(f"file-data:{file_id}") or b""
     created, finished, outputs = echo_batches.openai_batch(
-        call.opts, call.body, json.loads(meta) if meta else None, content
+        call.opts,
+        call.body,
+        json.loads(meta) if meta else None,
+        content,
+        max_output_bytes=settings.CAPGATE["ECHO_MAX_OUTPUT_BYTES"],
     )
     for name, data in outputs.items():
         await _add_file(
@@ -176,7 +180,9 @@ async def message_batch_create(call: _Call) -> Answer:
     def results_url(bid: str) -> str:
         return connection_url(call.connection.base_url or "", f"/v1/messages/batches/{bid}/results")
 
-    created, ended, results = echo_batches.message_batch(call.opts, call.body, results_url)
+    created, ended, results = echo_batches.message_batch(
+        call.opts, call.body, results_url, max_output_bytes=settings.CAPGATE["ECHO_MAX_OUTPUT_BYTES"]
+    )
     await call.put(f"msgbatch-results:{created['id']}", results)
     await call.put(f"msgbatch:{created['id']}", ended)
     return 200, created, "application/json"

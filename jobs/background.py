@@ -22,6 +22,7 @@ from gateway.upstream.proxy import ProxyCall, client
 from jobs import service
 from jobs.models import Job
 from jobs.upstream import NOT_SENT, loads, send
+from ledger.errors import BudgetUnavailable
 from ledger.models import UsageRecord
 from ledger.recording import Outcome
 
@@ -42,6 +43,12 @@ async def submit(call: ProxyCall, body: dict) -> None:
                 param="stream",
             )
         )
+    try:  # admitted already (the proxy's admission): refused here, its hold is released at zero
+        await runtime.db(service.refuse_past_live_jobs, organization_id=p.reservation.organization_id)
+    except (GatewayError, DatabaseError) as exc:
+        refusal = exc if isinstance(exc, GatewayError) else BudgetUnavailable("The database is unavailable.")
+        await call.record(Outcome(status=UsageRecord.Status.FAILED_UPSTREAM, error=refusal.message))
+        return await call.fail(refusal)
     target = next((t for t in p.targets if runtime.health.ok(t.connection.id)), p.targets[0])
     adapter = providers.adapter_for(target.connection.kind)
     if adapter is None or "background" not in adapter.jobs:
