@@ -96,3 +96,17 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.provider_job_id}"
+
+
+class JobSubmission(models.Model):
+    """A job being submitted: it holds one of its organization's live-job slots from admission
+    until its Job row exists (start_job deletes it in the same transaction) or the submission
+    ends without one (jobs/quotas.py). A row left by a process that died stops counting once its
+    reservation is gone and it is older than a lease."""
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    request_id = models.CharField(max_length=100, unique=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["organization", "created_at"])]

@@ -12,8 +12,8 @@ from django.utils import timezone
 from core.guards import Guards
 from gateway.admission.subjects import founding, payer
 from gateway.http.errors import GatewayError
+from jobs import quotas
 from jobs.models import Job, JobFile
-from jobs.selectors import LIVE_STATES
 from ledger.admission import (
     AdmissionRequest,
     Admitted,
@@ -26,35 +26,16 @@ from ledger.models import Budget, Reservation
 from ledger.recording import Outcome, RecordRejected, record, release
 from tenants.models import ApiKey
 
-# Removal tests: tests/jobs/test_batches.py, tests/capcheck/test_jobs_scenario.py,
-# tests/jobs/test_job_quotas.py.
+# Removal tests: tests/jobs/test_batches.py, tests/capcheck/test_jobs_scenario.py.
 GUARDS = Guards(
     admit_at_submission="a job's whole worst case is admitted at submission, before the provider sees it",
     hand_to_job="once the provider accepts a job, its reservation moves to the job and outlives the request",
     keep_hold_on_cancel="a cancel never releases the job's hold: the provider may already have billed",
-    bound_live_jobs="an organization at its bound of live jobs is refused a new one before admission",
 )
 
 
 def not_found(what: str, ident: str, param: str) -> GatewayError:
     return GatewayError(f"No {what} with id '{ident}'.", code="not_found", status=404, param=param)
-
-
-def refuse_past_live_jobs(*, organization_id: int) -> None:
-    """429 `too_many_live_jobs` when the organization already has ORG_LIVE_JOBS jobs live or
-    cancelling: one tenant's jobs cannot fill the rows beat polls and renews for every tenant.
-    Read, not held (the Job row is written once the provider has accepted the job): submissions at
-    the same moment may pass it by the ones in flight, as the file byte quota may."""
-    limit = settings.CAPGATE["ORG_LIVE_JOBS"]
-    if not GUARDS.bound_live_jobs:
-        return
-    live = Job.objects.filter(organization_id=organization_id, state__in=LIVE_STATES)[:limit].count()
-    if live >= limit:
-        raise GatewayError(
-            f"This organization has {live} provider jobs in progress, its limit; submit more when some have finished.",
-            code="too_many_live_jobs",
-            status=429,
-        )
 
 
 def admit_job(
@@ -72,8 +53,9 @@ def admit_job(
     """One admission for a job's whole worst case, through the same `admit` as a live request,
     for the same subjects (key, project, member, end customer, run). Under a blocking cap a job
     with something a live request would be refused for (refused_code) is refused with that code.
-    An organization at its bound of live jobs is refused first, with nothing reserved."""
-    refuse_past_live_jobs(organization_id=key.organization_id)
+    An organization at its bound of live jobs is refused first, with nothing reserved; else the
+    submission holds one of its slots (jobs/quotas.py) until it becomes a job or ends."""
+    quotas.take_slot(organization_id=key.organization_id, request_id=request_id)
     # A first call creates its end customer and budgets with this admission (subjects.founding).
     with founding(payer(key=key, customer_id=customer_id, run_id=run_id, run_budget_usd=run_budget_usd)) as who:
         subject = who.subject
@@ -139,6 +121,7 @@ def start_job(
             deadline_at=deadline,
             next_poll_at=now + settings.CAPGATE["JOB_POLL_FIRST"],
         )
+        quotas.give_back(request_id=reservation.request_id)  # the job's row counts from here
         if GUARDS.hand_to_job:
             hand_to_job(request_id=reservation.request_id, job_id=job.provider_job_id, deadline_at=deadline, now=now)
     return job

@@ -1,11 +1,13 @@
-"""Per-organization bounds on provider jobs: jobs live at once (jobs/service.py, 429 before
-admission, in the endpoint's shape, nothing reserved or sent), and the bytes one echo batch may
+"""Per-organization bounds on provider jobs: jobs live at once (jobs/quotas.py, 429 before
+admission, in the endpoint's shape, nothing reserved or sent; held under concurrency), and the bytes one echo batch may
 write to Redis as its output (echo/batches.py: an OpenAI batch ends failed with an error the
 client reads, a message batch is refused with 413; never a 5xx, never a truncated output)."""
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import anthropic
@@ -13,11 +15,13 @@ import openai
 import pytest
 import redis
 from django.conf import settings as django_settings
+from django.db import connection
 from django.utils import timezone
 
 from alerts.audit import audit_counters
-from jobs import service
-from jobs.models import Job
+from gateway.http.errors import GatewayError
+from jobs import quotas
+from jobs.models import Job, JobSubmission
 from jobs.poll import poll_jobs
 from ledger.models import Reservation, UsageRecord, Window
 from tests.gateway.conftest import wait_settled
@@ -92,7 +96,7 @@ def test_jobs_past_the_orgs_live_jobs_are_refused_with_429_and_nothing_reserved(
     assert message_err.value.body["error"]["code"] == "too_many_live_jobs"
     assert set(Reservation.objects.values_list("request_id", "amount_nano")) == held
     assert list(Job.objects.values_list("provider_job_id", flat=True)) == [first.id]
-    assert not UsageRecord.objects.exists()
+    assert not UsageRecord.objects.exists() and not JobSubmission.objects.exists()
     assert [j["id"] for j in upstream.jobs()] == [first.id]
     window.refresh_from_db()
     assert window.reserved_nano == sum(amount for _, amount in held) and window.spent_nano == 0
@@ -123,19 +127,67 @@ def test_a_background_response_past_the_orgs_live_jobs_is_refused_and_its_hold_r
     _drained()
     assert list(Job.objects.values_list("provider_job_id", flat=True)) == [first.id]
     rec = UsageRecord.objects.get()
-    assert rec.status == "failed_upstream" and rec.cost_nano == 0
+    assert rec.status == "failed_upstream" and rec.cost_nano == 0 and not JobSubmission.objects.exists()
     window = Window.objects.get(budget=budget)
     assert window.reserved_nano == held and window.spent_nano == 0
     _clean()
 
 
-def test_live_jobs_bound_removal_lets_a_tenant_pile_up_jobs(gateway, jobs_org, upstream, settings, monkeypatch):
-    monkeypatch.setattr(service.GUARDS, "bound_live_jobs", False)
+def _race(organization_id: int, n: int) -> int:
+    """n submissions of one organization take a slot at once; how many got one."""
+    barrier = threading.Barrier(n)
+
+    def attempt(i: int) -> bool:
+        try:
+            connection.ensure_connection()
+            barrier.wait()
+            quotas.take_slot(organization_id=organization_id, request_id=f"race-{i}")
+            return True
+        except GatewayError:
+            return False
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(n) as pool:
+        return sum(pool.map(attempt, range(n)))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_submissions_never_pass_the_orgs_live_jobs(jobs_org, settings):
+    # given: room for 5 jobs
+    settings.CAPGATE = {**settings.CAPGATE, "ORG_LIVE_JOBS": 5}
+    # when: 20 submissions take a slot at once
+    taken = _race(jobs_org.org.id, 20)
+    # then: exactly 5
+    assert taken == 5 and JobSubmission.objects.count() == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_slot_lock_removal_lets_concurrent_submissions_pass_the_bound(jobs_org, settings, monkeypatch):
+    monkeypatch.setattr(quotas.GUARDS, "serialize_slots", False)
+    settings.CAPGATE = {**settings.CAPGATE, "ORG_LIVE_JOBS": 5}
+    overshoot = 0
+    for _ in range(3):  # counted apart from inserting, concurrent submissions see the same room
+        JobSubmission.objects.all().delete()
+        overshoot = max(overshoot, _race(jobs_org.org.id, 20) - 5)
+        if overshoot:
+            break
+    assert overshoot > 0
+
+
+def test_a_slot_a_dead_process_left_stops_counting_once_its_reservation_is_gone(jobs_org, settings):
+    # given: room for one job, and the slot of a submission whose process died, a lease ago
     settings.CAPGATE = {**settings.CAPGATE, "ORG_LIVE_JOBS": 1}
-    client = oa(gateway)
-    _batch(client, 1)
-    _batch(client, 1)
-    assert Job.objects.filter(state=Job.State.LIVE).count() == 2  # without the guard, past its bound
+    old = timezone.now() - settings.CAPGATE["LEASE"] - timedelta(seconds=1)
+    JobSubmission.objects.create(organization_id=jobs_org.org.id, request_id="dead", created_at=old)
+    # when
+    quotas.take_slot(organization_id=jobs_org.org.id, request_id="next")
+    # then: the slot is taken, and the dead one is gone
+    assert list(JobSubmission.objects.values_list("request_id", flat=True)) == ["next"]
+    # and a live slot counts: the bound holds
+    with pytest.raises(GatewayError) as err:
+        quotas.take_slot(organization_id=jobs_org.org.id, request_id="third")
+    assert err.value.status == 429 and err.value.code == "too_many_live_jobs"
 
 
 # --- echo's output per batch ----------------------------------------------------------------------
@@ -193,5 +245,5 @@ def test_an_echo_message_batch_past_its_output_bound_is_refused_with_413(gateway
     wait_settled()
     rec = UsageRecord.objects.get()
     assert rec.status == "failed_upstream" and rec.cost_nano == 0
-    assert not Reservation.objects.exists()
+    assert not Reservation.objects.exists() and not JobSubmission.objects.exists()
     _clean()
