@@ -6,7 +6,9 @@ Every line is answered at creation exactly as echo answers the same request live
 input bound for that body; completion capped by the line's own output ceiling). The batch is
 then finished: the create call answers "validating" / "in_progress", and every later read answers
 "completed" / "ended" with the output, error or results file and the usage totals. A cancel
-arrives after the batch finished, so it answers the finished batch unchanged.
+arrives after the batch finished, so it answers the finished batch unchanged. A batch whose
+output would pass its bound in bytes is never answered in part: an OpenAI batch ends "failed"
+with the error `output_too_large`, a message batch is refused with 413.
 """
 
 from __future__ import annotations

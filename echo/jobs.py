@@ -21,7 +21,8 @@ A job is finished when it is created: the create call answers "validating" / "qu
 echo answers the same request live; a video bills its `seconds`), and a cancel, arriving after
 the end, answers the finished job unchanged. The objects are kept in Redis (settings.REDIS_URL,
 keys `capgate-echo:*`, for CAPGATE_ECHO_STORE_SECONDS: a day by default), so any worker process
-can answer for a job another created (docs/decisions.md, 2026-12-01).
+can answer for a job another created (docs/decisions.md, 2026-12-01); one batch's output is at most
+CAPGATE_ECHO_MAX_OUTPUT_BYTES (echo/batches.py), so no single job fills Redis.
 """
 
 from __future__ import annotations

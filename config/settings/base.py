@@ -288,8 +288,9 @@ CAPGATE = {
     # refused with 429 before admission (jobs/service.py). Beat polls JOB_POLL_PER_RUN (100) jobs
     # every 5 s, 6,000 per slowest poll interval: a few organizations at the bound fit in it.
     "ORG_LIVE_JOBS": env.int("CAPGATE_ORG_LIVE_JOBS", default=1000),
-    # How long echo's job store in Redis keeps an object (echo/jobs.py): a demo's files and batches,
-    # bounded in bytes per organization by ORG_STORED_FILE_BYTES, do not sit in Redis for a week.
+    # How long echo's job store in Redis keeps an object (echo/jobs.py): a demo's files (bounded in
+    # bytes per organization by ORG_STORED_FILE_BYTES) and batch outputs (each bounded by
+    # ECHO_MAX_OUTPUT_BYTES) do not sit in Redis for a week.
     "ECHO_STORE_SECONDS": env.int("CAPGATE_ECHO_STORE_SECONDS", default=86400),
     # The most one echo batch may write to Redis as its output (OpenAI: output and error files
     # together; Anthropic: the results): past it an OpenAI batch ends `failed` with the error
