@@ -92,7 +92,13 @@ class Job(models.Model):
             models.UniqueConstraint(fields=["organization", "kind", "provider_job_id"], name="job_unique_per_org"),
             models.CheckConstraint(condition=Q(worst_nano__gte=0), name="job_worst_nonnegative"),
         ]
-        indexes = [models.Index(fields=["state", "next_poll_at"]), models.Index(fields=["organization", "-id"])]
+        indexes = [
+            models.Index(fields=["state", "next_poll_at"]),
+            models.Index(fields=["organization", "-id"]),
+            # An organization's live jobs, counted at every submission (jobs/quotas.py) among
+            # however many settled ones it keeps.
+            models.Index(fields=["organization", "state"]),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.provider_job_id}"

@@ -4,7 +4,8 @@ tenant's jobs cannot fill what beat polls and renews for every tenant.
 A job counts before the provider sees it: its submission takes a slot (a JobSubmission row) first
 (batches, message batches and videos before their admission; a background response once the
 proxy has admitted it), and the slot becomes the Job row in start_job's transaction, or is given
-back when the submission ends without a job (refused, failed upstream, finished at once).
+back when the submission ends without a job (refused, failed upstream, finished at once): before
+the answer for the first two, just after it for a background response's other endings.
 Slots are taken under a per-organization advisory lock and counted with live jobs in one
 statement, so submissions at the same moment never pass the bound. A slot a dead process left
 stops counting once its reservation is gone (expiry charged it) and it is older than a lease."""
@@ -29,7 +30,9 @@ GUARDS = Guards(
 )
 
 # pg_advisory_xact_lock(namespace, organization id): the namespace keeps these apart from other
-# advisory locks (catalog/prices.py takes a one-key lock).
+# advisory locks (catalog/prices.py takes a one-key lock). It is taken alone, in a transaction of
+# its own that holds no other lock, before admission locks any window: it adds nothing to the
+# ledger's lock order (ledger/locks.py).
 _LOCK_NAMESPACE = 0x6A6F6273  # "jobs"
 
 _COUNT = f"""

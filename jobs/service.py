@@ -131,6 +131,7 @@ def settle_submission(*, reservation: Reservation, outcome: Outcome) -> None:
     """A submission that did not become a job: recorded like a live request (failed_upstream
     when the provider refused it, estimated when the outcome is unknown) and drained."""
 
+    quotas.give_back(request_id=reservation.request_id)  # no job: its slot is free before the answer
     try:
         record(reservation=reservation, outcome=outcome)
     except RecordRejected:

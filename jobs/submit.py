@@ -78,7 +78,8 @@ class _Refused:
 
 async def submit(req: Request, key: ApiKey, sub: Submission) -> None:
     """Submit one job (module docstring). Its live-job slot, taken at admission, is given back
-    however the submission ends: a job's own row counts from start_job on."""
+    before the answer when the submission ends without a job (refused, or settle_submission), and
+    here again whatever happened (a no-op then): a job's own row counts from start_job on."""
     request_id = proxy.new_request_id()
     try:
         await _submit(req, key, sub, request_id)
@@ -125,6 +126,7 @@ async def _submit(req: Request, key: ApiKey, sub: Submission, request_id: str) -
                 },
             )
         request_log.note(call, exc)
+        await give_back_slot(request_id)  # refused at admission: free before the answer
         status, headers, body = render(exc, flavor=sub.flavor)
         return await req.respond(status, body, headers + [(b"x-capgate-request-id", request_id.encode())])
     reservation = admitted.reservation
