@@ -6,7 +6,9 @@ Every line is answered at creation exactly as echo answers the same request live
 input bound for that body; completion capped by the line's own output ceiling). The batch is
 then finished: the create call answers "validating" / "in_progress", and every later read answers
 "completed" / "ended" with the output, error or results file and the usage totals. A cancel
-arrives after the batch finished, so it answers the finished batch unchanged.
+arrives after the batch finished, so it answers the finished batch unchanged. A batch whose
+output would pass its bound in bytes is never answered in part: an OpenAI batch ends "failed"
+with the error `output_too_large`, a message batch is refused with 413.
 """
 
 from __future__ import annotations
@@ -77,10 +79,48 @@ def _parse_input(content: bytes, endpoint: str) -> tuple[list[dict], list[dict]]
     return lines, errors
 
 
+def _too_large(max_bytes: int) -> str:
+    return (
+        f"The batch's output would pass {max_bytes} bytes, the most echo keeps for one batch "
+        "(CAPGATE_ECHO_MAX_OUTPUT_BYTES); split it into smaller batches."
+    )
+
+
+def _openai_lines(
+    opts: dict, kind: str, requests: list[dict], bid: str, max_bytes: int
+) -> tuple[list[str], list[str], dict[str, int]] | None:
+    """(output lines, error lines, token totals) of a batch's requests, or None as soon as the
+    lines pass `max_bytes` together (nothing more is answered: the batch fails whole)."""
+    ok: list[str] = []
+    bad: list[str] = []
+    totals = {"input": 0, "output": 0}
+    size = 0
+    for i, item in enumerate(requests):
+        status, answer = answer_line(opts, kind, item["body"], "openai")
+        line = json.dumps(
+            {
+                "id": f"batch_req_{bid}_{i}",
+                "custom_id": item["custom_id"],
+                "error": None,
+                "response": {"status_code": status, "request_id": f"req_{bid}_{i}", "body": answer},
+            }
+        )
+        size += len(line) + 1  # json.dumps writes ASCII: one byte a character, and the newline
+        if size > max_bytes:
+            return None
+        (ok if status == 200 else bad).append(line + "\n")
+        u = (answer.get("usage") or {}) if status == 200 else {}
+        totals["input"] += int(u.get("prompt_tokens", u.get("input_tokens", 0)))
+        totals["output"] += int(u.get("completion_tokens", u.get("output_tokens", 0)))
+    return ok, bad, totals
+
+
 def openai_batch(
-    opts: dict, body: dict, input_file: dict | None, content: bytes
+    opts: dict, body: dict, input_file: dict | None, content: bytes, *, max_output_bytes: int
 ) -> tuple[dict, dict, dict[str, bytes]]:
-    """(the create answer, the finished batch, its output/error files by name "output"/"error")."""
+    """(the create answer, the finished batch, its output/error files by name "output"/"error").
+    A batch whose output and error files would pass `max_output_bytes` together ends `failed`
+    with the error `output_too_large` and no files, as a batch that fails validation does."""
     endpoint = body.get("endpoint")
     if endpoint not in ENDPOINTS:
         raise bad_request(f"endpoint must be one of {sorted(ENDPOINTS)}", param="endpoint")
@@ -96,27 +136,9 @@ def openai_batch(
         )
     bid, now = f"batch_{uuid.uuid4().hex[:24]}", int(time.time())
     requests, errors = _parse_input(content, endpoint)
-    kind = ENDPOINTS[endpoint]
-    ok: list[str] = []
-    bad: list[str] = []
-    totals = {"input": 0, "output": 0}
-    for i, item in enumerate(requests):
-        status, answer = answer_line(opts, kind, item["body"], "openai")
-        line = json.dumps(
-            {
-                "id": f"batch_req_{bid}_{i}",
-                "custom_id": item["custom_id"],
-                "error": None,
-                "response": {"status_code": status, "request_id": f"req_{bid}_{i}", "body": answer},
-            }
-        )
-        (ok if status == 200 else bad).append(line + "\n")
-        u = (answer.get("usage") or {}) if status == 200 else {}
-        totals["input"] += int(u.get("prompt_tokens", u.get("input_tokens", 0)))
-        totals["output"] += int(u.get("completion_tokens", u.get("output_tokens", 0)))
-    files = (
-        {} if errors else {name: "".join(lines).encode() for name, lines in (("output", ok), ("error", bad)) if lines}
-    )
+    answered = None if errors else _openai_lines(opts, ENDPOINTS[endpoint], requests, bid, max_output_bytes)
+    if answered is None and not errors:
+        errors = [{"code": "output_too_large", "line": None, "message": _too_large(max_output_bytes), "param": None}]
     created = {
         "id": bid,
         "object": "batch",
@@ -141,12 +163,14 @@ def openai_batch(
         "metadata": metadata,
         "usage": _usage(0, 0),
     }
-    if errors:
+    if errors or answered is None:
         return (
             created,
             created | {"status": "failed", "failed_at": now, "errors": {"object": "list", "data": errors}},
             {},
         )
+    ok, bad, totals = answered
+    files = {name: "".join(lines).encode() for name, lines in (("output", ok), ("error", bad)) if lines}
     finished = created | {
         "status": "completed",
         "in_progress_at": now,
@@ -174,8 +198,12 @@ def _rfc3339(ts: int) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
 
 
-def message_batch(opts: dict, body: dict, results_url: Callable[[str], str]) -> tuple[dict, dict, bytes]:
-    """(the create answer, the ended batch, its results JSONL) of an Anthropic message batch."""
+def message_batch(
+    opts: dict, body: dict, results_url: Callable[[str], str], *, max_output_bytes: int
+) -> tuple[dict, dict, bytes]:
+    """(the create answer, the ended batch, its results JSONL) of an Anthropic message batch.
+    Results that would pass `max_output_bytes` refuse the batch with 413 (Anthropic's
+    `request_too_large`), nothing kept: its batches have no failed state to end in."""
     requests = body.get("requests")
     if not isinstance(requests, list) or not requests:
         raise bad_request("requests: must be a non-empty list", param="requests")
@@ -187,6 +215,7 @@ def message_batch(opts: dict, body: dict, results_url: Callable[[str], str]) -> 
     bid, now = f"msgbatch_{uuid.uuid4().hex[:24]}", int(time.time())
     counts = {"processing": 0, "succeeded": 0, "errored": 0, "canceled": 0, "expired": 0}
     out: list[str] = []
+    size = 0
     for r in requests:
         status, answer = answer_line(opts, "messages", r["params"], "anthropic")
         result: dict[str, Any] = (
@@ -194,6 +223,9 @@ def message_batch(opts: dict, body: dict, results_url: Callable[[str], str]) -> 
         )
         counts[result["type"]] += 1
         out.append(json.dumps({"custom_id": r["custom_id"], "result": result}) + "\n")
+        size += len(out[-1])  # ASCII JSON: one byte a character
+        if size > max_output_bytes:
+            raise GatewayError(_too_large(max_output_bytes), code="output_too_large", status=413, param="requests")
     created = {
         "id": bid,
         "type": "message_batch",

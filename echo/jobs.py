@@ -21,7 +21,8 @@ A job is finished when it is created: the create call answers "validating" / "qu
 echo answers the same request live; a video bills its `seconds`), and a cancel, arriving after
 the end, answers the finished job unchanged. The objects are kept in Redis (settings.REDIS_URL,
 keys `capgate-echo:*`, for CAPGATE_ECHO_STORE_SECONDS: a day by default), so any worker process
-can answer for a job another created (docs/decisions.md, 2026-12-01).
+can answer for a job another created (docs/decisions.md, 2026-12-01); one batch's output is at most
+CAPGATE_ECHO_MAX_OUTPUT_BYTES (echo/batches.py), so no single job fills Redis.
 """
 
 from __future__ import annotations
@@ -154,7 +155,11 @@ async def batch_create(call: _Call) -> Answer:
     meta = await call.raw(f"file:{file_id}")
     content = await call.raw(f"file-data:{file_id}") or b""
     created, finished, outputs = echo_batches.openai_batch(
-        call.opts, call.body, json.loads(meta) if meta else None, content
+        call.opts,
+        call.body,
+        json.loads(meta) if meta else None,
+        content,
+        max_output_bytes=settings.CAPGATE["ECHO_MAX_OUTPUT_BYTES"],
     )
     for name, data in outputs.items():
         await _add_file(
@@ -176,7 +181,9 @@ async def message_batch_create(call: _Call) -> Answer:
     def results_url(bid: str) -> str:
         return connection_url(call.connection.base_url or "", f"/v1/messages/batches/{bid}/results")
 
-    created, ended, results = echo_batches.message_batch(call.opts, call.body, results_url)
+    created, ended, results = echo_batches.message_batch(
+        call.opts, call.body, results_url, max_output_bytes=settings.CAPGATE["ECHO_MAX_OUTPUT_BYTES"]
+    )
     await call.put(f"msgbatch-results:{created['id']}", results)
     await call.put(f"msgbatch:{created['id']}", ended)
     return 200, created, "application/json"

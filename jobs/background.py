@@ -19,9 +19,11 @@ from gateway.http.errors import GatewayError
 from gateway.providers import usage_responses
 from gateway.upstream import continuations, runtime
 from gateway.upstream.proxy import ProxyCall, client
-from jobs import service
+from jobs import quotas, service
 from jobs.models import Job
+from jobs.submit import give_back_slot
 from jobs.upstream import NOT_SENT, loads, send
+from ledger.errors import BudgetUnavailable
 from ledger.models import UsageRecord
 from ledger.recording import Outcome
 
@@ -42,6 +44,22 @@ async def submit(call: ProxyCall, body: dict) -> None:
                 param="stream",
             )
         )
+    request_id = p.reservation.request_id
+    try:  # admitted already (the proxy's admission): refused here, its hold is released at zero
+        await runtime.db(quotas.take_slot, organization_id=p.reservation.organization_id, request_id=request_id)
+    except (GatewayError, DatabaseError) as exc:
+        refusal = exc if isinstance(exc, GatewayError) else BudgetUnavailable("The database is unavailable.")
+        await call.record(Outcome(status=UsageRecord.Status.FAILED_UPSTREAM, error=refusal.message))
+        return await call.fail(refusal)
+    try:
+        await _send(call, body)
+    finally:
+        await give_back_slot(request_id)
+
+
+async def _send(call: ProxyCall, body: dict) -> None:
+    p = call.admission
+    assert p is not None
     target = next((t for t in p.targets if runtime.health.ok(t.connection.id)), p.targets[0])
     adapter = providers.adapter_for(target.connection.kind)
     if adapter is None or "background" not in adapter.jobs:

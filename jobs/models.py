@@ -92,7 +92,27 @@ class Job(models.Model):
             models.UniqueConstraint(fields=["organization", "kind", "provider_job_id"], name="job_unique_per_org"),
             models.CheckConstraint(condition=Q(worst_nano__gte=0), name="job_worst_nonnegative"),
         ]
-        indexes = [models.Index(fields=["state", "next_poll_at"]), models.Index(fields=["organization", "-id"])]
+        indexes = [
+            models.Index(fields=["state", "next_poll_at"]),
+            models.Index(fields=["organization", "-id"]),
+            # An organization's live jobs, counted at every submission (jobs/quotas.py) among
+            # however many settled ones it keeps.
+            models.Index(fields=["organization", "state"]),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.provider_job_id}"
+
+
+class JobSubmission(models.Model):
+    """A job being submitted: it holds one of its organization's live-job slots from admission
+    until its Job row exists (start_job deletes it in the same transaction) or the submission
+    ends without one (jobs/quotas.py). A row left by a process that died stops counting once its
+    reservation is gone and it is older than a lease."""
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    request_id = models.CharField(max_length=100, unique=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["organization", "created_at"])]

@@ -12,6 +12,7 @@ from django.utils import timezone
 from core.guards import Guards
 from gateway.admission.subjects import founding, payer
 from gateway.http.errors import GatewayError
+from jobs import quotas
 from jobs.models import Job, JobFile
 from ledger.admission import (
     AdmissionRequest,
@@ -51,7 +52,10 @@ def admit_job(
 ) -> Admitted:
     """One admission for a job's whole worst case, through the same `admit` as a live request,
     for the same subjects (key, project, member, end customer, run). Under a blocking cap a job
-    with something a live request would be refused for (refused_code) is refused with that code."""
+    with something a live request would be refused for (refused_code) is refused with that code.
+    An organization at its bound of live jobs is refused first, with nothing reserved; else the
+    submission holds one of its slots (jobs/quotas.py) until it becomes a job or ends."""
+    quotas.take_slot(organization_id=key.organization_id, request_id=request_id)
     # A first call creates its end customer and budgets with this admission (subjects.founding).
     with founding(payer(key=key, customer_id=customer_id, run_id=run_id, run_budget_usd=run_budget_usd)) as who:
         subject = who.subject
@@ -117,6 +121,7 @@ def start_job(
             deadline_at=deadline,
             next_poll_at=now + settings.CAPGATE["JOB_POLL_FIRST"],
         )
+        quotas.give_back(request_id=reservation.request_id)  # the job's row counts from here
         if GUARDS.hand_to_job:
             hand_to_job(request_id=reservation.request_id, job_id=job.provider_job_id, deadline_at=deadline, now=now)
     return job
@@ -126,6 +131,7 @@ def settle_submission(*, reservation: Reservation, outcome: Outcome) -> None:
     """A submission that did not become a job: recorded like a live request (failed_upstream
     when the provider refused it, estimated when the outcome is unknown) and drained."""
 
+    quotas.give_back(request_id=reservation.request_id)  # no job: its slot is free before the answer
     try:
         record(reservation=reservation, outcome=outcome)
     except RecordRejected:

@@ -1,7 +1,8 @@
 """Submitting a job: admit its worst case, send it, and hand the reservation to the job.
 
-1. One admission of the whole worst case (jobs/service.py `admit_job`, the live `admit`): a
-   refusal is a 402 in the endpoint's shape before anything reaches the provider.
+1. One of the organization's live-job slots (jobs/quotas.py: 429 at its bound), then one
+   admission of the whole worst case (jobs/service.py `admit_job`, the live `admit`): a refusal
+   is a 429 or 402 in the endpoint's shape before anything reaches the provider.
 2. The submission goes to the provider. Refused (4xx/5xx) or never sent: the reservation is
    recorded as `failed_upstream` at zero (no job exists). Sent without an answer: recorded as
    `estimated` at the worst case (a job may exist that capgate cannot see).
@@ -28,7 +29,7 @@ from core.money import usd_str
 from gateway.http.errors import GatewayError, render
 from gateway.http.request import Request
 from gateway.upstream import proxy, runtime
-from jobs import service
+from jobs import quotas, service
 from jobs.upstream import NOT_SENT, loads, send
 from ledger.errors import BudgetExceeded
 from ledger.models import UsageRecord
@@ -76,7 +77,24 @@ class _Refused:
 
 
 async def submit(req: Request, key: ApiKey, sub: Submission) -> None:
+    """Submit one job (module docstring). Its live-job slot, taken at admission, is given back
+    before the answer when the submission ends without a job (refused, or settle_submission), and
+    here again whatever happened (a no-op then): a job's own row counts from start_job on."""
     request_id = proxy.new_request_id()
+    try:
+        await _submit(req, key, sub, request_id)
+    finally:
+        await give_back_slot(request_id)
+
+
+async def give_back_slot(request_id: str) -> None:
+    try:
+        await runtime.db(quotas.give_back, request_id=request_id, lane="settle")
+    except DatabaseError:  # it stops counting once its reservation is gone (jobs/quotas.py)
+        log.exception("jobs: could not give back the slot of %s", request_id)
+
+
+async def _submit(req: Request, key: ApiKey, sub: Submission, request_id: str) -> None:
     bg = runtime.background
     h = req.headers
     call = _Refused(req=req, kind=sub.kind[:20], request_id=request_id, model_name=sub.route)
@@ -108,6 +126,7 @@ async def submit(req: Request, key: ApiKey, sub: Submission) -> None:
                 },
             )
         request_log.note(call, exc)
+        await give_back_slot(request_id)  # refused at admission: free before the answer
         status, headers, body = render(exc, flavor=sub.flavor)
         return await req.respond(status, body, headers + [(b"x-capgate-request-id", request_id.encode())])
     reservation = admitted.reservation

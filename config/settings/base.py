@@ -283,9 +283,20 @@ CAPGATE = {
     "ORG_CONCURRENT_UPLOADS": env.int("CAPGATE_ORG_CONCURRENT_UPLOADS", default=2),
     "ORG_STORED_FILE_BYTES": env.int("CAPGATE_ORG_STORED_FILE_BYTES", default=10 * 1024 * 1024 * 1024),
     "SIZING_CONCURRENCY": env.int("CAPGATE_SIZING_CONCURRENCY", default=2),
-    # How long echo's job store in Redis keeps an object (echo/jobs.py): a demo's files and batches,
-    # bounded in bytes per organization by ORG_STORED_FILE_BYTES, do not sit in Redis for a week.
+    # Provider jobs one organization may have capgate tracking at once (live or cancelling: each a
+    # row beat polls, a hold it renews, an output its provider keeps); one more submission is
+    # refused with 429 before admission (jobs/service.py). Beat polls JOB_POLL_PER_RUN (100) jobs
+    # every 5 s, 6,000 per slowest poll interval: a few organizations at the bound fit in it.
+    "ORG_LIVE_JOBS": env.int("CAPGATE_ORG_LIVE_JOBS", default=1000),
+    # How long echo's job store in Redis keeps an object (echo/jobs.py): a demo's files (bounded in
+    # bytes per organization by ORG_STORED_FILE_BYTES) and batch outputs (each bounded by
+    # ECHO_MAX_OUTPUT_BYTES) do not sit in Redis for a week.
     "ECHO_STORE_SECONDS": env.int("CAPGATE_ECHO_STORE_SECONDS", default=86400),
+    # The most one echo batch may write to Redis as its output (OpenAI: output and error files
+    # together; Anthropic: the results): past it an OpenAI batch ends `failed` with the error
+    # `output_too_large` and a message batch is refused with 413, nothing stored (echo/batches.py).
+    # Redis's memory bound is 512 MB (operations.md, "Redis"): one batch takes at most an eighth.
+    "ECHO_MAX_OUTPUT_BYTES": env.int("CAPGATE_ECHO_MAX_OUTPUT_BYTES", default=64 * 1024 * 1024),
     # A lifetime window (a finished run's) with no holds and no charge for this long leaves the
     # live audit set; it stays in history and rejoins it when charged again.
     "AUDIT_IDLE_LIFETIME": timedelta(hours=env.int("CAPGATE_AUDIT_IDLE_LIFETIME_HOURS", default=72)),
