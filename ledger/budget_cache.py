@@ -54,8 +54,10 @@ LIMIT = 50_000  # subjects kept per process (each a handful of budgets); least r
 # Subjects whose notices are counted per organization; past it, the organization's entries are
 # all dropped and its counts start again (a flood of new runs costs that organization, no other).
 SUBJECT_LIMIT = 10_000
-# The subject columns a notice may name: every scope's but the organization's.
+# The subject columns a notice may name: every scope's but the organization's; those holding a
+# row's id (a foreign key) are counted under the int, as a Subject carries them.
 COLUMNS: tuple[str, ...] = tuple(s.attname for s in SCOPES if s.attname is not None)
+_ID_COLUMNS = frozenset(s.attname for s in SCOPES if s.attname is not None and s.attname != s.column)
 
 # Removal tests: tests/gateway/test_cache_notices.py, tests/gateway/test_budget_notice_scope.py.
 GUARDS = Guards(
@@ -74,7 +76,7 @@ class BudgetCache:
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple, tuple[Stamp, list[Budget]]] = OrderedDict()
         self._generations: dict[int, int] = {}  # organization -> organization-wide notices handled
-        self._subjects: dict[int, dict[tuple[str, str], int]] = {}  # organization -> subject -> notices
+        self._subjects: dict[int, dict[tuple[str, object], int]] = {}  # organization -> subject -> notices
         self._epoch = 0  # resets handled
         self.hits = 0
         self.misses = 0
@@ -108,7 +110,7 @@ class BudgetCache:
         counts: tuple[int, ...] = ()
         if GUARDS.drop_subject_entries:
             mine = self._subjects.get(org, {})
-            counts = tuple(mine.get((c, str(v)), 0) if (v := getattr(subject, c)) is not None else 0 for c in COLUMNS)
+            counts = tuple(mine.get((c, getattr(subject, c)), 0) for c in COLUMNS)
         return self._epoch, self._generations.get(org, 0), counts
 
     def _trusted(self) -> bool:
@@ -128,10 +130,11 @@ class BudgetCache:
             return
         org = int(org_text)
         column, named_one, value = named.partition(":")
+        known = bool(named_one) and column in COLUMNS and (column not in _ID_COLUMNS or value.isdigit())
+        subject = (column, int(value) if known and column in _ID_COLUMNS else value)
         with self._lock:
             mine = self._subjects.setdefault(org, {})
-            subject = (column, value)
-            if named_one and column in COLUMNS and (subject in mine or len(mine) < SUBJECT_LIMIT):
+            if known and (subject in mine or len(mine) < SUBJECT_LIMIT):
                 mine[subject] = mine.get(subject, 0) + 1
                 return
             # The whole organization (its budget, a column not known here, or too many subjects

@@ -23,7 +23,7 @@ from core.invalidation import CHANNEL
 from gateway.admission.subjects import founding, payer
 from gateway.upstream.runtime import conninfo
 from ledger import budget_cache, slices
-from ledger.admission import AdmissionRequest
+from ledger.admission import AdmissionRequest, Subject
 from ledger.errors import BudgetExceeded
 from ledger.instances import register
 from ledger.models import Budget
@@ -243,3 +243,34 @@ def test_a_read_that_began_before_its_subjects_notice_is_not_kept(acme, monkeypa
     # then: what the read saw was not kept, and the next read has the run's budget; kept, the
     # cached entry leaves the run's cap out
     assert ("run" in [b.scope for b in budget_cache.budgets_for(run)]) is guard
+
+
+def test_too_many_subjects_counted_drop_only_their_organizations_entries(monkeypatch):
+    # given: room to count 3 subjects per organization
+    monkeypatch.setattr(budget_cache, "SUBJECT_LIMIT", 3)
+    cache = budget_cache.BudgetCache()
+    ours, theirs = Subject(organization_id=1, api_key_id=7), Subject(organization_id=2, api_key_id=8, run_id="r")
+    before = cache._stamp(ours), cache._stamp(theirs)
+    # when: a fourth new run of organization 1 is noticed
+    for i in range(4):
+        cache.changed(f"1:run_id:run-{i}")
+    # then: organization 1's entries are all stale, and its counts start again; 2's are not
+    assert cache._stamp(ours) != before[0]
+    assert cache._stamp(theirs) == before[1]
+    assert cache._subjects[1] == {}
+
+
+def test_a_notice_the_cache_cannot_place_drops_the_organizations_entries():
+    cache = budget_cache.BudgetCache()
+    key = Subject(organization_id=1, api_key_id=7)
+    for notice in ("1:api_key_id:not-an-id", "1:unknown_id:3", "1:api_key_id", "1"):
+        before = cache._stamp(key)
+        cache.changed(notice)
+        assert cache._stamp(key) != before, notice
+    # an id notice is counted under the int the subject carries; another key's leaves it
+    before = cache._stamp(key)
+    cache.changed("1:api_key_id:7")
+    counted = cache._stamp(key)
+    assert counted != before
+    cache.changed("1:api_key_id:8")
+    assert cache._stamp(key) == counted
