@@ -274,3 +274,35 @@ def test_a_notice_the_cache_cannot_place_drops_the_organizations_entries():
     assert counted != before
     cache.changed("1:api_key_id:8")
     assert cache._stamp(key) == counted
+
+
+@pytest.mark.usefixtures("listener")
+@pytest.mark.parametrize("scope", [s.name for s in SCOPES])
+def test_a_budget_makes_stale_every_entry_it_covers_and_no_other(acme, alice, scope):
+    # given: two subjects' budgets cached, one with a value in every subject column that a new
+    # budget of any scope names, the other with none of them
+    member = Member.objects.create(organization=acme.org, user=alice)
+    customer = EndCustomer.objects.create(project=acme.project, external_id="c-1")
+    org, absent = acme.org.id, 10**9
+    covered = Subject(org, acme.project.id, member.id, acme.key.id, customer.id, "r-1")
+    other = Subject(org, absent, absent, absent, absent, "r-2")
+    names = {
+        "organization": {},
+        "project": {"project": acme.project},
+        "member": {"member": member},
+        "key": {"api_key": acme.key},
+        "end_customer": {"end_customer": customer},
+        "run": {"run_id": "r-1"},
+    }
+    _caught_up()
+    for subject in (covered, other):
+        budget_cache.budgets_for(subject)
+    # when: a budget of the scope is created for the covered subject's value
+    acme.budget(amount="1", scope=scope, **names[scope])
+    _caught_up()
+    # then: the covered subject reads it at once; the other is served from the cache, unless the
+    # budget is the organization's (it covers both)
+    assert [b.scope for b in budget_cache.budgets_for(covered)] == [scope]
+    misses = budget_cache.cache.misses
+    assert [b.scope for b in budget_cache.budgets_for(other)] == (["organization"] if scope == "organization" else [])
+    assert budget_cache.cache.misses == misses + (scope == "organization")
