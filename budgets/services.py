@@ -40,7 +40,7 @@ VERSIONED_FIELDS = ("period", "timezone", "mode")
 EDITABLE_FIELDS = ("name", "period", "timezone", "mode", "amount_nano", "thresholds", "recipients")
 AUDITED_FIELDS = ("name", "scope", *SUBJECT_FIELDS, *EDITABLE_FIELDS)
 
-# Removal test: tests/ledger/test_budget_cache.py.
+# Removal test: tests/gateway/test_cache_notices.py.
 GUARDS = Guards(
     wait_out_cache_lease="a budget write returns only once the gateway processes' cache lease has "
     "passed since it committed",

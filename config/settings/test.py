@@ -35,7 +35,7 @@ REST_FRAMEWORK = {
 }
 
 # Tests change keys, routes and budgets (through the ORM) and expect the next request to see it;
-# the caches' own tests (tests/ledger/test_budget_cache.py, tests/gateway/test_lookup_notices.py)
+# the caches' own tests (tests/gateway/test_cache_notices.py, tests/gateway/test_lookup_notices.py)
 # turn them on. A short lease keeps the budget edits of tests with a live gateway quick.
 CAPGATE = {**CAPGATE, "LOOKUP_CACHE_SECONDS": 0.0, "CACHE_LEASE_SECONDS": 0.3}  # noqa: F405
 CAPGATE["CACHE_NOTIFY"] = env.bool("CAPGATE_CACHE_NOTIFY", default=False)  # noqa: F405
