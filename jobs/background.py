@@ -42,6 +42,19 @@ async def submit(call: ProxyCall, body: dict) -> None:
                 param="stream",
             )
         )
+    if call.conversation is not None and p.governed:
+        # A job runs for as long as the provider takes, beside whatever turn comes next: the one
+        # turn at a time a conversation is held to under a blocking budget cannot cover it.
+        await call.record(Outcome(status=UsageRecord.Status.FAILED_UPSTREAM, error="background turn not sent"))
+        return await call.fail(
+            GatewayError(
+                "A background response cannot continue a conversation under a blocking budget: capgate runs one "
+                "turn of a conversation at a time, and a background turn outlives the request.",
+                code="background_conversation_under_budget",
+                status=402,
+                param="conversation",
+            )
+        )
     target = next((t for t in p.targets if runtime.health.ok(t.connection.id)), p.targets[0])
     adapter = providers.adapter_for(target.connection.kind)
     if adapter is None or "background" not in adapter.jobs:

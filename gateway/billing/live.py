@@ -142,8 +142,11 @@ FIELDS: dict[str, dict[str, Entry]] = {
         ),
         "conversation": _e(
             TOKENS,
-            "the conversation's context is bounded by the last response capgate relayed in it; an unknown "
-            "conversation is refused under a blocking cap",
+            "the conversation's context is bounded by the last response capgate relayed in it (or, after a "
+            "turn that ended without one, by that turn's bound); under a blocking cap one turn of a "
+            "conversation runs at a time (409 conversation_locked meanwhile), since the provider bills a turn "
+            "for items other turns add while it waits; an unknown conversation, or a background turn of one, "
+            "is refused under a blocking cap",
         ),
         "truncation": _e(TOKENS, "'auto' may drop context; the bound does not count on it"),
         "tools": _e(

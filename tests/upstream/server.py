@@ -429,6 +429,16 @@ def _tool_use_events(use: dict[str, Any]) -> list[dict[str, Any]]:
 
 # Responses the fake provider stored: id -> the context a continuation adds (input + output).
 STORED_RESPONSES: dict[str, int] = {}
+# Conversations: id -> the tokens of every item its turns added so far. Like the provider, a turn
+# reads the conversation when it runs (after its delay), not when it was sent, and adds its
+# input and output items to it.
+CONVERSATIONS: dict[str, int] = {}
+
+
+def _conversation_id(body: dict[str, Any]) -> str | None:
+    conversation = body.get("conversation")
+    conv_id = conversation.get("id") if isinstance(conversation, dict) else conversation
+    return conv_id if isinstance(conv_id, str) else None
 
 
 async def _responses(ex: _Exchange) -> None:
@@ -440,7 +450,11 @@ async def _responses(ex: _Exchange) -> None:
         if any(isinstance(t, dict) and str(t.get("type", "")).startswith("web_search") for t in body.get("tools") or [])
         else 0
     )
-    earlier = STORED_RESPONSES.get(str(body.get("previous_response_id")), 0)
+    conversation = _conversation_id(body)
+    if conversation is not None:
+        earlier = CONVERSATIONS.get(conversation, 0)
+    else:
+        earlier = STORED_RESPONSES.get(str(body.get("previous_response_id")), 0)
     prompt = knobs["prompt_tokens"]
     if knobs["count_prompt"]:
         from tests.upstream import chatml
@@ -451,6 +465,8 @@ async def _responses(ex: _Exchange) -> None:
     rid = f"resp_{uuid.uuid4().hex[:24]}"
     if body.get("store") is not False:
         STORED_RESPONSES[rid] = input_tokens + output
+    if conversation is not None:
+        CONVERSATIONS[conversation] = input_tokens + output
     pieces = _pieces(knobs["chunks"])
     items: list[dict[str, Any]] = [
         {"type": "web_search_call", "id": f"ws_{i}", "status": "completed", "action": {"type": "search", "query": "q"}}
@@ -473,6 +489,7 @@ async def _responses(ex: _Exchange) -> None:
         "model": body.get("model", "fake-model"),
         "output": items,
         "service_tier": _served_tier(knobs, body, "openai"),
+        "conversation": {"id": conversation} if conversation is not None else None,
         "usage": {
             "input_tokens": input_tokens,
             "input_tokens_details": {"cached_tokens": 0},
