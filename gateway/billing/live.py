@@ -18,7 +18,9 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "messages": _e(
             TOKENS,
             "UTF-8 bytes + per-message framing bound the input tokens; images by the model's image bound; "
-            "audio and files refused under a blocking cap",
+            "audio and files refused under a blocking cap; so is an assistant message's `audio` (earlier audio "
+            "output named by id, which the provider bills again as input audio tokens the catalog has no price "
+            "for): 402 `audio_reference_under_budget`, param `messages[].audio`",
         ),
         "max_tokens": _e(TOKENS, "the output ceiling"),
         "max_completion_tokens": _e(TOKENS, "the output ceiling; reasoning tokens count inside it"),
