@@ -119,7 +119,12 @@ def _admit(
             governed=any(b.mode == Budget.Mode.BLOCK for b in budgets),
         )
     else:
-        turn = _conversation_turn(payer=payer, shape=shape, budgets=budgets, request_id=request_id, owner_id=owner_id)
+        # Only a proxied call is held to one turn at a time: the proxy releases the hold when it ends.
+        turn = (
+            _conversation_turn(payer=payer, shape=shape, budgets=budgets, request_id=request_id, owner_id=owner_id)
+            if proxied
+            else None
+        )
         sized = size(
             key=payer.key, shape=shape, targets=targets, budgets=budgets, proxied=proxied, translation=translation
         )
