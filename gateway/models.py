@@ -33,3 +33,27 @@ class StoredResponse(models.Model):
             # retention deletes by age (gateway/retention.py)
             models.Index(fields=["created_at"], name="stored_response_created_idx"),
         ]
+
+
+class ConversationTurn(models.Model):
+    """A turn of a Responses `conversation` in flight under a blocking budget: at most one per
+    conversation (gateway/upstream/continuations.py). The provider adds every item a turn writes to
+    the conversation, so a turn bounded by the conversation's stored context must not run beside
+    another turn that may grow it. Deleted when the turn ends; a row whose `expires_at` passed
+    (its process died) no longer holds the conversation."""
+
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
+    conversation_id = models.CharField(max_length=200)
+    request_id = models.CharField(max_length=64)
+    # The gateway process running the turn: a claim of a process that stopped heartbeating is
+    # taken over, as its reservations are expired (ledger/admission.py).
+    owner = models.ForeignKey("ledger.GatewayInstance", on_delete=models.SET_NULL, null=True, related_name="+")
+    # What the conversation may hold once this turn ends (its context, input and output bounds),
+    # set once admitted: a turn that ends unremembered, or whose process died, leaves it behind.
+    bound_tokens = models.BigIntegerField(null=True)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "conversation_id"], name="one_turn_per_conversation"),
+        ]

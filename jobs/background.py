@@ -44,6 +44,19 @@ async def submit(call: ProxyCall, body: dict) -> None:
                 param="stream",
             )
         )
+    if call.conversation is not None and p.governed:
+        # A job runs for as long as the provider takes, beside whatever turn comes next: the one
+        # turn at a time a conversation is held to under a blocking budget cannot cover it.
+        await call.record(Outcome(status=UsageRecord.Status.FAILED_UPSTREAM, error="background turn not sent"))
+        return await call.fail(
+            GatewayError(
+                "A background response cannot continue a conversation under a blocking budget: capgate runs one "
+                "turn of a conversation at a time, and a background turn outlives the request.",
+                code="background_conversation_under_budget",
+                status=402,
+                param="conversation",
+            )
+        )
     request_id = p.reservation.request_id
     try:  # admitted already (the proxy's admission): refused here, its hold is released at zero
         await runtime.db(quotas.take_slot, organization_id=p.reservation.organization_id, request_id=request_id)

@@ -105,6 +105,9 @@ def shape_chat(body: dict, headers: dict[str, str] | None = None) -> Shape:
     if max_output is None:
         param = None
     refused = _refused_chat_params(body)
+    if any(isinstance(m, dict) and m.get("audio") is not None for m in messages):
+        # An assistant turn's earlier audio output, named by id: billed again as input audio tokens.
+        refused.append("audio_reference")
     tools = fields.classify_tools(body, "chat")
     if body.get("functions") is not None:
         tools.overhead = max(tools.overhead, settings.CAPGATE["TOOL_USE_OVERHEAD_TOKENS"])

@@ -27,6 +27,7 @@ from gateway.admission.routing import Target, authenticate, resolve_route
 from gateway.admission.sizing import Sized, Translation, bound_tokens, size
 from gateway.admission.subjects import Payer, founding, payer
 from gateway.http.errors import GatewayError
+from gateway.upstream import continuations
 from ledger import admission as ledger_admission
 from ledger import slices
 from ledger.admission import AdmissionRequest
@@ -134,12 +135,26 @@ def _admit(
             governed=any(b.mode == Budget.Mode.BLOCK for b in budgets),
         )
     else:
+        # Only a proxied call is held to one turn at a time: the proxy releases the hold when it ends.
+        turn = (
+            _conversation_turn(payer=payer, shape=shape, budgets=budgets, request_id=request_id, owner_id=owner_id)
+            if proxied
+            else None
+        )
         sized = size(
             key=payer.key, shape=shape, targets=targets, budgets=budgets, proxied=proxied, translation=translation
         )
         if proxied:  # the caller of the reservation API makes the call: its traffic is its own
             assert sized.shape is not None
             shapes = sized.bodies()
+            if turn is not None:  # what the conversation may hold after this turn, before it is sent
+                images = max((t.model.max_image_tokens or 0 for t in sized.targets), default=0)
+                continuations.bound_turn(
+                    organization_id=payer.key.organization_id,
+                    conversation_id=turn,
+                    request_id=request_id,
+                    tokens=max(bound_tokens(s, sized.output_tokens) + s.images * images for s in shapes),
+                )
             enforce_limits(
                 key=payer.key,
                 customer=payer.customer,
@@ -229,6 +244,20 @@ def admit_call(
             continue
         return key, admission
     raise AssertionError("unreachable")
+
+
+def _conversation_turn(
+    *, payer: Payer, shape: Shape, budgets: list[Budget], request_id: str, owner_id: int | None
+) -> str | None:
+    """Under a blocking budget, hold a Responses conversation for this turn before its stored
+    context is read (gateway/upstream/continuations.py); the conversation id, or None."""
+    ref = shape.context_ref
+    if ref is None or ref[0] != "conversation" or not any(b.mode == Budget.Mode.BLOCK for b in budgets):
+        return None
+    continuations.claim_turn(
+        organization_id=payer.key.organization_id, conversation_id=ref[1], request_id=request_id, owner_id=owner_id
+    )
+    return ref[1]
 
 
 # A subject deleted mid-admission is resolved again this many times in all (each deletion is one

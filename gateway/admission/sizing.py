@@ -95,6 +95,14 @@ def _bound(shape: Shape, target: Target, rates: Rates, output_tokens: int) -> To
     )
 
 
+# Where in the body a refused name that is not itself a top-level field sits.
+REFUSED_AT = {
+    # An assistant message's `audio: {"id": ...}`: the provider bills the audio output it names again,
+    # as input audio tokens, which the catalog has no price for and the body does not show.
+    "audio_reference": "messages[].audio",
+}
+
+
 def bound_tokens(shape: Shape, output: int) -> int:
     """The tokens a request may use, for tokens-per-minute limits: its input bound plus its
     output ceiling per choice."""
@@ -383,12 +391,13 @@ def size(
     refused = shape.refused + tuple(f for t in translated.values() for f in t.refused)
     if blocking and refused:
         field = refused[0]
+        param = REFUSED_AT.get(field, field)
         raise GatewayError(
-            f"'{field}' buys something whose cost the catalog cannot bound (docs/billing.md), so a blocking "
+            f"'{param}' buys something whose cost the catalog cannot bound (docs/billing.md), so a blocking "
             "budget cannot admit it.",
             code=f"{field}_under_budget",
             status=402,
-            param=field,
+            param=param,
         )
     priced, no_model, no_feature = _price_targets(shape_of, targets)
     if not proxied and (no_feature or no_model):

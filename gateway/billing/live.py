@@ -18,7 +18,9 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "messages": _e(
             TOKENS,
             "UTF-8 bytes + per-message framing bound the input tokens; images by the model's image bound; "
-            "audio and files refused under a blocking cap",
+            "audio and files refused under a blocking cap; so is an assistant message's `audio` (earlier audio "
+            "output named by id, which the provider bills again as input audio tokens the catalog has no price "
+            "for): 402 `audio_reference_under_budget`, param `messages[].audio`",
         ),
         "max_tokens": _e(TOKENS, "the output ceiling"),
         "max_completion_tokens": _e(TOKENS, "the output ceiling; reasoning tokens count inside it"),
@@ -142,8 +144,11 @@ FIELDS: dict[str, dict[str, Entry]] = {
         ),
         "conversation": _e(
             TOKENS,
-            "the conversation's context is bounded by the last response capgate relayed in it; an unknown "
-            "conversation is refused under a blocking cap",
+            "the conversation's context is bounded by the last response capgate relayed in it (or, after a "
+            "turn that ended without one, by that turn's bound); under a blocking cap one turn of a "
+            "conversation runs at a time (409 conversation_locked meanwhile), since the provider bills a turn "
+            "for items other turns add while it waits; an unknown conversation, or a background turn of one, "
+            "is refused under a blocking cap",
         ),
         "truncation": _e(TOKENS, "'auto' may drop context; the bound does not count on it"),
         "tools": _e(

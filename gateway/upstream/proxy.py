@@ -114,6 +114,8 @@ class ProxyCall:
         # The request in each other format, made on the admission thread when a target of that
         # format may be tried (gateway/translate/); an untranslatable request keeps its error.
         self.translated: dict[str, Translated | CapgateError] = {}
+        self.conversation: str | None = None  # the Responses conversation this request is a turn of
+        self.remembered = False  # its response's context is kept (`remember_response`)
 
     def capgate_headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"x-capgate-request-id", self.request_id.encode())]
@@ -133,6 +135,28 @@ class ProxyCall:
         await self.req.respond(status, body, headers + self.capgate_headers())
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            await self._release_turn()
+
+    async def _release_turn(self) -> None:
+        """End a conversation turn's hold (gateway/upstream/continuations.py) once its response is
+        remembered or its call ended without one; a no-op when admission held nothing."""
+        if self.conversation is None:
+            return
+        try:
+            await runtime.db(
+                continuations.release_turn,
+                conversation_id=self.conversation,
+                request_id=self.request_id,
+                ran=self.admission is not None and not self.remembered,
+                lane="settle",
+            )
+        except DatabaseError:  # the hold lapses at its expiry; the conversation waits until then
+            log.warning("could not release conversation %s: database unavailable", self.conversation)
+
+    async def _run(self) -> None:
         try:
             raw = await self.req.body(settings.CAPGATE["MAX_BODY_BYTES"])
         except GatewayError as exc:
@@ -156,6 +180,8 @@ class ProxyCall:
                 shape = dataclasses.replace(shape, unclassified=tuple(found))
         except CapgateError as exc:
             shape_error = exc
+        if shape is not None and shape.context_ref is not None and shape.context_ref[0] == "conversation":
+            self.conversation = shape.context_ref[1]
         bg = runtime.background
         admitting = time.monotonic()
         try:
@@ -390,10 +416,11 @@ class ProxyCall:
                 organization_id=p.reservation.organization_id,
                 connection_id=target.connection.id,
                 response_id=response_id,
-                conversation_id=conversation_id,
+                conversation_id=conversation_id or self.conversation,
                 context=context,
                 lane="settle",
             )
+            self.remembered = True
         except DatabaseError:
             # Safe direction: a continuation from an unknown id is refused under a cap.
             log.warning("could not remember response %s: database unavailable", response_id)

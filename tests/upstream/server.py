@@ -296,6 +296,17 @@ def _tool_name(ex: _Exchange, dialect: str) -> str | None:
     return str(tools[0].get("name") if dialect == "anthropic" else (tools[0].get("function") or {}).get("name"))
 
 
+# Audio outputs the fake provider made: id -> its audio tokens. Like OpenAI, an assistant message
+# naming one (`"audio": {"id": ...}`) is billed for that audio again, as input audio tokens.
+AUDIO_OUTPUTS: dict[str, int] = {}
+
+
+def _referenced_audio(body: dict[str, Any]) -> int:
+    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    refs = [m["audio"].get("id") for m in messages if isinstance(m, dict) and isinstance(m.get("audio"), dict)]
+    return sum(AUDIO_OUTPUTS.get(str(ref), 0) for ref in refs)
+
+
 async def _chat(ex: _Exchange) -> None:
     body, knobs = ex.body, ex.knobs
     model = body.get("model", "fake-model")
@@ -306,12 +317,16 @@ async def _chat(ex: _Exchange) -> None:
         from tests.upstream import chatml
 
         prompt = chatml.prompt_tokens(body, knobs["count_prompt"])
+    audio_in = _referenced_audio(body)
+    prompt += audio_in
     usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion}
     usage["total_tokens"] = prompt + completion + knobs["thoughts_tokens"]
     if knobs["audio_tokens"]:
         usage["completion_tokens_details"] = {"audio_tokens": knobs["audio_tokens"]}
+    if audio_in:
+        usage["prompt_tokens_details"] = {"audio_tokens": audio_in}
     if knobs["cached_tokens"]:
-        usage["prompt_tokens_details"] = {"cached_tokens": knobs["cached_tokens"]}
+        usage.setdefault("prompt_tokens_details", {})["cached_tokens"] = knobs["cached_tokens"]
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
     tier = _served_tier(knobs, body, "openai")
 
@@ -324,6 +339,18 @@ async def _chat(ex: _Exchange) -> None:
     finish = "tool_calls" if tool else "stop"
     if not body.get("stream"):
         message: dict[str, Any] = {"role": "assistant", "content": "".join(pieces), "refusal": None}
+        if isinstance(body.get("audio"), dict) and knobs["audio_tokens"]:  # audio output, as OpenAI returns it
+            audio_id = f"audio_{uuid.uuid4().hex[:24]}"
+            AUDIO_OUTPUTS[audio_id] = knobs["audio_tokens"]
+            message |= {
+                "content": None,
+                "audio": {
+                    "id": audio_id,
+                    "expires_at": created + 3600,
+                    "data": base64.b64encode(b"RIFF fake wav").decode(),
+                    "transcript": "".join(pieces),
+                },
+            }
         if tool:
             message |= {"content": None, "tool_calls": [{**call, "function": {"name": tool, "arguments": arguments}}]}
         choices = [{"index": i, "message": message, "logprobs": None, "finish_reason": finish} for i in range(n)]
@@ -429,6 +456,16 @@ def _tool_use_events(use: dict[str, Any]) -> list[dict[str, Any]]:
 
 # Responses the fake provider stored: id -> the context a continuation adds (input + output).
 STORED_RESPONSES: dict[str, int] = {}
+# Conversations: id -> the tokens of every item its turns added so far. Like the provider, a turn
+# reads the conversation when it runs (after its delay), not when it was sent, and adds its
+# input and output items to it.
+CONVERSATIONS: dict[str, int] = {}
+
+
+def _conversation_id(body: dict[str, Any]) -> str | None:
+    conversation = body.get("conversation")
+    conv_id = conversation.get("id") if isinstance(conversation, dict) else conversation
+    return conv_id if isinstance(conv_id, str) else None
 
 
 async def _responses(ex: _Exchange) -> None:
@@ -440,7 +477,11 @@ async def _responses(ex: _Exchange) -> None:
         if any(isinstance(t, dict) and str(t.get("type", "")).startswith("web_search") for t in body.get("tools") or [])
         else 0
     )
-    earlier = STORED_RESPONSES.get(str(body.get("previous_response_id")), 0)
+    conversation = _conversation_id(body)
+    if conversation is not None:
+        earlier = CONVERSATIONS.get(conversation, 0)
+    else:
+        earlier = STORED_RESPONSES.get(str(body.get("previous_response_id")), 0)
     prompt = knobs["prompt_tokens"]
     if knobs["count_prompt"]:
         from tests.upstream import chatml
@@ -451,6 +492,8 @@ async def _responses(ex: _Exchange) -> None:
     rid = f"resp_{uuid.uuid4().hex[:24]}"
     if body.get("store") is not False:
         STORED_RESPONSES[rid] = input_tokens + output
+    if conversation is not None:
+        CONVERSATIONS[conversation] = input_tokens + output
     pieces = _pieces(knobs["chunks"])
     items: list[dict[str, Any]] = [
         {"type": "web_search_call", "id": f"ws_{i}", "status": "completed", "action": {"type": "search", "query": "q"}}
@@ -473,6 +516,7 @@ async def _responses(ex: _Exchange) -> None:
         "model": body.get("model", "fake-model"),
         "output": items,
         "service_tier": _served_tier(knobs, body, "openai"),
+        "conversation": {"id": conversation} if conversation is not None else None,
         "usage": {
             "input_tokens": input_tokens,
             "input_tokens_details": {"cached_tokens": 0},
