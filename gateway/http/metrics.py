@@ -101,10 +101,11 @@ def endpoint_label(path: str) -> str:
 
 
 def refusal_code(status: int, headers: list[tuple[bytes, bytes]]) -> str:
-    """The ceiling (402) or limit (429) that refused, from the headers capgate itself sets on
+    """The ceiling (402, or 200 for a refusal answered in a Responses stream: gateway/http/errors.py
+    `render_failed_response`) or limit (429) that refused, from the headers capgate itself sets on
     its own refusals; relayed upstream errors carry neither header, so their codes never become
     labels."""
-    wanted = b"x-capgate-budget-code" if status == 402 else b"x-capgate-rate-limit" if status == 429 else None
+    wanted = b"x-capgate-budget-code" if status in (200, 402) else b"x-capgate-rate-limit" if status == 429 else None
     if wanted is None:
         return ""
     for name, value in headers:

@@ -31,7 +31,7 @@ from gateway.admission.request_fields import collecting_unclassified
 from gateway.admission.routing import TRANSLATED, target_format
 from gateway.admission.service import Admission, Target, admit_call
 from gateway.http import metrics
-from gateway.http.errors import GatewayError, render
+from gateway.http.errors import GatewayError, refused_in_stream, render, render_failed_response
 from gateway.http.request import ClientGone, Request
 from gateway.providers import adapter, response_state
 from gateway.translate import Translated, client_headers_for, translate_request
@@ -131,6 +131,12 @@ class ProxyCall:
 
     async def fail(self, exc: CapgateError) -> None:
         request_log.note(self, exc)  # refused before admission: the log's row (admitted ones have a usage record)
+        body_stream = self.kind == "responses" and isinstance(self.body, dict) and self.body.get("stream") is True
+        if refused_in_stream(stream=body_stream, accept=self.req.headers.get("accept", ""), status=exc.status):
+            status, headers, body = render_failed_response(
+                exc, response_id=f"resp_{self.request_id.removeprefix('req_')}", model=self.model_name
+            )
+            return await self.req.respond(status, body, headers + self.capgate_headers(), b"text/event-stream")
         status, headers, body = render(exc, flavor=self.flavor)
         await self.req.respond(status, body, headers + self.capgate_headers())
 

@@ -118,14 +118,16 @@ wire_api = "responses"
 {retries}{headers}"""
 
 # Codex reconnects a streamed turn on any status it does not know, 402 included (five times by
-# default). capgate already fails over between upstream connections, and a refusal is final.
+# default); capgate answers its refusals in the stream instead (gateway/http/errors.py), so the
+# README's block leaves Codex's retry settings as they are.
 NO_STREAM_RETRIES = "stream_max_retries = 0\n"
 
 
 def codex_config(
-    *, base_url: str, model: str, env_headers: dict[str, str] | None = None, stream_retries: bool = False
+    *, base_url: str, model: str, env_headers: dict[str, str] | None = None, stream_retries: bool = True
 ) -> str:
-    """The README's provider block for capgate; `env_headers`: header -> the variable it is read from."""
+    """The README's provider block for capgate; `env_headers`: header -> the variable it is read from;
+    `stream_retries=False` adds `stream_max_retries = 0` (Codex's default is five reconnects)."""
     extra = ""
     if env_headers:
         extra = "env_http_headers = { " + ", ".join(f'"{k}" = "{v}"' for k, v in env_headers.items()) + " }\n"

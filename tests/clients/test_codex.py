@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from gateway.http import errors
 from ledger.models import Budget, Reservation, UsageRecord
 from requestlog.models import Refusal
 from tests.clients import agents
@@ -48,30 +49,35 @@ def test_codex_is_served_and_recorded_under_a_blocking_key_cap(gateway, agent_te
     assert not Reservation.objects.exists()
 
 
-def test_codex_shows_capgates_402_and_does_not_retry(gateway, agent_tenant, upstream, tmp_path):
-    # given: a key cap far below one Codex turn's worst case
+def _refused_turn(gateway, agent_tenant, tmp_path, **kw) -> tuple[list[dict], int]:
+    """Codex's failed turns and the requests it sent, its cap far below one turn's worst case."""
     agent_tenant.budget(amount="0.05", scope="key", api_key=agent_tenant.key)
-    # when
-    run = agents.codex(tmp_path, "Say hello", base_url=gateway.url, key=KEY, model="gpt-test")
-    # then: the turn failed with capgate's refusal, in capgate's words
+    run = agents.codex(tmp_path, "Say hello", base_url=gateway.url, key=KEY, model="gpt-test", **kw)
     assert run.returncode != 0
-    failed = [e for e in _events(run) if e["type"] == "turn.failed"]
-    assert failed and "402" in failed[0]["error"]["message"], run.output
-    assert "Refused by key budget" in failed[0]["error"]["message"]
+    return [e for e in _events(run) if e["type"] == "turn.failed"], requests_seen()
+
+
+@pytest.mark.parametrize("stream_retries", [True, False], ids=["default-retries", "no-stream-retries"])
+def test_codex_shows_capgates_refusal_and_does_not_retry(gateway, agent_tenant, upstream, tmp_path, stream_retries):
+    # given: a key cap far below one Codex turn's worst case; Codex's retry settings as it ships
+    # them (five reconnects) or with stream_max_retries = 0
+    failed, seen = _refused_turn(gateway, agent_tenant, tmp_path, stream_retries=stream_retries)
+    # then: the turn failed with capgate's refusal, in capgate's words
+    assert failed and failed[0]["error"]["message"].startswith("Refused by key budget"), failed
     # one request reached the gateway (no retry), none reached the provider, nothing is held
-    assert requests_seen() == 1
+    assert seen == 1
     assert Refusal.objects.get().code == "key_budget"
     assert upstream.stats()["requests"] == 0
     assert not Reservation.objects.exists()
 
 
-def test_without_the_readmes_retry_setting_codex_repeats_a_refusal(gateway, agent_tenant, tmp_path):
-    # why the provider block sets stream_max_retries = 0: Codex 0.171 reconnects on any status
-    # it does not know, and a 402 is one
-    agent_tenant.budget(amount="0.05", scope="key", api_key=agent_tenant.key)
-    run = agents.codex(tmp_path, "Say hello", base_url=gateway.url, key=KEY, model="gpt-test", stream_retries=True)
-    assert run.returncode != 0
-    assert requests_seen() > 1
+def test_refused_with_a_402_codex_repeats_the_refusal(gateway, agent_tenant, tmp_path, monkeypatch):
+    """Guard removal: answered with a 402 (x-should-retry: false, which it does not read), Codex
+    reconnects five times, ~8 s, before it shows the refusal."""
+    monkeypatch.setattr(errors.GUARDS, "refuse_in_stream", False)
+    failed, seen = _refused_turn(gateway, agent_tenant, tmp_path)
+    assert seen == 6
+    assert failed and "402" in failed[0]["error"]["message"]
 
 
 def test_codex_env_http_headers_put_a_session_under_its_own_run_budget(gateway, agent_tenant, upstream, tmp_path):
