@@ -54,10 +54,13 @@ class Shape:
     patch: dict = field(default_factory=dict)  # fields rewritten upstream (tools with max_uses)
     forward_headers: dict = field(default_factory=dict)  # classified headers sent upstream
     unclassified: tuple = ()  # what the inventory does not list (request_fields.Unclassified)
-    # Responses API: earlier context the provider adds from its stored state, as
-    # ("response", previous_response_id) or ("conversation", id); bounded from what capgate relayed.
+    # Earlier context the provider adds from its stored state, as ("response", previous_response_id)
+    # or ("conversation", id) (Responses API) or ("message", previous_message_id) (a message thread's
+    # continue); bounded from what capgate relayed.
     context_ref: tuple[str, str] | None = None
-    stored: bool = True  # Responses API: the provider keeps this response (store is not false)
+    # The provider keeps this response for a later continuation: Responses unless store is false,
+    # Messages only in a thread.
+    stored: bool = True
 
 
 def _require_dict(body: Any) -> dict:
@@ -136,10 +139,29 @@ def shape_chat(body: dict, headers: dict[str, str] | None = None) -> Shape:
     )
 
 
+def _message_thread(body: dict) -> tuple[bool, tuple[str, str] | None]:
+    """A message thread: whether the provider keeps this message (any `thread`), and the earlier
+    context a `continue` adds, as ("message", previous_message_id), bounded from what capgate relayed."""
+    thread = body.get("thread")
+    if thread is None:
+        return False, None
+    if thread.get("type") == "create":
+        return True, None
+    previous = thread.get("previous_message_id")
+    if thread.get("type") != "continue" or not isinstance(previous, str) or not 1 <= len(previous) <= 200:
+        raise bad_request(
+            '\'thread\' must be {"type": "create"} or {"type": "continue", "previous_message_id": <id>}.',
+            param="thread",
+        )
+    return True, ("message", previous)
+
+
 def shape_messages(body: dict, headers: dict[str, str] | None = None) -> Shape:
     fields.check_params(body, "messages")
     model = fields.model(body)
-    messages = fields.messages(body)
+    threaded, context_ref = _message_thread(body)
+    # A continue sends only the new turn, which may be none (the server resumes a paused turn).
+    messages = fields.messages(body) if context_ref is None or body.get("messages") != [] else []
     max_tokens = fields.positive_int(body, "max_tokens")
     system = body.get("system")
     if system is not None and not isinstance(system, str | list):
@@ -186,6 +208,8 @@ def shape_messages(body: dict, headers: dict[str, str] | None = None) -> Shape:
         speed=fields.messages_speed(body),
         patch={"tools": tools.patched} if tools.patched is not None else {},
         forward_headers=forward,
+        context_ref=context_ref,
+        stored=threaded,
     )
 
 

@@ -58,7 +58,8 @@ FIELD_TYPES: dict[str, dict[str, tuple[str, ...]]] = {
         "system": (_S, _A),
         "container": (_S, _O),
         "speed": (_S,),
-        **dict.fromkeys(("context_management", "diagnostics"), (_O,)),
+        **dict.fromkeys(("context_management", "diagnostics", "thread"), (_O,)),
+        "safeguards": (_A,),
     },
     "responses": {
         **dict.fromkeys(

@@ -27,7 +27,7 @@ from catalog.pricing import (
     rates_for,
     worst_case_nano,
 )
-from gateway.admission import token_counter, tokens, unclassified
+from gateway.admission import request_fields, token_counter, tokens, unclassified
 from gateway.admission.bounds import Shape
 from gateway.admission.routing import Target, target_format
 from gateway.http.errors import GatewayError
@@ -382,14 +382,7 @@ def size(
 
     refused = shape.refused + tuple(f for t in translated.values() for f in t.refused)
     if blocking and refused:
-        field = refused[0]
-        raise GatewayError(
-            f"'{field}' buys something whose cost the catalog cannot bound (docs/billing.md), so a blocking "
-            "budget cannot admit it.",
-            code=f"{field}_under_budget",
-            status=402,
-            param=field,
-        )
+        raise request_fields.refused_under_budget(refused[0], shape.forward_headers)
     priced, no_model, no_feature = _price_targets(shape_of, targets)
     if not proxied and (no_feature or no_model):
         raise _unpriced(cast(UnpricedModel | UnpricedFeature, no_feature or no_model), proxied=False)

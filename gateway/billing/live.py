@@ -116,6 +116,18 @@ FIELDS: dict[str, dict[str, Entry]] = {
             "the input; a compact edit runs a model call of its own and is refused under a blocking cap",
         ),
         "diagnostics": _e(FREE, "asks for the reason of a prompt-cache miss in the response; not billed"),
+        "safeguards": _e(
+            FREE,
+            "asks the provider to check the response's tool calls (Claude Code's auto mode: dangerous_tool_use); "
+            "the server runs those checks as part of the request at no charge (code.claude.com/docs/en/"
+            "auto-mode-classifier-billing); its classifier_context is body bytes",
+        ),
+        "thread": _e(
+            TOKENS,
+            "a message thread: 'create' keeps the conversation under the response's id; a 'continue' adds that "
+            "earlier context, bounded by what capgate relayed for the previous message (its input + output "
+            "tokens); a previous_message_id capgate did not relay is refused under a blocking cap",
+        ),
         "metadata": _e(FREE, IDENT),
         "stop_sequences": _e(FREE, "can only end the output sooner"),
         "stream": _e(FREE, "same tokens, delivered as events"),
@@ -286,6 +298,9 @@ ANTHROPIC_BETAS: dict[str, Entry] = {
     # Claude Code's own (it sends claude-code, interleaved-thinking, context-management,
     # per-turn-control, mid-conversation-tool-changes, thinking-token-count, advanced-tool-use, effort).
     "claude-code": _e(FREE, "identifies the Claude Code client"),
+    # Claude Code's auto mode (-p --permission-mode auto) adds these two with the 'safeguards' field.
+    "afk-mode": _e(FREE, "auto mode's server-side classifier review, run at no charge (see 'safeguards')"),
+    "dangerous-tool-use": _e(FREE, "the dangerous_tool_use safeguard, checked at no charge (see 'safeguards')"),
     "per-turn-control": _e(TOKENS, "per-turn settings carried in the body"),
     "advanced-tool-use": _e(
         TOKENS,
@@ -318,7 +333,7 @@ ANTHROPIC_BETAS: dict[str, Entry] = {
     "advisor-tool": _e(REFUSED, "an advisor model's calls are billed on top of the request"),
     "agent-memory": _e(REFUSED, "memory stored server-side adds input the body cannot show"),
     "dreaming": _e(REFUSED, "server-side background work the body cannot bound"),
-    "message-threads": _e(REFUSED, "a server-side thread adds earlier context the body cannot show"),
+    "message-threads": _e(TOKENS, "see the 'thread' field: a continue is bounded by the context capgate relayed"),
     "managed-agents": _e(REFUSED, "managed agent sessions run and bill server-side"),
     "mcp-tunnels": _e(REFUSED, "remote MCP tool results add input the body cannot show"),
     "efs": _e(REFUSED, "file storage for code-execution containers, billed on its own"),

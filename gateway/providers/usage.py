@@ -141,6 +141,7 @@ class StreamUsage:
         self.model = ""
         self._start: dict = {}
         self.response: dict | None = None  # Responses API: the final Response object
+        self.message_id: str | None = None  # Messages: the id message_start names
 
     def feed(self, data: bytes) -> bool:
         """Read one event's data; return True if it was OpenAI's usage-only chunk."""
@@ -160,6 +161,7 @@ class StreamUsage:
                 msg = fastjson.loads(data).get("message") or {}
                 self._start = msg.get("usage") or {}
                 self.model = str(msg.get("model") or "")
+                self.message_id = msg.get("id") if isinstance(msg.get("id"), str) else None
             elif b'"message_delta"' in data:
                 delta_usage = fastjson.loads(data).get("usage")
                 if isinstance(delta_usage, dict):

@@ -360,14 +360,31 @@ async def _chat(ex: _Exchange) -> None:
     await ex.stream(frames, drop_at=3 * n)  # after the role chunks and two content chunks
 
 
+# Message threads the fake provider keeps: message id -> (the context a `continue` adds: input +
+# output, and the create's tools, which a continue leaves out).
+STORED_THREADS: dict[str, tuple[int, Any]] = {}
+
+
 async def _messages(ex: _Exchange) -> None:
+    """Messages. Like the provider, a thread's `continue` is billed for the whole conversation it
+    kept (an unknown id is a 404 `thread_not_found`), and each search's results join the context."""
     body, knobs = ex.body, ex.knobs
+    thread = body.get("thread") if isinstance(body.get("thread"), dict) else None
+    earlier = 0
+    if thread is not None and thread.get("type") == "continue":
+        if thread.get("previous_message_id") not in STORED_THREADS:
+            error = _error_body("anthropic", 404, "thread not found")
+            error["error"]["details"] = {"error_code": "thread_not_found"}
+            await ex.json(404, error)
+            return
+        earlier, tools = STORED_THREADS[thread["previous_message_id"]]
+        body = ex.body = {**body, "tools": tools}
     pieces = _pieces(knobs["chunks"])
     output = _completion_tokens(knobs, body)
     searches = _web_searches(body)
     # Each search's results join the context, and each search is another pass over it.
     passes = searches + 1
-    context = knobs["prompt_tokens"] + searches * knobs["search_result_tokens"]
+    context = knobs["prompt_tokens"] + earlier + searches * knobs["search_result_tokens"]
     one_hour = knobs["cache_write_1h_tokens"] if _wants_1h_cache(body) else 0
     usage: dict[str, Any] = {"input_tokens": context * passes - one_hour, "cache_creation_input_tokens": one_hour}
     usage |= {"cache_read_input_tokens": 0, "output_tokens": output}
@@ -388,6 +405,8 @@ async def _messages(ex: _Exchange) -> None:
         "stop_sequence": None,
         "usage": usage,
     }
+    if thread is not None:
+        STORED_THREADS[message["id"]] = (usage["input_tokens"] + one_hour + output, body.get("tools"))
     if not body.get("stream"):
         await ex.respond(message)
         return
