@@ -14,6 +14,7 @@ content parts, the byte bound) are in gateway/admission/request_fields.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -325,4 +326,22 @@ def shape_embeddings(body: dict, headers: dict[str, str] | None = None) -> Shape
     )
 
 
-SHAPERS = {"chat": shape_chat, "messages": shape_messages, "embeddings": shape_embeddings, "responses": shape_responses}
+def shape_compact(body: dict, headers: dict[str, str] | None = None) -> Shape:
+    """POST /v1/responses/compact: the history is bounded as /v1/responses bounds its input (its
+    fields are a subset of those), but the compaction pass runs no tool (so no search is counted
+    or max_tool_calls sent) and the endpoint takes no output ceiling: sizing bounds its output at
+    the model's maximum and sends none."""
+    fields.check_params(body, "compact")
+    fields.check_headers(headers or {}, "compact")
+    # Its own unlisted fields are collected once, above (the body goes upstream as sent).
+    shape = shape_responses({k: v for k, v in body.items() if k in fields.ALLOWED["compact"]}, headers)
+    return dataclasses.replace(shape, kind="compact", web_searches=0, server_tool_uses=0, patch={}, stored=False)
+
+
+SHAPERS = {
+    "chat": shape_chat,
+    "messages": shape_messages,
+    "embeddings": shape_embeddings,
+    "responses": shape_responses,
+    "compact": shape_compact,
+}

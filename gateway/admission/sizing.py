@@ -427,6 +427,9 @@ def size(
             inject = output
     if shape.kind == "embeddings":
         output, inject = 0, None
+    elif shape.kind == "compact":  # no ceiling can be sent: each target may write up to its maximum
+        default = settings.CAPGATE["DEFAULT_MAX_OUTPUT_TOKENS"]
+        output, inject = max(t.model.max_output_tokens or default for t in targets), None
 
     worst = max(
         (worst_case_nano(bound=_bound(shape_of(p.target), p.target, p.rates, output), rates=p.rates) for p in priced),

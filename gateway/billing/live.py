@@ -205,6 +205,41 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "prompt_cache_retention": _e(FREE, "OpenAI cache writes cost nothing extra; reads are cheaper than input"),
         "prompt_cache_options": _e(FREE, "OpenAI cache writes cost nothing extra; reads are cheaper than input"),
     },
+    # POST /v1/responses/compact: the SDK's `responses.compact` fields, and the ones Codex's compaction
+    # sends besides (tools, parallel_tool_calls, reasoning, text). It has no output ceiling field.
+    "compact": {
+        "model": _e(TOKENS, "priced at the most expensive route target; the target's own model id is sent upstream"),
+        "input": _e(
+            TOKENS,
+            "the history to compact: UTF-8 bytes + per-item framing bound the input tokens, as for /v1/responses; "
+            "files, audio and item references refused under a blocking cap",
+        ),
+        "instructions": _e(TOKENS, _BODY),
+        "previous_response_id": _e(
+            TOKENS, "as for /v1/responses: bounded by what capgate relayed for that response, else refused under a cap"
+        ),
+        "tools": _e(
+            TOKENS,
+            "definitions in the body plus the tool-use overhead: the compaction pass returns the user messages "
+            "and one compaction item and runs no tool; tool types refused on /v1/responses are refused here too",
+        ),
+        "reasoning": _e(
+            TOKENS,
+            "reasoning tokens are output; the request has no output ceiling, so the output is bounded at the "
+            "model's maximum output (never a ceiling capgate could send)",
+        ),
+        "text": _e(TOKENS, "verbosity and format stay inside the output bound; a schema is body bytes"),
+        "service_tier": _e(
+            PRICED,
+            "priority/fast and flex are priced by the catalog's tier multipliers; auto is the connection's "
+            "configured tier",
+        ),
+        "image": _e(FREE, "image context compression can only lower the input; the bound counts images uncompressed"),
+        "parallel_tool_calls": _e(FREE, "no tool is called by a compaction"),
+        "prompt_cache_key": _e(FREE, "routes to a cache; a cache read is cheaper than input"),
+        "prompt_cache_retention": _e(FREE, "OpenAI cache writes cost nothing extra; reads are cheaper than input"),
+        "prompt_cache_options": _e(FREE, "OpenAI cache writes cost nothing extra; reads are cheaper than input"),
+    },
     "embeddings": {
         "model": _e(TOKENS, "priced at the most expensive route target; the target's own model id is sent upstream"),
         "input": _e(TOKENS, "UTF-8 bytes (or token arrays) bound the input tokens"),
@@ -218,6 +253,7 @@ FIELDS: dict[str, dict[str, Entry]] = {
 HEADERS: dict[str, dict[str, Entry]] = {
     "chat": {},
     "responses": {},
+    "compact": {},
     "embeddings": {},
     "messages": {
         "anthropic-version": _e(FREE, "the wire-format version"),
@@ -259,7 +295,7 @@ CLIENT_HEADERS = {
     "x-client-request-id": "the client's request id; capgate names each call by x-capgate-request-id",
     "originator": "which Codex front end sent the request",
     "x-codex-": "Codex's window id, turn metadata and feature flags for its own backend; the Responses API "
-    "bills none of them (remote compaction is a call of its own, to an endpoint capgate does not serve)",
+    "bills none of them (remote compaction is a call of its own, POST /v1/responses/compact)",
 }
 
 

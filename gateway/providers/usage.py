@@ -120,7 +120,7 @@ def usage_from_body(kind: str, body: bytes) -> tuple[Usage | None, str]:
         return None, ""
     if kind == "messages":
         usage = usage_anthropic(data.get("usage"))
-    elif kind == "responses":
+    elif kind in ("responses", "compact"):  # a compaction reports a Response's usage
         usage = usage_responses(data)
     else:
         usage = usage_openai(data.get("usage"), data.get("service_tier"))

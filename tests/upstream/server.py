@@ -576,6 +576,36 @@ async def _responses(ex: _Exchange) -> None:
     await ex.stream(frames, drop_at=5)  # after created, the item and part, and two deltas
 
 
+async def _compact(ex: _Exchange) -> None:
+    """POST /v1/responses/compact: the input's user messages, then one compaction item; billed like
+    a response (a previous_response_id's stored context included), output at the knob's count."""
+    body, knobs = ex.body, ex.knobs
+    earlier = STORED_RESPONSES.get(str(body.get("previous_response_id")), 0)
+    items = body.get("input")
+    if not isinstance(items, list):
+        items = [{"role": "user", "content": items}]
+    users = [i for i in items if isinstance(i, dict) and i.get("role") == "user"]
+    input_tokens, output = knobs["prompt_tokens"] + earlier, knobs["completion_tokens"]
+    if not isinstance(output, int):  # "max" echoes a ceiling, and a compaction takes none
+        output = DEFAULTS["completion_tokens"]
+    compaction = {"type": "compaction", "id": f"cmp_{uuid.uuid4().hex[:24]}", "encrypted_content": "gAAAA-summary"}
+    await ex.respond(
+        {
+            "id": f"resp_{uuid.uuid4().hex[:24]}",
+            "object": "response.compaction",
+            "created_at": int(time.time()),
+            "output": [*users, compaction],
+            "usage": {
+                "input_tokens": input_tokens,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": output,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": input_tokens + output,
+            },
+        }
+    )
+
+
 async def _embeddings(ex: _Exchange) -> None:
     raw = ex.body.get("input")
     is_list = isinstance(raw, list) and len(raw) > 0
@@ -627,6 +657,7 @@ ROUTES: dict[tuple[str, str], Callable[[_Exchange], Awaitable[None]]] = {
     ("POST", "/v1/messages/count_tokens"): _count_tokens,
     ("POST", "/v1/embeddings"): _embeddings,
     ("POST", "/v1/responses"): _responses,
+    ("POST", "/v1/responses/compact"): _compact,
     ("GET", "/v1/models"): _models,
     ("POST", converse.ROUTE): converse.handle,
 }
