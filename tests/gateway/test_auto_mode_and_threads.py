@@ -134,3 +134,34 @@ def test_a_malformed_thread_is_a_400_and_changes_nothing(gateway, wired, upstrea
     assert "thread" in resp.json()["error"]["message"]
     assert upstream.stats()["requests"] == 0
     assert not Reservation.objects.exists()
+
+
+def test_a_streamed_threaded_message_can_be_continued_under_a_cap(gateway, wired, upstream):
+    # given: a thread created by a streamed request (its id and usage come from the events)
+    wired.budget(amount="5")
+    upstream.control(prompt_tokens=5, completion_tokens=10)
+    headers = {"anthropic-beta": THREADS_BETA}
+    with httpx.stream(
+        "POST",
+        gateway.url + "/v1/messages",
+        json={
+            "model": "claude-test",
+            "max_tokens": 10,
+            "stream": True,
+            "thread": {"type": "create"},
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+        headers={**AUTH, **headers},
+        timeout=30,
+    ) as created:
+        assert created.status_code == 200
+        lines = [line for line in created.iter_lines() if line.startswith("data: ") and "message_start" in line]
+    message_id = httpx.Response(200, content=lines[0].removeprefix("data: ")).json()["message"]["id"]
+    # when: the next turn continues it
+    thread = {"type": "continue", "previous_message_id": message_id}
+    resp = _messages(gateway, {"thread": thread, "messages": []}, headers)
+    # then: admitted with the kept context (5 in + 10 out), not refused as unknown
+    assert resp.status_code == 200, resp.text
+    assert int(resp.headers["x-capgate-reserved-input-tokens"]) >= 15
+    wait_settled()
+    assert UsageRecord.objects.order_by("admitted_at", "id").last().input_tokens == 5 + 15
