@@ -18,7 +18,7 @@ from core.errors import InvalidChange, NotAllowed
 from tenants.audit import Actor, audit
 from tenants.models import Organization
 
-ENDPOINTS = ("chat", "messages", "responses", "embeddings")
+ENDPOINTS = ("chat", "messages", "responses", "compact", "embeddings")
 _NAME = re.compile(r"^[A-Za-z0-9_.:/-]{1,200}$")
 
 

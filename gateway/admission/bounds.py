@@ -14,6 +14,7 @@ content parts, the byte bound) are in gateway/admission/request_fields.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,10 +55,13 @@ class Shape:
     patch: dict = field(default_factory=dict)  # fields rewritten upstream (tools with max_uses)
     forward_headers: dict = field(default_factory=dict)  # classified headers sent upstream
     unclassified: tuple = ()  # what the inventory does not list (request_fields.Unclassified)
-    # Responses API: earlier context the provider adds from its stored state, as
-    # ("response", previous_response_id) or ("conversation", id); bounded from what capgate relayed.
+    # Earlier context the provider adds from its stored state, as ("response", previous_response_id)
+    # or ("conversation", id) (Responses API) or ("message", previous_message_id) (a message thread's
+    # continue); bounded from what capgate relayed.
     context_ref: tuple[str, str] | None = None
-    stored: bool = True  # Responses API: the provider keeps this response (store is not false)
+    # The provider keeps this response for a later continuation: Responses unless store is false,
+    # Messages only in a thread.
+    stored: bool = True
 
 
 def _require_dict(body: Any) -> dict:
@@ -139,10 +143,29 @@ def shape_chat(body: dict, headers: dict[str, str] | None = None) -> Shape:
     )
 
 
+def _message_thread(body: dict) -> tuple[bool, tuple[str, str] | None]:
+    """A message thread: whether the provider keeps this message (any `thread`), and the earlier
+    context a `continue` adds, as ("message", previous_message_id), bounded from what capgate relayed."""
+    thread = body.get("thread")
+    if thread is None:
+        return False, None
+    if thread.get("type") == "create":
+        return True, None
+    previous = thread.get("previous_message_id")
+    if thread.get("type") != "continue" or not isinstance(previous, str) or not 1 <= len(previous) <= 200:
+        raise bad_request(
+            '\'thread\' must be {"type": "create"} or {"type": "continue", "previous_message_id": <id>}.',
+            param="thread",
+        )
+    return True, ("message", previous)
+
+
 def shape_messages(body: dict, headers: dict[str, str] | None = None) -> Shape:
     fields.check_params(body, "messages")
     model = fields.model(body)
-    messages = fields.messages(body)
+    threaded, context_ref = _message_thread(body)
+    # A continue sends only the new turn, which may be none (the server resumes a paused turn).
+    messages = fields.messages(body) if context_ref is None or body.get("messages") != [] else []
     max_tokens = fields.positive_int(body, "max_tokens")
     system = body.get("system")
     if system is not None and not isinstance(system, str | list):
@@ -189,6 +212,8 @@ def shape_messages(body: dict, headers: dict[str, str] | None = None) -> Shape:
         speed=fields.messages_speed(body),
         patch={"tools": tools.patched} if tools.patched is not None else {},
         forward_headers=forward,
+        context_ref=context_ref,
+        stored=threaded,
     )
 
 
@@ -304,4 +329,22 @@ def shape_embeddings(body: dict, headers: dict[str, str] | None = None) -> Shape
     )
 
 
-SHAPERS = {"chat": shape_chat, "messages": shape_messages, "embeddings": shape_embeddings, "responses": shape_responses}
+def shape_compact(body: dict, headers: dict[str, str] | None = None) -> Shape:
+    """POST /v1/responses/compact: the history is bounded as /v1/responses bounds its input (its
+    fields are a subset of those), but the compaction pass runs no tool (so no search is counted
+    or max_tool_calls sent) and the endpoint takes no output ceiling: sizing bounds its output at
+    the model's maximum and sends none."""
+    fields.check_params(body, "compact")
+    fields.check_headers(headers or {}, "compact")
+    # Its own unlisted fields are collected once, above (the body goes upstream as sent).
+    shape = shape_responses({k: v for k, v in body.items() if k in fields.ALLOWED["compact"]}, headers)
+    return dataclasses.replace(shape, kind="compact", web_searches=0, server_tool_uses=0, patch={}, stored=False)
+
+
+SHAPERS = {
+    "chat": shape_chat,
+    "messages": shape_messages,
+    "embeddings": shape_embeddings,
+    "responses": shape_responses,
+    "compact": shape_compact,
+}

@@ -58,7 +58,8 @@ FIELD_TYPES: dict[str, dict[str, tuple[str, ...]]] = {
         "system": (_S, _A),
         "container": (_S, _O),
         "speed": (_S,),
-        **dict.fromkeys(("context_management", "diagnostics"), (_O,)),
+        **dict.fromkeys(("context_management", "diagnostics", "thread"), (_O,)),
+        "safeguards": (_A,),
     },
     "responses": {
         **dict.fromkeys(
@@ -89,11 +90,31 @@ FIELD_TYPES: dict[str, dict[str, tuple[str, ...]]] = {
         # input bound like every field's).
         "client_metadata": _ANY,
     },
+    # POST /v1/responses/compact: its fields take /v1/responses' types.
+    "compact": {},
     "embeddings": {
         **dict.fromkeys(("model", "encoding_format", "user"), (_S,)),
         "dimensions": (_I,),
         "input": (_S, _A),
     },
+}
+FIELD_TYPES["compact"] = {
+    name: FIELD_TYPES["responses"][name]
+    for name in (
+        "model",
+        "input",
+        "instructions",
+        "previous_response_id",
+        "tools",
+        "reasoning",
+        "text",
+        "service_tier",
+        "image",
+        "parallel_tool_calls",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "prompt_cache_options",
+    )
 }
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     _S: (str,),

@@ -18,7 +18,7 @@ from django.conf import settings
 
 from gateway import billing
 from gateway.admission.field_types import ARTICLES, FIELD_TYPES, json_type_ok
-from gateway.http.errors import bad_request
+from gateway.http.errors import GatewayError, bad_request
 
 MAX_OUTPUT_TOKENS_ACCEPTED = 1_000_000
 MAX_SERVER_TOOL_USES = 100
@@ -265,6 +265,30 @@ def anthropic_headers(headers: dict[str, str]) -> tuple[dict[str, str], list[str
             if entry.cls == billing.REFUSED:
                 refused.append("anthropic_beta")
     return forward, refused, betas
+
+
+def refused_under_budget(field: str, forward_headers: dict[str, str], *, param: str | None = None) -> GatewayError:
+    """The 402 for a field (or beta) the inventory refuses under a blocking cap, naming what was
+    refused, down to the beta value, and what to do instead. `param`: where the field sits in the
+    body when it is not a top-level field (an assistant message's audio reference)."""
+    param = param or field
+    what = f"'{param}'"
+    if field == "anthropic_beta":
+        raw = forward_headers.get("anthropic-beta", "")
+        values = [v.strip() for v in raw.split(",") if v.strip()]
+        named = [
+            v
+            for v in values
+            if getattr(billing.ANTHROPIC_BETAS.get(billing.undated(v)), "cls", None) == billing.REFUSED
+        ]
+        what = "anthropic-beta " + ", ".join(f"'{v}'" for v in named)
+    return GatewayError(
+        f"{what} buys something whose cost the catalog cannot bound (docs/billing.md), so a blocking budget "
+        "cannot admit it. Send the request without it, or under a key no blocking budget governs.",
+        code=f"{field}_under_budget",
+        status=402,
+        param=param,
+    )
 
 
 def model(body: dict) -> str:

@@ -27,7 +27,7 @@ from catalog.pricing import (
     rates_for,
     worst_case_nano,
 )
-from gateway.admission import token_counter, tokens, unclassified
+from gateway.admission import request_fields, token_counter, tokens, unclassified
 from gateway.admission.bounds import Shape
 from gateway.admission.routing import Target, target_format
 from gateway.http.errors import GatewayError
@@ -391,14 +391,7 @@ def size(
     refused = shape.refused + tuple(f for t in translated.values() for f in t.refused)
     if blocking and refused:
         field = refused[0]
-        param = REFUSED_AT.get(field, field)
-        raise GatewayError(
-            f"'{param}' buys something whose cost the catalog cannot bound (docs/billing.md), so a blocking "
-            "budget cannot admit it.",
-            code=f"{field}_under_budget",
-            status=402,
-            param=param,
-        )
+        raise request_fields.refused_under_budget(field, shape.forward_headers, param=REFUSED_AT.get(field, field))
     priced, no_model, no_feature = _price_targets(shape_of, targets)
     if not proxied and (no_feature or no_model):
         raise _unpriced(cast(UnpricedModel | UnpricedFeature, no_feature or no_model), proxied=False)
@@ -443,6 +436,9 @@ def size(
             inject = output
     if shape.kind == "embeddings":
         output, inject = 0, None
+    elif shape.kind == "compact":  # no ceiling can be sent: each target may write up to its maximum
+        default = settings.CAPGATE["DEFAULT_MAX_OUTPUT_TOKENS"]
+        output, inject = max(t.model.max_output_tokens or default for t in targets), None
 
     worst = max(
         (worst_case_nano(bound=_bound(shape_of(p.target), p.target, p.rates, output), rates=p.rates) for p in priced),

@@ -12,6 +12,7 @@ ENDPOINTS = {
     "chat": "/v1/chat/completions",
     "messages": "/v1/messages",
     "responses": "/v1/responses",
+    "compact": "/v1/responses/compact",
     "embeddings": "/v1/embeddings",
     **JOB_ENDPOINTS,
 }

@@ -118,6 +118,18 @@ FIELDS: dict[str, dict[str, Entry]] = {
             "the input; a compact edit runs a model call of its own and is refused under a blocking cap",
         ),
         "diagnostics": _e(FREE, "asks for the reason of a prompt-cache miss in the response; not billed"),
+        "safeguards": _e(
+            FREE,
+            "asks the provider to check the response's tool calls (Claude Code's auto mode: dangerous_tool_use); "
+            "the server runs those checks as part of the request at no charge (code.claude.com/docs/en/"
+            "auto-mode-classifier-billing); its classifier_context is body bytes",
+        ),
+        "thread": _e(
+            TOKENS,
+            "a message thread: 'create' keeps the conversation under the response's id; a 'continue' adds that "
+            "earlier context, bounded by what capgate relayed for the previous message (its input + output "
+            "tokens); a previous_message_id capgate did not relay is refused under a blocking cap",
+        ),
         "metadata": _e(FREE, IDENT),
         "stop_sequences": _e(FREE, "can only end the output sooner"),
         "stream": _e(FREE, "same tokens, delivered as events"),
@@ -198,6 +210,41 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "prompt_cache_retention": _e(FREE, "OpenAI cache writes cost nothing extra; reads are cheaper than input"),
         "prompt_cache_options": _e(FREE, "OpenAI cache writes cost nothing extra; reads are cheaper than input"),
     },
+    # POST /v1/responses/compact: the SDK's `responses.compact` fields, and the ones Codex's compaction
+    # sends besides (tools, parallel_tool_calls, reasoning, text). It has no output ceiling field.
+    "compact": {
+        "model": _e(TOKENS, "priced at the most expensive route target; the target's own model id is sent upstream"),
+        "input": _e(
+            TOKENS,
+            "the history to compact: UTF-8 bytes + per-item framing bound the input tokens, as for /v1/responses; "
+            "files, audio and item references refused under a blocking cap",
+        ),
+        "instructions": _e(TOKENS, _BODY),
+        "previous_response_id": _e(
+            TOKENS, "as for /v1/responses: bounded by what capgate relayed for that response, else refused under a cap"
+        ),
+        "tools": _e(
+            TOKENS,
+            "definitions in the body plus the tool-use overhead: the compaction pass returns the user messages "
+            "and one compaction item and runs no tool; tool types refused on /v1/responses are refused here too",
+        ),
+        "reasoning": _e(
+            TOKENS,
+            "reasoning tokens are output; the request has no output ceiling, so the output is bounded at the "
+            "model's maximum output (never a ceiling capgate could send)",
+        ),
+        "text": _e(TOKENS, "verbosity and format stay inside the output bound; a schema is body bytes"),
+        "service_tier": _e(
+            PRICED,
+            "priority/fast and flex are priced by the catalog's tier multipliers; auto is the connection's "
+            "configured tier",
+        ),
+        "image": _e(FREE, "image context compression can only lower the input; the bound counts images uncompressed"),
+        "parallel_tool_calls": _e(FREE, "no tool is called by a compaction"),
+        "prompt_cache_key": _e(FREE, "routes to a cache; a cache read is cheaper than input"),
+        "prompt_cache_retention": _e(FREE, "OpenAI cache writes cost nothing extra; reads are cheaper than input"),
+        "prompt_cache_options": _e(FREE, "OpenAI cache writes cost nothing extra; reads are cheaper than input"),
+    },
     "embeddings": {
         "model": _e(TOKENS, "priced at the most expensive route target; the target's own model id is sent upstream"),
         "input": _e(TOKENS, "UTF-8 bytes (or token arrays) bound the input tokens"),
@@ -211,6 +258,7 @@ FIELDS: dict[str, dict[str, Entry]] = {
 HEADERS: dict[str, dict[str, Entry]] = {
     "chat": {},
     "responses": {},
+    "compact": {},
     "embeddings": {},
     "messages": {
         "anthropic-version": _e(FREE, "the wire-format version"),
@@ -252,7 +300,7 @@ CLIENT_HEADERS = {
     "x-client-request-id": "the client's request id; capgate names each call by x-capgate-request-id",
     "originator": "which Codex front end sent the request",
     "x-codex-": "Codex's window id, turn metadata and feature flags for its own backend; the Responses API "
-    "bills none of them (remote compaction is a call of its own, to an endpoint capgate does not serve)",
+    "bills none of them (remote compaction is a call of its own, POST /v1/responses/compact)",
 }
 
 
@@ -291,6 +339,9 @@ ANTHROPIC_BETAS: dict[str, Entry] = {
     # Claude Code's own (it sends claude-code, interleaved-thinking, context-management,
     # per-turn-control, mid-conversation-tool-changes, thinking-token-count, advanced-tool-use, effort).
     "claude-code": _e(FREE, "identifies the Claude Code client"),
+    # Claude Code's auto mode (-p --permission-mode auto) adds these two with the 'safeguards' field.
+    "afk-mode": _e(FREE, "auto mode's server-side classifier review, run at no charge (see 'safeguards')"),
+    "dangerous-tool-use": _e(FREE, "the dangerous_tool_use safeguard, checked at no charge (see 'safeguards')"),
     "per-turn-control": _e(TOKENS, "per-turn settings carried in the body"),
     "advanced-tool-use": _e(
         TOKENS,
@@ -323,7 +374,7 @@ ANTHROPIC_BETAS: dict[str, Entry] = {
     "advisor-tool": _e(REFUSED, "an advisor model's calls are billed on top of the request"),
     "agent-memory": _e(REFUSED, "memory stored server-side adds input the body cannot show"),
     "dreaming": _e(REFUSED, "server-side background work the body cannot bound"),
-    "message-threads": _e(REFUSED, "a server-side thread adds earlier context the body cannot show"),
+    "message-threads": _e(TOKENS, "see the 'thread' field: a continue is bounded by the context capgate relayed"),
     "managed-agents": _e(REFUSED, "managed agent sessions run and bill server-side"),
     "mcp-tunnels": _e(REFUSED, "remote MCP tool results add input the body cannot show"),
     "efs": _e(REFUSED, "file storage for code-execution containers, billed on its own"),

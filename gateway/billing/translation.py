@@ -152,6 +152,10 @@ FIELDS: dict[tuple[str, str], dict[str, Rule]] = {
         "mcp_servers": _r(REFUSED, "remote MCP servers are an Anthropic feature"),
         "inference_geo": _r(REFUSED, "regional inference is an Anthropic setting"),
         "speed": _r(REFUSED, "fast mode is an Anthropic setting"),
+        "safeguards": _r(
+            REFUSED, "the provider's safety checks of tool calls run only at Anthropic: refused, never dropped"
+        ),
+        "thread": _r(REFUSED, "a server-side message thread is an Anthropic feature"),
     },
     CHAT_TO_GEMINI: {
         "model": _r(MAPPED, "the target's own model id, in the URL (`models/{id}:generateContent`)"),
@@ -378,6 +382,10 @@ FIELDS[MESSAGES_TO_CONVERSE] = {
     "mcp_servers": _r(REFUSED, "remote MCP servers are an Anthropic feature"),
     "inference_geo": _r(REFUSED, "regional inference is an Anthropic setting; Converse's region is the connection's"),
     "speed": _r(REFUSED, "fast mode is an Anthropic setting"),
+    "safeguards": _r(
+        REFUSED, "the provider's safety checks of tool calls run only at Anthropic: refused, never dropped"
+    ),
+    "thread": _r(REFUSED, "a server-side message thread is an Anthropic feature"),
 }
 
 # The Converse request fields, and whether a translated request ever carries them: the gateway

@@ -161,6 +161,8 @@ ROUTES: list[Route[Handler]] = [
     Route("POST", "/v1/messages", endpoints.proxied("messages"), flavor="anthropic", others_refused=True),
     Route("POST", "/v1/embeddings", endpoints.proxied("embeddings"), others_refused=True),
     Route("POST", "/v1/responses", endpoints.proxied("responses"), others_refused=True),
+    # Not others_refused: another method reaches a stored response named "compact" (a 404).
+    Route("POST", "/v1/responses/compact", endpoints.proxied("compact")),
     Route("POST", "/v1/messages/count_tokens", endpoints.count_tokens, flavor="anthropic"),
     Route("GET", "/v1/responses/{response_id}", endpoints.stored("get")),
     Route("DELETE", "/v1/responses/{response_id}", endpoints.stored("delete")),

@@ -38,6 +38,7 @@ PATHS = {
     "messages": "/v1/messages",
     "embeddings": "/v1/embeddings",
     "responses": "/v1/responses",
+    "compact": "/v1/responses/compact",
 }
 # The parameters an output ceiling can travel in, in OpenAI's and Anthropic's formats (Gemini's and
 # Converse's top-level ceiling is moved into their config by their adapters).

@@ -7,7 +7,7 @@ from gateway.providers.base import Adapter, register
 
 
 class OpenAI(Adapter):
-    endpoints = frozenset({"chat", "embeddings", "responses", "videos"})
+    endpoints = frozenset({"chat", "embeddings", "responses", "compact", "videos"})
     jobs = frozenset({"batches", "background"})
     default_base_url = "https://api.openai.com/v1"
 

@@ -120,7 +120,7 @@ def usage_from_body(kind: str, body: bytes) -> tuple[Usage | None, str]:
         return None, ""
     if kind == "messages":
         usage = usage_anthropic(data.get("usage"))
-    elif kind == "responses":
+    elif kind in ("responses", "compact"):  # a compaction reports a Response's usage
         usage = usage_responses(data)
     else:
         usage = usage_openai(data.get("usage"), data.get("service_tier"))
@@ -141,6 +141,7 @@ class StreamUsage:
         self.model = ""
         self._start: dict = {}
         self.response: dict | None = None  # Responses API: the final Response object
+        self.message_id: str | None = None  # Messages: the id message_start names
 
     def feed(self, data: bytes) -> bool:
         """Read one event's data; return True if it was OpenAI's usage-only chunk."""
@@ -160,6 +161,7 @@ class StreamUsage:
                 msg = fastjson.loads(data).get("message") or {}
                 self._start = msg.get("usage") or {}
                 self.model = str(msg.get("model") or "")
+                self.message_id = msg.get("id") if isinstance(msg.get("id"), str) else None
             elif b'"message_delta"' in data:
                 delta_usage = fastjson.loads(data).get("usage")
                 if isinstance(delta_usage, dict):

@@ -10,7 +10,11 @@ conversation's stored context must not run beside another turn: under a blocking
 conversation has one turn in flight at a time (`claim_turn`), held from before its context is
 read until its response is remembered. A second turn meanwhile gets 409 `conversation_locked`,
 the code OpenAI answers concurrent turns with. A turn that ends without a remembered response
-(outcome unknown, process died) leaves its own bound as the conversation's context."""
+(outcome unknown, process died) leaves its own bound as the conversation's context.
+
+Anthropic's message threads are the same shape: a `thread` of type `continue` makes the provider
+add the conversation it keeps under `previous_message_id`. capgate keeps a threaded message's
+input + output tokens under its id with the THREAD prefix (so no Responses lookup by id finds it)."""
 
 from __future__ import annotations
 
@@ -31,13 +35,17 @@ GUARDS = Guards(
     "no turn is billed for items another turn adds after its context was read",
 )
 
+THREAD = "thread:"  # a threaded Anthropic message's row: its id behind this prefix
+_FIELDS = {"response": "previous_response_id", "conversation": "conversation", "message": "previous_message_id"}
+
 
 def context_tokens(*, organization_id: int, ref: tuple[str, str]) -> int | None:
     """The earlier context a continuation adds, or None when capgate did not relay it."""
     kind, ident = ref
     rows = StoredResponse.objects.filter(organization_id=organization_id)
-    if kind == "response":
-        row = rows.filter(response_id=ident).only("context_tokens").first()
+    if kind in ("response", "message"):
+        stored_id = ident if kind == "response" else THREAD + ident
+        row = rows.filter(response_id=stored_id).only("context_tokens").first()
     else:  # the conversation's context is its latest response's
         row = rows.filter(conversation_id=ident).order_by("-id").only("context_tokens").first()
     return row.context_tokens if row is not None else None
@@ -45,13 +53,18 @@ def context_tokens(*, organization_id: int, ref: tuple[str, str]) -> int | None:
 
 def unknown_context(ref: tuple[str, str]) -> GatewayError:
     kind, ident = ref
-    field = "previous_response_id" if kind == "response" else "conversation"
+    field = _FIELDS[kind]
+    then = (
+        "Continue from a response made through capgate."
+        if kind != "message"
+        else 'Send the whole conversation with thread {"type": "create"} (or no thread) through capgate.'
+    )
     return GatewayError(
         f"capgate did not relay {kind} '{ident}', so it cannot bound the context the provider would add to "
-        "this request; a blocking budget cannot admit it. Continue from a response made through capgate.",
+        f"this request; a blocking budget cannot admit it. {then}",
         code=f"unknown_{field}",
         status=402,
-        param=field,
+        param=field if kind != "message" else "thread.previous_message_id",
     )
 
 

@@ -381,6 +381,9 @@ class ProxyCall:
         await self.record(self.served_outcome(target, usage, provider_model), target)
         if self.kind == "responses" and kind == "responses":  # a translated answer is stored nowhere
             await self.remember_response(target, _loads(data))
+        if self.kind == "messages" and kind == "messages" and usage is not None:
+            message = _loads(data)
+            await self.remember_message(target, message.get("id") if isinstance(message, dict) else None, usage)
         if kind != self.kind:
             try:
                 data = translated_reply(
@@ -413,9 +416,19 @@ class ProxyCall:
         state = response_state(response)
         if state is None or (self.shape is not None and self.shape.stored is False):
             return
+        await self._remember(target, *state)
+
+    async def remember_message(self, target: Target, message_id: object, usage: Usage) -> None:
+        """Keep a threaded message's context (its whole prompt and its output), so a thread's
+        `continue` from it can be bounded. Only a message the provider keeps (a `thread` was sent)."""
+        if self.shape is None or not self.shape.stored or not isinstance(message_id, str) or not message_id:
+            return
+        context = usage.prompt_tokens + usage.output_tokens
+        await self._remember(target, continuations.THREAD + message_id, None, context)
+
+    async def _remember(self, target: Target, response_id: str, conversation_id: str | None, context: int) -> None:
         p = self.admission
         assert p is not None
-        response_id, conversation_id, context = state
         try:
             await runtime.db(
                 continuations.remember,

@@ -123,6 +123,8 @@ async def relay(call: ProxyCall, target: Target, events, response: httpx.Respons
     )
     if call.kind == "responses" and kind == "responses" and tracker.response is not None:
         await call.remember_response(target, tracker.response)
+    if call.kind == "messages" and kind == "messages" and usage is not None and ending == "completed":
+        await call.remember_message(target, tracker.message_id, usage)
     if ending != "client disconnected mid-stream":
         try:
             await call.req.send({"type": "http.response.body", "body": b"", "more_body": False})

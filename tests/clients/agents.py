@@ -91,11 +91,16 @@ def claude_env(home: Path, *, base_url: str, key: str, headers: dict[str, str] |
     return env
 
 
-def claude(home: Path, prompt: str, *, base_url: str, key: str, model: str, **kw) -> Run:
-    """`claude -p PROMPT --output-format json` in an empty working directory under HOME."""
+def claude(
+    home: Path, prompt: str, *, base_url: str, key: str, model: str, permission_mode: str | None = None, **kw
+) -> Run:
+    """`claude -p PROMPT --output-format json` in an empty working directory under HOME
+    (with `--permission-mode` when given: "auto" is auto mode)."""
     work = home / "work"
     work.mkdir(parents=True, exist_ok=True)
     argv = [binary("claude"), "-p", prompt, "--output-format", "json", "--model", model]
+    if permission_mode is not None:
+        argv += ["--permission-mode", permission_mode]
     return _run(argv, env=claude_env(home, base_url=base_url, key=key, **kw), cwd=work)
 
 

@@ -42,6 +42,28 @@ def test_claude_code_is_served_and_recorded_under_a_blocking_key_cap(gateway, ag
     assert not Reservation.objects.exists()
 
 
+def test_claude_codes_auto_mode_keeps_its_safety_classifier_under_a_blocking_cap(
+    gateway, agent_tenant, upstream, tmp_path
+):
+    # given: a $50 blocking cap on the key
+    agent_tenant.budget(amount="50", scope="key", api_key=agent_tenant.key)
+    # when: auto mode, which asks the provider to check its tool calls
+    run = agents.claude(
+        tmp_path, "Say hello", base_url=gateway.url, key=KEY, model="claude-test", permission_mode="auto"
+    )
+    # then: served at the first attempt, and the provider got the safeguards and both betas
+    assert run.returncode == 0, run.output
+    assert run.json()["is_error"] is False, run.output
+    sent = upstream.last("/v1/messages")
+    assert sent["body"]["safeguards"][0]["type"] == "dangerous_tool_use"
+    betas = sent["headers"]["anthropic-beta"]
+    assert "afk-mode-2026-01-31" in betas and "dangerous-tool-use-2026-09-03" in betas
+    assert not Refusal.objects.exists()  # no 400 it worked around
+    wait_settled()
+    assert {r.status for r in UsageRecord.objects.all()} == {"served"}
+    assert not Reservation.objects.exists()
+
+
 def test_claude_code_shows_capgates_402_and_does_not_retry(gateway, agent_tenant, upstream, tmp_path):
     # given: a key cap far below Claude Code's worst case (its 32k max_tokens alone is $2.40)
     agent_tenant.budget(amount="0.05", scope="key", api_key=agent_tenant.key)

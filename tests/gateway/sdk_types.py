@@ -11,6 +11,7 @@ import typing_extensions
 from anthropic.types.message_create_params import MessageCreateParamsBase
 from openai.types.chat.completion_create_params import CompletionCreateParamsBase
 from openai.types.embedding_create_params import EmbeddingCreateParams
+from openai.types.responses.response_compact_params import ResponseCompactParams
 from openai.types.responses.response_create_params import ResponseCreateParamsBase
 
 SDK_PARAMS: dict[str, type] = {
@@ -18,6 +19,7 @@ SDK_PARAMS: dict[str, type] = {
     "messages": MessageCreateParamsBase,
     "embeddings": EmbeddingCreateParams,
     "responses": ResponseCreateParamsBase,
+    "compact": ResponseCompactParams,
 }
 _SEQUENCES = (
     list,

@@ -24,6 +24,7 @@ from openai.types.chat import ChatCompletionToolUnionParam
 from openai.types.chat.completion_create_params import CompletionCreateParamsBase
 from openai.types.embedding_create_params import EmbeddingCreateParams
 from openai.types.file_create_params import FileCreateParams
+from openai.types.responses.response_compact_params import ResponseCompactParams
 from openai.types.responses.response_create_params import ResponseCreateParamsBase
 from openai.types.responses.tool_param import ToolParam
 from openai.types.video_create_params import VideoCreateParams
@@ -87,6 +88,7 @@ def _tool_types(union: object) -> set[str]:
         ("messages", MessageCreateParamsBase),
         ("embeddings", EmbeddingCreateParams),
         ("responses", ResponseCreateParamsBase),
+        ("compact", ResponseCompactParams),
     ],
 )
 def test_every_parameter_the_official_sdk_can_send_is_classified(kind, typed_dict):

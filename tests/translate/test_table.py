@@ -46,6 +46,8 @@ REFUSED_VALUES = {
         "mcp_servers": [{"type": "url", "url": "https://example.com", "name": "x"}],
         "inference_geo": "us",
         "speed": "fast",
+        "safeguards": [{"type": "dangerous_tool_use"}],
+        "thread": {"type": "create"},
     },
     "responses": {
         "reasoning": {"effort": "high"},

@@ -387,14 +387,31 @@ async def _chat(ex: _Exchange) -> None:
     await ex.stream(frames, drop_at=3 * n)  # after the role chunks and two content chunks
 
 
+# Message threads the fake provider keeps: message id -> (the context a `continue` adds: input +
+# output, and the create's tools, which a continue leaves out).
+STORED_THREADS: dict[str, tuple[int, Any]] = {}
+
+
 async def _messages(ex: _Exchange) -> None:
+    """Messages. Like the provider, a thread's `continue` is billed for the whole conversation it
+    kept (an unknown id is a 404 `thread_not_found`), and each search's results join the context."""
     body, knobs = ex.body, ex.knobs
+    thread = body.get("thread") if isinstance(body.get("thread"), dict) else None
+    earlier = 0
+    if thread is not None and thread.get("type") == "continue":
+        if thread.get("previous_message_id") not in STORED_THREADS:
+            error = _error_body("anthropic", 404, "thread not found")
+            error["error"]["details"] = {"error_code": "thread_not_found"}
+            await ex.json(404, error)
+            return
+        earlier, tools = STORED_THREADS[thread["previous_message_id"]]
+        body = ex.body = {**body, "tools": tools}
     pieces = _pieces(knobs["chunks"])
     output = _completion_tokens(knobs, body)
     searches = _web_searches(body)
     # Each search's results join the context, and each search is another pass over it.
     passes = searches + 1
-    context = knobs["prompt_tokens"] + searches * knobs["search_result_tokens"]
+    context = knobs["prompt_tokens"] + earlier + searches * knobs["search_result_tokens"]
     one_hour = knobs["cache_write_1h_tokens"] if _wants_1h_cache(body) else 0
     usage: dict[str, Any] = {"input_tokens": context * passes - one_hour, "cache_creation_input_tokens": one_hour}
     usage |= {"cache_read_input_tokens": 0, "output_tokens": output}
@@ -415,6 +432,8 @@ async def _messages(ex: _Exchange) -> None:
         "stop_sequence": None,
         "usage": usage,
     }
+    if thread is not None:
+        STORED_THREADS[message["id"]] = (usage["input_tokens"] + one_hour + output, body.get("tools"))
     if not body.get("stream"):
         await ex.respond(message)
         return
@@ -601,6 +620,36 @@ async def _responses(ex: _Exchange) -> None:
     await ex.stream(frames, drop_at=5)  # after created, the item and part, and two deltas
 
 
+async def _compact(ex: _Exchange) -> None:
+    """POST /v1/responses/compact: the input's user messages, then one compaction item; billed like
+    a response (a previous_response_id's stored context included), output at the knob's count."""
+    body, knobs = ex.body, ex.knobs
+    earlier = STORED_RESPONSES.get(str(body.get("previous_response_id")), 0)
+    items = body.get("input")
+    if not isinstance(items, list):
+        items = [{"role": "user", "content": items}]
+    users = [i for i in items if isinstance(i, dict) and i.get("role") == "user"]
+    input_tokens, output = knobs["prompt_tokens"] + earlier, knobs["completion_tokens"]
+    if not isinstance(output, int):  # "max" echoes a ceiling, and a compaction takes none
+        output = DEFAULTS["completion_tokens"]
+    compaction = {"type": "compaction", "id": f"cmp_{uuid.uuid4().hex[:24]}", "encrypted_content": "gAAAA-summary"}
+    await ex.respond(
+        {
+            "id": f"resp_{uuid.uuid4().hex[:24]}",
+            "object": "response.compaction",
+            "created_at": int(time.time()),
+            "output": [*users, compaction],
+            "usage": {
+                "input_tokens": input_tokens,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens": output,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": input_tokens + output,
+            },
+        }
+    )
+
+
 async def _embeddings(ex: _Exchange) -> None:
     raw = ex.body.get("input")
     is_list = isinstance(raw, list) and len(raw) > 0
@@ -652,6 +701,7 @@ ROUTES: dict[tuple[str, str], Callable[[_Exchange], Awaitable[None]]] = {
     ("POST", "/v1/messages/count_tokens"): _count_tokens,
     ("POST", "/v1/embeddings"): _embeddings,
     ("POST", "/v1/responses"): _responses,
+    ("POST", "/v1/responses/compact"): _compact,
     ("GET", "/v1/models"): _models,
     ("POST", converse.ROUTE): converse.handle,
 }
