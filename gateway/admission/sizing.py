@@ -107,6 +107,14 @@ def _catalog_max_output(targets: list[Target]) -> int:
     return min(caps) if caps else settings.CAPGATE["DEFAULT_MAX_OUTPUT_TOKENS"]
 
 
+def target_output(target: Target, ceiling: int) -> int:
+    """The output ceiling `target` is reserved for and sent: no more than its model's catalog
+    maximum (a caller's larger ceiling cannot buy more output from that model, and the smaller
+    one sent upstream makes sure of it)."""
+    cap = target.model.max_output_tokens
+    return min(ceiling, cap) if cap else ceiling
+
+
 def _default_output(key: ApiKey, targets: list[Target]) -> int | None:
     """The configured output ceiling for requests that name none: the tighter of the key's and
     the route's."""
@@ -183,7 +191,10 @@ def _count_pays(shape: Shape, priced: list[_Priced], tightest: Ceiling | None, *
     if tightest is None:
         return False
     output = shape.max_output or 0
-    worst = max(worst_case_nano(bound=_bound(shape, p.target, p.rates, output), rates=p.rates) for p in priced)
+    worst = max(
+        worst_case_nano(bound=_bound(shape, p.target, p.rates, target_output(p.target, output)), rates=p.rates)
+        for p in priced
+    )
     return worst > settings.CAPGATE["EXACT_COUNT_SHARE"] * max(tightest.remaining_nano, 0)
 
 
@@ -434,9 +445,18 @@ def size(
             inject = output
     if shape.kind == "embeddings":
         output, inject = 0, None
+    elif targets:
+        # Each target is bounded, and sent, at no more than its model's maximum (`target_output`).
+        output = max(target_output(t, output) for t in targets)
+        inject = inject and max(target_output(t, inject) for t in targets)
 
     worst = max(
-        (worst_case_nano(bound=_bound(shape_of(p.target), p.target, p.rates, output), rates=p.rates) for p in priced),
+        (
+            worst_case_nano(
+                bound=_bound(shape_of(p.target), p.target, p.rates, target_output(p.target, output)), rates=p.rates
+            )
+            for p in priced
+        ),
         default=0,
     )
     if not governed and blocking:
