@@ -25,7 +25,7 @@ from core.errors import CapgateError
 from gateway import providers
 from gateway.admission.bounds import SHAPERS, Shape, parse_json
 from gateway.admission.routing import Target, resolve_route
-from gateway.admission.sizing import _bound, _catalog_max_output, _default_output
+from gateway.admission.sizing import _bound, _catalog_max_output, _default_output, target_output
 from gateway.http.errors import bad_request
 from gateway.upstream import continuations
 from tenants.models import ApiKey
@@ -137,7 +137,8 @@ def size_line(
             refused = refused or continuations.unknown_context(shape.context_ref).code
         shape = dataclasses.replace(shape, text_tokens=shape.text_tokens + (earlier or 0))
     out = {**body, **shape.patch, "model": target.model.name}
-    output = shape.max_output
+    # A ceiling above the model's maximum is bounded, and sent, at the maximum (as live).
+    output = shape.max_output and target_output(target, shape.max_output)
     if output is None and kind != "embeddings":
         output = _catalog_max_output([target])
         default = _default_output(key, [target])

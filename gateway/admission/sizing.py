@@ -78,16 +78,27 @@ ShapeOf = Callable[[Target], Shape]
 
 
 def _bound(shape: Shape, target: Target, rates: Rates, output_tokens: int) -> TokenBound:
-    """A target's token bound. Each server-side tool use is another sampling pass over the
-    context, which by then holds every earlier tool result, so the input is bounded by
-    (uses + 1) passes over the body plus every result a use may add."""
+    """A target's token bound. Each server-side tool use may start another sampling pass over
+    the context, which by then holds the results of the uses before it, and the provider bills
+    every pass's input (OpenAI's and Anthropic's usage sum it over the passes). So the input is
+    bounded by (uses + 1) passes over the body plus the results each pass can hold: the i-th
+    use's result is in at most (uses - i + 1) later passes, which for searches alone (each
+    result at most the catalog's `server_tool_result_tokens`) sums to result x uses(uses + 1) / 2.
+    With a fetch among the uses (results of different sizes) every result is counted in every
+    pass after the first."""
+    if shape.web_searches and rates.web_search_per_use is None:
+        raise UnpricedFeature(target.model, "web search")
     if shape.web_searches and rates.server_tool_result_tokens is None:
         raise UnpricedFeature(target.model, "web search results")
+    uses = shape.server_tool_uses
     images = shape.images * (target.model.max_image_tokens or 0)
-    results = shape.fetch_tokens + shape.web_searches * (rates.server_tool_result_tokens or 0)
-    per_pass = shape.text_tokens + images + results
+    per_result = rates.server_tool_result_tokens or 0
+    if shape.fetch_tokens or uses != shape.web_searches:
+        results = (shape.fetch_tokens + shape.web_searches * per_result) * uses
+    else:
+        results = per_result * uses * (uses + 1) // 2
     return TokenBound(
-        input_tokens=per_pass * (1 + shape.server_tool_uses),
+        input_tokens=(shape.text_tokens + images) * (1 + uses) + results,
         output_tokens=output_tokens + shape.extra_output,
         choices=shape.choices,
         web_searches=shape.web_searches,
@@ -113,6 +124,14 @@ def bound_tokens(shape: Shape, output: int) -> int:
 def _catalog_max_output(targets: list[Target]) -> int:
     caps = [t.model.max_output_tokens for t in targets if t.model.max_output_tokens]
     return min(caps) if caps else settings.CAPGATE["DEFAULT_MAX_OUTPUT_TOKENS"]
+
+
+def target_output(target: Target, ceiling: int) -> int:
+    """The output ceiling `target` is reserved for and sent: no more than its model's catalog
+    maximum (a caller's larger ceiling cannot buy more output from that model, and the smaller
+    one sent upstream makes sure of it)."""
+    cap = target.model.max_output_tokens
+    return min(ceiling, cap) if cap else ceiling
 
 
 def _default_output(key: ApiKey, targets: list[Target]) -> int | None:
@@ -161,6 +180,15 @@ _FEATURE_CODES = {
 }
 
 
+# The catalog field a missing feature price is set in (Model; the dashboard's model page and the
+# price file take the same names).
+_FEATURE_FIELDS = {
+    "web search": "web_search_usd_per_use, USD per search",
+    "web search results": "server_tool_result_tokens, the input tokens one search's results may add",
+    "1-hour cache writes": "cache_write_1h_usd_per_mtok",
+}
+
+
 def _feature_code(exc: UnpricedFeature) -> str:
     name = "service_tier" if exc.feature.startswith("service_tier") else _FEATURE_CODES.get(exc.feature, "feature")
     return f"{name}_under_budget"
@@ -191,7 +219,10 @@ def _count_pays(shape: Shape, priced: list[_Priced], tightest: Ceiling | None, *
     if tightest is None:
         return False
     output = shape.max_output or 0
-    worst = max(worst_case_nano(bound=_bound(shape, p.target, p.rates, output), rates=p.rates) for p in priced)
+    worst = max(
+        worst_case_nano(bound=_bound(shape, p.target, p.rates, target_output(p.target, output)), rates=p.rates)
+        for p in priced
+    )
     return worst > settings.CAPGATE["EXACT_COUNT_SHARE"] * max(tightest.remaining_nano, 0)
 
 
@@ -301,9 +332,12 @@ def _settled_output(
 def _unpriced(exc: UnpricedModel | UnpricedFeature, *, proxied: bool) -> GatewayError:
     """The 402 for a request a blocking budget (or, unproxied, any sizing) cannot price."""
     if isinstance(exc, UnpricedFeature):
+        field = _FEATURE_FIELDS.get(exc.feature)
         return GatewayError(
-            f"Model {exc.model} has no catalog price for {exc.feature}, so a blocking budget "
-            "cannot admit a request that uses it." + ("" if proxied else " Give 'amount_usd' instead."),
+            f"Model {exc.model} has no catalog price for {exc.feature}"
+            + (f" ({field})" if field else "")
+            + ", so a blocking budget cannot admit a request that uses it."
+            + ("" if proxied else " Give 'amount_usd' instead."),
             code=_feature_code(exc),
             status=402,
         )
@@ -439,9 +473,18 @@ def size(
     elif shape.kind == "compact":  # no ceiling can be sent: each target may write up to its maximum
         default = settings.CAPGATE["DEFAULT_MAX_OUTPUT_TOKENS"]
         output, inject = max(t.model.max_output_tokens or default for t in targets), None
+    elif targets:
+        # Each target is bounded, and sent, at no more than its model's maximum (`target_output`).
+        output = max(target_output(t, output) for t in targets)
+        inject = inject and max(target_output(t, inject) for t in targets)
 
     worst = max(
-        (worst_case_nano(bound=_bound(shape_of(p.target), p.target, p.rates, output), rates=p.rates) for p in priced),
+        (
+            worst_case_nano(
+                bound=_bound(shape_of(p.target), p.target, p.rates, target_output(p.target, output)), rates=p.rates
+            )
+            for p in priced
+        ),
         default=0,
     )
     if not governed and blocking:

@@ -22,8 +22,15 @@ FIELDS: dict[str, dict[str, Entry]] = {
             "output named by id, which the provider bills again as input audio tokens the catalog has no price "
             "for): 402 `audio_reference_under_budget`, param `messages[].audio`",
         ),
-        "max_tokens": _e(TOKENS, "the output ceiling"),
-        "max_completion_tokens": _e(TOKENS, "the output ceiling; reasoning tokens count inside it"),
+        "max_tokens": _e(
+            TOKENS,
+            "the output ceiling; above the model's catalog maximum output it is reserved and sent at that maximum",
+        ),
+        "max_completion_tokens": _e(
+            TOKENS,
+            "the output ceiling (reasoning tokens count inside it); above the model's catalog maximum output "
+            "it is reserved and sent at that maximum",
+        ),
         "n": _e(TOKENS, "the output ceiling is reserved once per choice"),
         "tools": _e(
             TOKENS,
@@ -81,7 +88,10 @@ FIELDS: dict[str, dict[str, Entry]] = {
             "documents refused under a blocking cap",
         ),
         "system": _e(TOKENS, _BODY),
-        "max_tokens": _e(TOKENS, "the output ceiling"),
+        "max_tokens": _e(
+            TOKENS,
+            "the output ceiling; above the model's catalog maximum output it is reserved and sent at that maximum",
+        ),
         "thinking": _e(
             TOKENS, "budget_tokens sits inside max_tokens (with interleaved thinking it is added to the output bound)"
         ),
@@ -91,7 +101,7 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "tools": _e(
             PRICED,
             "custom tools are body bytes plus the tool-use overhead; web_search is priced per use with "
-            "max_uses (injected when absent) and each use adds a bounded result; web_fetch is bounded by "
+            "max_uses (injected when absent), each use another pass adding a bounded result; web_fetch is bounded by "
             "max_uses x max_content_tokens (injected when absent); code_execution and MCP toolsets are "
             "refused under a blocking cap",
         ),
@@ -146,7 +156,11 @@ FIELDS: dict[str, dict[str, Entry]] = {
             "audio and item references refused under a blocking cap",
         ),
         "instructions": _e(TOKENS, _BODY),
-        "max_output_tokens": _e(TOKENS, "the output ceiling; reasoning tokens count inside it"),
+        "max_output_tokens": _e(
+            TOKENS,
+            "the output ceiling (reasoning tokens count inside it); above the model's catalog maximum output "
+            "it is reserved and sent at that maximum",
+        ),
         "reasoning": _e(TOKENS, "reasoning tokens are output tokens inside max_output_tokens"),
         "text": _e(TOKENS, "a format schema is body bytes; verbosity stays inside the output ceiling"),
         "previous_response_id": _e(
@@ -166,9 +180,9 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "tools": _e(
             PRICED,
             "function, custom and client-run tools are body bytes plus the tool-use overhead; web_search is "
-            "priced per use, its uses bounded by max_tool_calls (injected when absent), each adding a bounded "
-            "result; file_search, code_interpreter, image_generation, MCP and other hosted tools are refused "
-            "under a blocking cap",
+            "priced per use, its uses bounded by max_tool_calls (sent upstream, injected when absent), each "
+            "another pass adding a bounded result; file_search, code_interpreter, image_generation, MCP and "
+            "other hosted tools are refused under a blocking cap",
         ),
         "service_tier": _e(
             PRICED,
@@ -392,6 +406,12 @@ ANTHROPIC_BETAS: dict[str, Entry] = {
 }
 
 # Tool `type` values, per endpoint, by name without the date suffix.
+# A hosted web search, by the parameter that bounds its uses.
+_SEARCH = (
+    "web search: per-use price (web_search_usd_per_use) x {n}; each search is another pass over the "
+    "request and adds up to server_tool_result_tokens to every later pass"
+)
+
 TOOL_TYPES: dict[str, dict[str, Entry]] = {
     "chat": {
         "function": _e(TOKENS, "a schema in the body"),
@@ -406,8 +426,8 @@ TOOL_TYPES: dict[str, dict[str, Entry]] = {
         "local_shell": _e(TOKENS, "client-side tool: a fixed definition overhead"),
         "shell": _e(TOKENS, "client-side tool: a fixed definition overhead"),
         "apply_patch": _e(TOKENS, "client-side tool: a fixed definition overhead"),
-        "web_search": _e(PRICED, "web search: per-use price x max_tool_calls, plus a bounded result per use"),
-        "web_search_preview": _e(PRICED, "web search: per-use price x max_tool_calls, plus a bounded result per use"),
+        "web_search": _e(PRICED, _SEARCH.format(n="max_tool_calls")),
+        "web_search_preview": _e(PRICED, _SEARCH.format(n="max_tool_calls")),
         "file_search": _e(REFUSED, "billed per call plus vector storage"),
         "code_interpreter": _e(REFUSED, "code containers are billed per session"),
         "image_generation": _e(REFUSED, "images are billed per image"),
@@ -417,7 +437,7 @@ TOOL_TYPES: dict[str, dict[str, Entry]] = {
     },
     "messages": {
         "custom": _e(TOKENS, "a schema in the body (also: no type)"),
-        "web_search": _e(PRICED, "web search: per-use price x max_uses, plus a bounded result per use"),
+        "web_search": _e(PRICED, _SEARCH.format(n="max_uses")),
         "web_fetch": _e(TOKENS, "fetched content: max_uses x max_content_tokens"),
         "bash": _e(TOKENS, "client-side tool: a fixed definition overhead"),
         "text_editor": _e(TOKENS, "client-side tool: a fixed definition overhead"),

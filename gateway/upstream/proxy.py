@@ -30,6 +30,7 @@ from gateway.admission.bounds import SHAPERS, Shape, parse_json
 from gateway.admission.request_fields import collecting_unclassified
 from gateway.admission.routing import TRANSLATED, target_format
 from gateway.admission.service import Admission, Target, admit_call
+from gateway.admission.sizing import target_output
 from gateway.http import metrics
 from gateway.http.errors import GatewayError, refused_in_stream, render, render_failed_response
 from gateway.http.request import ClientGone, Request
@@ -290,7 +291,7 @@ class ProxyCall:
         p = self.admission
         assert p is not None
         if p.inject_max_output is not None:
-            out = ad.with_ceiling(target, kind, out, p.inject_max_output)
+            out = ad.with_ceiling(target, kind, out, target_output(target, p.inject_max_output))
         if kind == "chat" and body.get("stream"):
             out["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         return out

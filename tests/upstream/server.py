@@ -284,6 +284,12 @@ def _web_searches(body: dict[str, Any]) -> int:
     )
 
 
+def _searched_input(prompt: int, searches: int, result: int) -> int:
+    """The input a provider bills for a call that searches `searches` times, one search per
+    sampling pass: every pass reads the prompt and the results of the searches before it."""
+    return sum(prompt + done * result for done in range(searches + 1))
+
+
 def _wants_1h_cache(body: dict[str, Any]) -> bool:
     return '"ttl": "1h"' in json.dumps(body) or '"ttl":"1h"' in json.dumps(body)
 
@@ -409,11 +415,11 @@ async def _messages(ex: _Exchange) -> None:
     pieces = _pieces(knobs["chunks"])
     output = _completion_tokens(knobs, body)
     searches = _web_searches(body)
-    # Each search's results join the context, and each search is another pass over it.
-    passes = searches + 1
-    context = knobs["prompt_tokens"] + earlier + searches * knobs["search_result_tokens"]
+    # Each search is another pass over the context (the thread's kept turns included), which its
+    # results then join.
+    billed = _searched_input(knobs["prompt_tokens"] + earlier, searches, knobs["search_result_tokens"])
     one_hour = knobs["cache_write_1h_tokens"] if _wants_1h_cache(body) else 0
-    usage: dict[str, Any] = {"input_tokens": context * passes - one_hour, "cache_creation_input_tokens": one_hour}
+    usage: dict[str, Any] = {"input_tokens": billed - one_hour, "cache_creation_input_tokens": one_hour}
     usage |= {"cache_read_input_tokens": 0, "output_tokens": output}
     usage["cache_creation"] = {"ephemeral_5m_input_tokens": 0, "ephemeral_1h_input_tokens": one_hour}
     usage["server_tool_use"] = {"web_search_requests": searches}
@@ -506,8 +512,8 @@ async def _responses(ex: _Exchange) -> None:
         from tests.upstream import chatml
 
         prompt = chatml.responses_prompt_tokens(body, knobs["count_prompt"])
-    context = prompt + earlier + searches * knobs["search_result_tokens"]
-    input_tokens, output = context * (searches + 1), _completion_tokens(knobs, body)
+    input_tokens = _searched_input(prompt + earlier, searches, knobs["search_result_tokens"])
+    output = _completion_tokens(knobs, body)
     rid = f"resp_{uuid.uuid4().hex[:24]}"
     if body.get("store") is not False:
         STORED_RESPONSES[rid] = input_tokens + output
