@@ -90,9 +90,9 @@ class KeysetPagination(Pagination):
 
     cursor_query_param = "cursor"
 
-    def paginate_queryset(self, queryset: Any, request: Any, view: Any = None) -> list[RequestLogEntry]:
-        self.request = request
-        self.limit = self.get_limit(request) or self.default_limit
+    def paginate_queryset(self, queryset: Any, request: Any, view: Any = None) -> Any:
+        self.uri: str = request.build_absolute_uri()
+        self.limit = self.get_limit(request) or self.default_limit or self.max_limit
         if self.offset_query_param in request.query_params:  # a loop of offsets would never end
             raise ValidationError({self.offset_query_param: ["The request log pages by cursor: follow `next`."]})
         token = request.query_params.get(self.cursor_query_param)
@@ -101,14 +101,14 @@ class KeysetPagination(Pagination):
         except InvalidCursor as exc:
             raise ValidationError({self.cursor_query_param: [str(exc)]}) from exc
         self.page: Page = request_log_page(
-            organization=view.organization, filters=view.filters, limit=self.limit, cursor=cursor
+            organization=view.organization, filters=view.filters, limit=int(self.limit), cursor=cursor
         )
         return self.page.rows
 
     def _link(self, cursor: Cursor | None) -> str | None:
         if cursor is None:
             return None
-        return replace_query_param(self.request.build_absolute_uri(), self.cursor_query_param, cursor.encode())
+        return replace_query_param(self.uri, self.cursor_query_param, cursor.encode())
 
     def get_paginated_response(self, data: Any) -> Response:
         return Response({"next": self._link(self.page.older), "previous": self._link(self.page.newer), "results": data})
