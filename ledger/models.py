@@ -357,6 +357,15 @@ class UsageRecord(Charged):
             # A run budget's first window is seeded with the run's recorded spend: found by run,
             # not by scanning the organization's whole history (ledger.windows._create).
             models.Index(fields=["organization", "run_id"], condition=Q(run_id__isnull=False), name="usage_run_idx"),
+            # The request log's status filter (requestlog/pages.py): a page of a rare status
+            # (failed upstream, estimated, released) is read along this, not by filtering the
+            # organization's whole history. Served records, nearly all of them, are not in it:
+            # the (organization, time) index finds those at once.
+            models.Index(
+                fields=["organization", "status", "admitted_at"],
+                condition=~Q(status="served"),
+                name="usage_status_time_idx",
+            ),
             # The per-request audit: records whose cost differs from what was reported for them.
             models.Index(
                 fields=["id"],

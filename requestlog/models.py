@@ -28,8 +28,13 @@ class Refusal(models.Model):
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="+")
     project = models.ForeignKey(Project, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
     member = models.ForeignKey(Member, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
-    api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
-    end_customer = models.ForeignKey(EndCustomer, on_delete=models.SET_NULL, null=True, blank=True, related_name="+")
+    # Indexed by (key, time) and (customer, time) below, which also serve the deletes' lookups.
+    api_key = models.ForeignKey(
+        ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
+    )
+    end_customer = models.ForeignKey(
+        EndCustomer, on_delete=models.SET_NULL, null=True, blank=True, related_name="+", db_index=False
+    )
     run_id = models.CharField(max_length=200, blank=True)
     model = models.CharField(max_length=200, blank=True)
     endpoint = models.CharField(max_length=20, blank=True)  # chat | messages | embeddings | responses
@@ -49,6 +54,13 @@ class Refusal(models.Model):
         indexes = [
             models.Index(fields=["organization", "created_at"], name="refusal_org_time_idx"),
             models.Index(fields=["created_at"], name="refusal_retention_idx"),  # the retention sweep
+            # The log's key, customer and run filters read a page along these, as the usage
+            # records' own (requestlog/pages.py), not the organization's 90 days of refusals.
+            models.Index(fields=["api_key", "created_at"], name="refusal_key_time_idx"),
+            models.Index(fields=["end_customer", "created_at"], name="refusal_customer_time_idx"),
+            models.Index(
+                fields=["organization", "run_id", "created_at"], condition=~Q(run_id=""), name="refusal_run_time_idx"
+            ),
         ]
 
 

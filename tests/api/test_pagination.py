@@ -1,5 +1,6 @@
 """One pagination style: every list endpoint of the schema answers ?limit=&offset= with
-{count, next, previous, results}."""
+{count, next, previous, results}, except the request log, which pages by cursor (?limit=&cursor=,
+{next, previous, results}: tests/requestlog/test_pages.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tenants.audit import Actor
 from .conftest import Org, client
 
 ENVELOPE = {"count", "next", "previous", "results"}
+CURSOR_PAGED = {"/api/orgs/{org_slug}/requests/"}
 _CLASS = {"endpoint": "chat", "what": "field", "cls": "free"}
 
 
@@ -41,6 +43,12 @@ def test_every_list_endpoint_pages_by_limit_and_offset(org_a: Org):
         url = path.replace("{org_slug}", org_a.slug)
         c = client(user=staff) if path == "/api/classifications/" else client(user=org_a.owner)
         body = c.get(url, {"limit": 1}).json()
+        if path in CURSOR_PAGED:
+            assert set(body) == {"next", "previous", "results"} and len(body["results"]) == 1, (path, body)
+            second = c.get(body["next"]).json()
+            assert second["previous"] is not None and second["results"] != body["results"], path
+            paged.add(path.rstrip("/").rsplit("/", 1)[-1])
+            continue
         assert set(body) == ENVELOPE, (path, body)
         assert len(body["results"]) == min(1, body["count"]) and body["previous"] is None, path
         if body["count"] > 1:
@@ -56,15 +64,21 @@ def test_every_list_endpoint_pages_by_limit_and_offset(org_a: Org):
 @pytest.mark.django_db
 def test_usage_and_request_log_pages_neither_repeat_nor_skip(org_a: Org):
     c = client(user=org_a.owner)
-    for resource, key in [("usage", "id"), ("requests", "request_id")]:
-        url = f"/api/orgs/{org_a.slug}/{resource}/"
-        whole = [row[key] for row in c.get(url).json()["results"]]
-        pages = [
-            row[key]
-            for offset in range(len(whole))
-            for row in c.get(url, {"limit": 1, "offset": offset}).json()["results"]
-        ]
-        assert len(whole) >= 2 and pages == whole, resource
+    url = f"/api/orgs/{org_a.slug}/usage/"
+    whole = [row["id"] for row in c.get(url).json()["results"]]
+    pages = [
+        row["id"]
+        for offset in range(len(whole))
+        for row in c.get(url, {"limit": 1, "offset": offset}).json()["results"]
+    ]
+    assert len(whole) >= 2 and pages == whole
+    url = f"/api/orgs/{org_a.slug}/requests/"
+    whole, pages, page = [row["request_id"] for row in c.get(url).json()["results"]], [], url + "?limit=1"
+    while page:
+        body = c.get(page).json()
+        pages += [row["request_id"] for row in body["results"]]
+        page = body["next"]
+    assert len(whole) >= 2 and pages == whole
 
 
 @pytest.mark.django_db
