@@ -22,6 +22,7 @@ JUSTIFIED = {
     "usage_usage_api_key_f3a349_idx": "a key's records by time, and its cascade",
     "usage_report_mismatch_idx": "the per-request audit",
     "usage_run_idx": "a run window's seed",
+    "usage_status_time_idx": "a request-log page of a rare status (not served), newest first",
 }
 
 

@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('catalog', '0011_model_fast_mode_multiplier'),
-        ('gateway', '0003_lookup_notices_per_organization'),
+        ('gateway', '0004_conversation_turn'),
         ('tenants', '0006_retention_age_index'),
     ]
 

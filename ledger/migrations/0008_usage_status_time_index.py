@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("ledger", "0005_periodic_run"),
+        ("ledger", "0007_usage_drop_redundant_indexes"),
     ]
 
     operations = [

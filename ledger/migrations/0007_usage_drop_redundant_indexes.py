@@ -19,7 +19,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("ledger", "0005_periodic_run"),
+        ("ledger", "0006_budget_notice_subject"),
         ("tenants", "0006_retention_age_index"),
     ]
 
