@@ -17,8 +17,9 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "model": _e(TOKENS, "priced at the most expensive route target; the target's own model id is sent upstream"),
         "messages": _e(
             TOKENS,
-            "UTF-8 bytes + per-message framing bound the input tokens; images by the model's image bound; "
-            "audio and files refused under a blocking cap",
+            "UTF-8 bytes + per-message framing bound the input tokens; images by the model's image bound, in "
+            "tool messages too; audio (an assistant message's earlier audio too) and files refused under a "
+            "blocking cap",
         ),
         "max_tokens": _e(TOKENS, "the output ceiling"),
         "max_completion_tokens": _e(TOKENS, "the output ceiling; reasoning tokens count inside it"),
@@ -75,8 +76,9 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "model": _e(TOKENS, "priced at the most expensive route target; the target's own model id is sent upstream"),
         "messages": _e(
             TOKENS,
-            "UTF-8 bytes + per-message framing bound the input tokens; images by the model's image bound; "
-            "documents refused under a blocking cap",
+            "UTF-8 bytes + per-message framing bound the input tokens; images by the model's image bound, in "
+            "tool_result content too; documents (in tool_result and web fetch results too) refused under a "
+            "blocking cap",
         ),
         "system": _e(TOKENS, _BODY),
         "max_tokens": _e(TOKENS, "the output ceiling"),
@@ -128,8 +130,9 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "model": _e(TOKENS, "priced at the most expensive route target; the target's own model id is sent upstream"),
         "input": _e(
             TOKENS,
-            "UTF-8 bytes + per-item framing bound the input tokens; images by the model's image bound; files, "
-            "audio and item references refused under a blocking cap",
+            "UTF-8 bytes + per-item framing bound the input tokens; images by the model's image bound wherever "
+            "they sit (messages, function and custom tool outputs, computer-use screenshots); files, audio and "
+            "item references refused under a blocking cap, in tool outputs as in messages",
         ),
         "instructions": _e(TOKENS, _BODY),
         "max_output_tokens": _e(TOKENS, "the output ceiling; reasoning tokens count inside it"),
