@@ -6,7 +6,7 @@ bound, a part nothing bounds refused under a blocking cap) and its payload blank
 base64 bytes do not inflate the text bound and a short URL does not stand in for the image.
 
 Every shaper (chat, messages, responses; batch lines and translated bodies go through the same
-shapers) walks with this, and tests/gateway/test_part_places.py checks `CONTAINERS` against every
+shapers) walks with this, and tests/gateway/test_part_places.py checks `CONTAINER_FIELDS` against every
 place the official SDKs' request types let an image, file or audio part appear.
 """
 
@@ -21,19 +21,15 @@ from gateway.http.errors import bad_request
 IMAGE_PARTS = frozenset({"image_url", "image", "input_image", "computer_screenshot"})
 # Part types nothing in the catalog bounds: refused under a blocking cap.
 UNBOUNDED_PARTS = frozenset({"input_audio", "audio", "file", "document", "input_file", "video"})
-# Where parts sit: a dict of this `type` holds parts (a list of them, or one) under these fields.
-# None: a dict without a type, a chat or Anthropic message (or a Responses message item).
-CONTAINERS: dict[str | None, tuple[str, ...]] = {
-    None: ("content",),
-    "message": ("content",),  # Responses message items
-    "tool_result": ("content",),  # Anthropic
-    "function_call_output": ("output",),  # Responses: a string or a list of input parts
-    "custom_tool_call_output": ("output",),
-    "computer_call_output": ("output",),  # one computer_screenshot
-    "code_interpreter_call": ("outputs",),  # logs and images the code produced, sent back
-    "web_fetch_tool_result": ("content",),  # Anthropic: a web_fetch_result ...
-    "web_fetch_result": ("content",),  # ... whose content is a document
-}
+# Where parts sit: every dict that is not itself a part may hold parts (a list of them, or one)
+# under these fields, whatever its type, so an item type newer than the SDKs the table was checked
+# against is walked too. The places the SDKs name today:
+#   content: a chat or Anthropic message, a Responses message item, an Anthropic tool_result, a
+#            web_fetch_tool_result (a web_fetch_result, whose content is a document)
+#   output:  a Responses function_call_output or custom_tool_call_output (a string or a list of
+#            input parts), a computer_call_output (one computer_screenshot)
+#   outputs: a Responses code_interpreter_call sent back (logs and the images the code produced)
+CONTAINER_FIELDS = ("content", "output", "outputs")
 # Fields of a typeless dict (a message) whose value is itself one part of this kind: a chat
 # assistant message's `audio` ({"id": ...}) puts an earlier audio answer back into the prompt.
 PART_FIELDS = {"audio": "audio"}
@@ -67,8 +63,7 @@ class PartCounter:
         if kind in UNBOUNDED_PARTS:
             self.unbounded += 1
             return {"type": kind}
-        fields = CONTAINERS.get(kind, ())
-        out = {**item, **{f: self.strip(item[f], where=f"{where}.{f}") for f in fields if f in item}}
+        out = {**item, **{f: self.strip(item[f], where=f"{where}.{f}") for f in CONTAINER_FIELDS if f in item}}
         if kind is None:
             for f, part in PART_FIELDS.items():
                 if item.get(f) is not None:

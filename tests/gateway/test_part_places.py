@@ -16,7 +16,8 @@ import pytest
 import typing_extensions
 from anthropic.types.beta.message_create_params import MessageCreateParamsBase as BetaMessageCreateParams
 
-from gateway.admission.parts import CONTAINERS, IMAGE_PARTS, PART_FIELDS, UNBOUNDED_PARTS
+from gateway.admission.bounds import SHAPERS
+from gateway.admission.parts import CONTAINER_FIELDS, IMAGE_PARTS, PART_FIELDS, UNBOUNDED_PARTS
 from tests.gateway.sdk_types import SDK_PARAMS
 
 COUNTED = IMAGE_PARTS | UNBOUNDED_PARTS
@@ -92,8 +93,7 @@ def _types(td: type) -> tuple[str | None, ...]:
 
 def _walks(td: type, field: str) -> bool:
     """Whether the walker reads `field` of a dict of this TypedDict, whichever its type."""
-    kinds = _types(td)
-    return all(field in CONTAINERS.get(k, ()) or (k is None and field in PART_FIELDS) for k in kinds)
+    return field in CONTAINER_FIELDS or (_types(td) == (None,) and field in PART_FIELDS)
 
 
 def _counted(container: type, field: str, part: type) -> bool:
@@ -173,3 +173,62 @@ def test_the_walk_finds_the_places_tool_outputs_give_images():
         ("chat", None, "content", "image_url"),
         ("chat", None, "audio", None),
     } <= found
+
+
+IMAGE = {"type": "input_image", "image_url": "https://example.com/a.png"}
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "images", "unbounded"),
+    [
+        pytest.param(
+            "responses",
+            {"model": "m", "input": [{"type": "a_newer_tool_output", "call_id": "c", "output": [IMAGE, IMAGE]}]},
+            2,
+            0,
+            id="an item type the SDKs do not know yet",
+        ),
+        pytest.param(
+            "responses",
+            {"model": "m", "input": [{"type": "code_interpreter_call", "outputs": [{"type": "image", "url": "u"}]}]},
+            1,
+            0,
+            id="code interpreter images sent back",
+        ),
+        pytest.param(
+            "messages",
+            {
+                "model": "m",
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": [
+                            {
+                                "type": "web_fetch_tool_result",
+                                "tool_use_id": "t",
+                                "content": {
+                                    "type": "web_fetch_result",
+                                    "url": "u",
+                                    "content": {"type": "document", "source": {"type": "text", "data": "x"}},
+                                },
+                            }
+                        ],
+                    }
+                ],
+            },
+            0,
+            1,
+            id="a web fetch's document",
+        ),
+        pytest.param(
+            "chat",
+            {"model": "m", "messages": [{"role": "assistant", "audio": {"id": "audio_1"}}]},
+            0,
+            1,
+            id="an assistant message's earlier audio",
+        ),
+    ],
+)
+def test_parts_are_counted_where_the_walk_finds_them(kind, body, images, unbounded):
+    shape = SHAPERS[kind](body, {})
+    assert (shape.images, shape.unbounded_parts) == (images, unbounded)

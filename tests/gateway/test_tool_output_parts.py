@@ -178,3 +178,25 @@ def test_a_burst_of_tool_output_images_stays_within_the_cap(gateway, wired, upst
     )
     assert all(r.excess_nano == 0 for r in served)  # each billed within what it reserved
     assert any(r.status_code == 402 for r in responses)
+
+
+@pytest.mark.parametrize("place", ["function_call_output", "custom_tool_call_output", "computer_call_output"])
+def test_a_batch_line_bounds_tool_output_images_as_a_message_line(wired, place):
+    from jobs.sizing import size_line
+
+    _, in_message, in_tool_output = PLACES[place]
+
+    def bound(body: dict) -> int:
+        return size_line(key=wired.key, body=body, kind="responses", sized=None, where="line 1")[1]
+
+    # the images are most of either bound: what differs is the text around them
+    assert bound(in_tool_output) >= bound(in_message) * 9 // 10
+
+
+@pytest.mark.parametrize("place", sorted(FILE_PARTS))
+def test_a_batch_line_with_a_file_in_a_tool_output_is_refused_under_a_cap(wired, place):
+    from jobs.sizing import size_line
+
+    # the refusal code the batch applies when a blocking budget covers the key
+    refusal = size_line(key=wired.key, body=FILE_PARTS[place], kind="responses", sized=None, where="line 1")[3]
+    assert refusal == "unbounded_input_under_budget"
