@@ -8,8 +8,9 @@ estimate (chars / 3), which CJK, code and digits beat. Image parts are bounded b
 own per-image maximum, not by their base64 size; parts nothing can bound are reported so the
 caller can refuse them under a blocking cap.
 
-One shaper per endpoint here; the fields and headers they share (validation, tools, betas,
-content parts, the byte bound) are in gateway/admission/request_fields.py.
+One shaper per endpoint here; the fields and headers they share (validation, tools, betas, the
+byte bound) are in gateway/admission/request_fields.py, the walk of content parts wherever they
+sit (messages, tool outputs, screenshots) in gateway/admission/parts.py.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from django.conf import settings
 
 from core import jsonlimits
 from gateway.admission import request_fields as fields
+from gateway.admission.parts import PartCounter
 from gateway.admission.tokens import Prompt
 from gateway.http.errors import bad_request
 
@@ -118,14 +120,8 @@ def shape_chat(body: dict, headers: dict[str, str] | None = None) -> Shape:
     prediction = body.get("prediction")
     # Rejected prediction tokens are billed as output: bound them by the prediction's bytes.
     extra_output = len(json.dumps(prediction, ensure_ascii=False).encode()) if prediction is not None else 0
-    parts = fields.PartCounter()
-    billed = {
-        **body,
-        "messages": [
-            {**m, "content": parts.strip(m.get("content"), where=f"messages[{i}].content")}
-            for i, m in enumerate(messages)
-        ],
-    }
+    parts = PartCounter()
+    billed = {**body, "messages": parts.strip(messages, where="messages")}
     return Shape(
         kind="chat",
         model=model,
@@ -183,14 +179,11 @@ def shape_messages(body: dict, headers: dict[str, str] | None = None) -> Shape:
         budget = thinking.get("budget_tokens")
         if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0:
             extra_output = budget  # interleaved thinking may spend its budget beyond max_tokens
-    parts = fields.PartCounter()
+    parts = PartCounter()
     billed = {
         **body,
         "system": parts.strip(system, where="system"),
-        "messages": [
-            {**m, "content": parts.strip(m.get("content"), where=f"messages[{i}].content")}
-            for i, m in enumerate(messages)
-        ],
+        "messages": parts.strip(messages, where="messages"),
     }
     return Shape(
         kind="messages",
@@ -252,18 +245,14 @@ def shape_responses(body: dict, headers: dict[str, str] | None = None) -> Shape:
     refused = [
         f for f in ("background", "prompt", "context_management", "moderation") if body.get(f) not in (None, False)
     ]
-    parts = fields.PartCounter()
-    billed_items = []
+    parts = PartCounter()
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise bad_request(f"input[{i}] must be an object.", param=f"input[{i}]")
         if item.get("type") == "item_reference":
             refused.append("item_reference")  # a stored item the body does not show
-        billed_items.append(
-            {**item, "content": parts.strip(item["content"], where=f"input[{i}].content")}
-            if "content" in item
-            else item
-        )
+    # Every item's parts: a message's content and every tool output (gateway/admission/parts.py).
+    billed_items = parts.strip(items, where="input")
     tools = fields.classify_tools(body, "responses")
     patch: dict = {}
     searches = 0

@@ -1,8 +1,8 @@
 """Request-body fields and headers the gateway's endpoints share (gateway/admission/bounds.py shapes
 each endpoint from these): validation with an error in the endpoint's own shape, and the
 classification the worst case needs: tools (server tools get a bounded use count), provider
-headers and Anthropic betas, content parts (images bounded per image, parts nothing can bound
-counted), and the byte bound on text.
+headers and Anthropic betas, and the byte bound on text. Content parts (images, files, audio)
+are walked by gateway/admission/parts.py.
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ MAX_OUTPUT_TOKENS_ACCEPTED = 1_000_000
 MAX_SERVER_TOOL_USES = 100
 # Parameters each endpoint accepts: the billing inventory's fields (gateway/billing/live.py).
 ALLOWED = {kind: set(fields) for kind, fields in billing.FIELDS.items()}
-IMAGE_PARTS = {"image_url", "image", "input_image"}
-UNBOUNDED_PARTS = {"input_audio", "audio", "file", "document", "input_file", "video"}
 
 
 @dataclass(frozen=True)
@@ -314,40 +312,6 @@ def stream(body: dict) -> bool:
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean.", param="stream")
     return stream
-
-
-class PartCounter:
-    """Walks content parts, counting images and unboundable parts and blanking their payload
-    so their base64 bytes do not inflate the text bound. The one walk of a body's content
-    parts: it refuses a part whose `type` is not a string (a 400 naming where), so nothing
-    after admission meets one (a list there is unhashable, a dict unprintable as a name)."""
-
-    def __init__(self) -> None:
-        self.images = 0
-        self.unbounded = 0
-
-    def strip(self, content: Any, *, where: str = "content") -> Any:
-        if not isinstance(content, list):
-            return content
-        out = []
-        for i, part in enumerate(content):
-            if not isinstance(part, dict):
-                out.append(part)
-                continue
-            kind = part.get("type")
-            if kind is not None and not isinstance(kind, str):
-                raise bad_request(f"{where}[{i}].type must be a string.", param=f"{where}[{i}].type")
-            if kind in IMAGE_PARTS:
-                self.images += 1
-                out.append({"type": kind})
-            elif kind in UNBOUNDED_PARTS:
-                self.unbounded += 1
-                out.append({"type": kind})
-            elif kind == "tool_result":
-                out.append({**part, "content": self.strip(part.get("content"), where=f"{where}[{i}].content")})
-            else:
-                out.append(part)
-        return out
 
 
 def text_tokens(billed: dict, messages: list) -> int:

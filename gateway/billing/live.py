@@ -17,7 +17,8 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "model": _e(TOKENS, "priced at the most expensive route target; the target's own model id is sent upstream"),
         "messages": _e(
             TOKENS,
-            "UTF-8 bytes + per-message framing bound the input tokens; images by the model's image bound; "
+            "UTF-8 bytes + per-message framing bound the input tokens; images by the model's image bound, in "
+            "tool messages too; "
             "audio and files refused under a blocking cap; so is an assistant message's `audio` (earlier audio "
             "output named by id, which the provider bills again as input audio tokens the catalog has no price "
             "for): 402 `audio_reference_under_budget`, param `messages[].audio`",
@@ -84,8 +85,9 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "model": _e(TOKENS, "priced at the most expensive route target; the target's own model id is sent upstream"),
         "messages": _e(
             TOKENS,
-            "UTF-8 bytes + per-message framing bound the input tokens; images by the model's image bound; "
-            "documents refused under a blocking cap",
+            "UTF-8 bytes + per-message framing bound the input tokens; images by the model's image bound, in "
+            "tool_result content too; documents (in tool_result and web fetch results too) refused under a "
+            "blocking cap",
         ),
         "system": _e(TOKENS, _BODY),
         "max_tokens": _e(
@@ -152,8 +154,9 @@ FIELDS: dict[str, dict[str, Entry]] = {
         "model": _e(TOKENS, "priced at the most expensive route target; the target's own model id is sent upstream"),
         "input": _e(
             TOKENS,
-            "UTF-8 bytes + per-item framing bound the input tokens; images by the model's image bound; files, "
-            "audio and item references refused under a blocking cap",
+            "UTF-8 bytes + per-item framing bound the input tokens; images by the model's image bound wherever "
+            "they sit (messages, function and custom tool outputs, computer-use screenshots); files, audio and "
+            "item references refused under a blocking cap, in tool outputs as in messages",
         ),
         "instructions": _e(TOKENS, _BODY),
         "max_output_tokens": _e(
