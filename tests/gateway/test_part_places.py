@@ -29,6 +29,7 @@ WALKED_FIELDS = {
     "messages": {"messages", "system"},
     "messages (beta)": {"messages", "system"},
     "responses": {"input"},
+    "compact": {"input"},  # shaped as /v1/responses shapes its input
 }
 # Body fields that may hold media parts the walker does not read, each for a reason.
 OTHER_FIELDS = {
