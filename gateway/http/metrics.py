@@ -83,6 +83,9 @@ ADMISSION_LATENCY = Histogram(
 _ENDPOINTS = {
     "/v1/chat/completions": "chat_completions",
     "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "count_tokens",
+    "/v1/responses": "responses",
+    "/v1/responses/compact": "responses_compact",
     "/v1/embeddings": "embeddings",
     "/v1/models": "models",
     "/v1/reservations": "reservations",

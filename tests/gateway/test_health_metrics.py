@@ -258,3 +258,13 @@ def test_metrics_from_two_uvicorn_workers_count_both(tmp_path):
         assert sample(text, "capgate_requests_total", endpoint="models", status="401") == sent
     # and the check fails without the multiprocess sum: each worker alone reports fewer
     assert all(n < sent for n in workers)
+
+
+def test_every_fixed_gateway_path_has_its_own_metrics_label():
+    """A refusal on an endpoint counts under that endpoint, not `other` (labels are a fixed set)."""
+    from gateway.http.metrics import endpoint_label
+    from gateway.http.routes import ROUTES
+
+    fixed = {r.path for r in ROUTES if "{" not in r.path}
+    assert {p: endpoint_label(p) for p in fixed if endpoint_label(p) == "other"} == {}
+    assert endpoint_label("/v1/responses/resp_1/cancel") == "other"  # an id never becomes a label
