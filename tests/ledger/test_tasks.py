@@ -54,6 +54,10 @@ def test_every_beat_entry_names_a_registered_task_and_expires_with_its_interval(
         "alerts.tasks.audit_counters": 300.0,
         "requestlog.tasks.purge_request_log": 3600.0,
         "jobs.tasks.poll_jobs": 5.0,
+        "gateway.tasks.prune_gateway_history": 3600.0,
+        "alerts.tasks.prune_alert_history": 3600.0,
+        "ledger.tasks.prune_ledger_history": 3600.0,
+        "tenants.tasks.prune_audit_history": 3600.0,
     }
     for entry in schedule.values():
         assert entry["task"] in app.tasks
