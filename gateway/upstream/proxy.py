@@ -143,7 +143,7 @@ class ProxyCall:
 
     async def run(self) -> None:
         try:
-            await self._serve()
+            await self._proceed()
         finally:
             await self._release_turn()
 
@@ -163,7 +163,7 @@ class ProxyCall:
         except DatabaseError:  # the hold lapses at its expiry; the conversation waits until then
             log.warning("could not release conversation %s: database unavailable", self.conversation)
 
-    async def _serve(self) -> None:
+    async def _proceed(self) -> None:
         try:
             raw = await self.req.body(settings.CAPGATE["MAX_BODY_BYTES"])
         except GatewayError as exc:
