@@ -22,7 +22,6 @@ Example: .venv/bin/python bench/audit.py                 (about a minute)
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -30,25 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.admit.base import create_database, parse_db_url  # noqa: E402
+from bench.admit.base import migrated_django  # noqa: E402
 from bench.results import write_result  # noqa: E402
 
 DEFAULT_DB_URL = "postgres://capgate:capgate@127.0.0.1:15432/capgate_bench_audit"
 COST = 1_000  # nano-USD per record
-
-
-def setup(db_url: str) -> None:
-    create_database(parse_db_url(db_url))
-    os.environ["DATABASE_URL"] = db_url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.base"
-    os.environ.setdefault("DJANGO_SECRET_KEY", "capgate-bench-only-django-secret-key-never-deployed-0")
-    os.environ.setdefault("CAPGATE_SECRET_KEY", "capgate-bench-only-connection-secret-key")
-    import django  # here, not at the top: the environment above must be set first
-
-    django.setup()
-    from django.core.management import call_command  # needs the settings configured above
-
-    call_command("migrate", verbosity=0)
 
 
 def seed(*, runs: int, records: int) -> None:
@@ -163,7 +148,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=20, help="records per run")
     parser.add_argument("--scale", type=int, default=5, help="the large size is this many times the small")
     args = parser.parse_args()
-    setup(args.db_url)
+    migrated_django(args.db_url)
     rows = []
     for runs in (args.runs, args.runs * args.scale):
         seed(runs=runs, records=args.records)

@@ -24,7 +24,6 @@ Example: .venv/bin/python bench/requestlog.py                 (about a minute)
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -34,25 +33,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.admit.base import create_database, parse_db_url  # noqa: E402
+from bench.admit.base import migrated_django  # noqa: E402
 from bench.results import write_result  # noqa: E402
 
 DEFAULT_DB_URL = "postgres://capgate:capgate@127.0.0.1:15432/capgate_bench_requestlog"
 PAGE = 50
-
-
-def setup(db_url: str) -> None:
-    create_database(parse_db_url(db_url))
-    os.environ["DATABASE_URL"] = db_url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.base"
-    os.environ.setdefault("DJANGO_SECRET_KEY", "capgate-bench-only-django-secret-key-never-deployed-0")
-    os.environ.setdefault("CAPGATE_SECRET_KEY", "capgate-bench-only-connection-secret-key")
-    import django  # here, not at the top: the environment above must be set first
-
-    django.setup()
-    from django.core.management import call_command  # needs the settings configured above
-
-    call_command("migrate", verbosity=0)
 
 
 def seed(*, records: int, refusals: int) -> int:
@@ -148,7 +133,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--reuse", action="store_true", help="time the rows a previous run seeded")
     args = parser.parse_args()
-    setup(args.db_url)
+    migrated_django(args.db_url)
     from django.core.paginator import Paginator  # after django.setup()
     from django.utils import timezone  # after django.setup()
 

@@ -75,3 +75,18 @@ def setup_django(args: argparse.Namespace) -> None:
     from django.core.management import call_command  # needs the settings configured above
 
     call_command("migrate", verbosity=0)
+
+
+def migrated_django(db_url: str) -> None:
+    """A dedicated benchmark database, created if missing, migrated, with Django set up on it."""
+    create_database(parse_db_url(db_url))
+    os.environ["DATABASE_URL"] = db_url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.base"
+    os.environ.setdefault("DJANGO_SECRET_KEY", "capgate-bench-only-django-secret-key-never-deployed-0")
+    os.environ.setdefault("CAPGATE_SECRET_KEY", "capgate-bench-only-connection-secret-key")
+    import django  # here, not at the top: the environment above must be set first
+
+    django.setup()
+    from django.core.management import call_command  # needs the settings configured above
+
+    call_command("migrate", verbosity=0)
